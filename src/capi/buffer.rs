@@ -1,0 +1,61 @@
+//! Registered buffers.
+
+use super::{check_null, ffi_boundary, mscclppComm_t, put_out, with_comm};
+use crate::abi::*;
+use crate::error::Error;
+use std::ffi::c_void;
+
+/// Registers `local_memory[0, size)` (exactly that range) with every connection of `comm` and
+/// exchanges it with each connected peer; every connected rank makes the same calls in the same
+/// order, after `mscclppConnectionSetup`. `regMem` receives a handle owned by `comm`, written
+/// only on success.
+#[no_mangle]
+pub extern "C" fn mscclppRegisterBuffer(
+    comm: mscclppComm_t,
+    local_memory: *mut c_void,
+    size: usize,
+    regMem: *mut mscclppRegisteredMemory,
+) -> mscclppResult_t {
+    ffi_boundary!("mscclppRegisterBuffer", {
+        check_null!(local_memory, regMem);
+        let h = with_comm(comm, |c| {
+            c.register_buffer(local_memory as u64, size as u64)
+        })?;
+        put_out(regMem, mscclppRegisteredMemory { handle: h });
+        Ok(())
+    })
+}
+
+/// Writes `size` bytes from `srcBuff + srcOffset` to offset `dstOffset` of every connected
+/// peer's buffer of the registration `regMem`, and returns once the bytes have arrived. With
+/// CUDA memory, work already queued on `stream` (a `cudaStream_t`, 0 for the legacy stream)
+/// completes first.
+#[no_mangle]
+pub extern "C" fn mscclppRegisteredBufferWrite(
+    comm: mscclppComm_t,
+    regMem: *mut mscclppRegisteredMemory,
+    srcBuff: *mut c_void,
+    size: usize,
+    srcOffset: u32,
+    dstOffset: u32,
+    stream: i64,
+) -> mscclppResult_t {
+    ffi_boundary!("mscclppRegisteredBufferWrite", {
+        check_null!(regMem, srcBuff);
+        if size == 0 {
+            return Err(Error::invalid_arg("size is 0"));
+        }
+        // SAFETY: checked non-NULL; the caller passes the struct `mscclppRegisterBuffer` filled.
+        let handle = unsafe { (*regMem).handle };
+        crate::cuda::sync_stream(stream)?;
+        with_comm(comm, |c| {
+            c.registered_write(
+                handle,
+                srcBuff as u64,
+                size as u64,
+                srcOffset as u64,
+                dstOffset as u64,
+            )
+        })
+    })
+}

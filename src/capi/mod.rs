@@ -1,0 +1,183 @@
+//! The C API: the only place with `extern "C"`. Every export runs inside [`ffi_boundary!`],
+//! which turns errors into `mscclppResult_t`, records the thread's last error text, logs it, and
+//! stops panics at the boundary.
+#![allow(non_camel_case_types, non_snake_case)]
+
+pub mod buffer;
+pub mod comm;
+pub mod conn;
+pub mod devconn;
+pub mod log;
+
+use crate::abi::mscclppResult_t::{self, *};
+use crate::comm::Comm;
+use crate::error::Error;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, CString};
+use std::sync::{Arc, LazyLock, Mutex};
+
+/// Opaque communicator handle. C sees `struct mscclppComm*`; the pointer is a token looked up
+/// in [`COMMS`], so a destroyed or foreign handle is an error rather than a crash.
+pub struct mscclppComm {
+    _private: [u8; 0],
+}
+
+/// 2023 names.
+pub type mscclppComm_t = *mut mscclppComm;
+pub type mscclppDevConn_t = crate::abi::mscclppDevConn;
+
+/// The one mapping from core errors to C result codes.
+pub fn result_of(e: &Error) -> mscclppResult_t {
+    match e {
+        Error::InvalidArgument(_) => mscclppInvalidArgument,
+        Error::InvalidUsage(_) => mscclppInvalidUsage,
+        Error::System { .. } => mscclppSystemError,
+        Error::Remote(_) | Error::Timeout { .. } => mscclppRemoteError,
+        Error::Cuda { .. } => mscclppUnhandledCudaError,
+        Error::Fabric { .. } => mscclppSystemError,
+        Error::Internal(_) => mscclppInternalError,
+    }
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+pub(crate) fn set_last_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', "\\0")).unwrap_or_default();
+    LAST_ERROR.with(|l| *l.borrow_mut() = c);
+}
+
+pub(crate) fn last_error_ptr() -> *const c_char {
+    // The pointer stays valid until this thread's next failing call replaces the string.
+    LAST_ERROR.with(|l| l.borrow().as_ptr())
+}
+
+/// Records, logs and converts a failure of export `func`.
+pub(crate) fn fail(func: &str, e: Error) -> mscclppResult_t {
+    let msg = format!("{func}: {e}");
+    crate::warn!("{msg}");
+    set_last_error(&msg);
+    result_of(&e)
+}
+
+pub(crate) fn panicked(func: &str, p: Box<dyn std::any::Any + Send>) -> mscclppResult_t {
+    let what = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    fail(
+        func,
+        Error::internal(format!("panic inside the library: {what}")),
+    )
+}
+
+/// Runs `$body` (an expression of type `Result<(), Error>`) for export `$name`: no panic
+/// escapes, errors become result codes and the thread's last error.
+macro_rules! ffi_boundary {
+    ($name:literal, $body:block) => {{
+        match ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(
+            || -> $crate::error::Result<()> { $body },
+        )) {
+            Ok(Ok(())) => $crate::abi::mscclppResult_t::mscclppSuccess,
+            Ok(Err(e)) => $crate::capi::fail($name, e),
+            Err(p) => $crate::capi::panicked($name, p),
+        }
+    }};
+}
+pub(crate) use ffi_boundary;
+
+/// Returns early with `mscclppInvalidArgument` when a pointer argument is NULL.
+macro_rules! check_null {
+    ($($p:ident),+) => {
+        $(if $p.is_null() {
+            return Err($crate::error::Error::invalid_arg(concat!(stringify!($p), " is NULL")));
+        })+
+    };
+}
+pub(crate) use check_null;
+
+/// A live communicator; the sticky error is reachable without the comm's lock.
+pub(crate) struct Entry {
+    pub comm: Mutex<Comm>,
+    pub sticky: Arc<crate::proxy::Sticky>,
+}
+type CommCell = Arc<Entry>;
+
+/// Live communicators by handle address. A handle is a leaked 1-byte box, so addresses are
+/// unique while the comm lives.
+static COMMS: LazyLock<Mutex<HashMap<usize, CommCell>>> = LazyLock::new(Default::default);
+
+pub(crate) fn register_comm(c: Comm) -> mscclppComm_t {
+    let token = Box::into_raw(Box::new(0u8)) as mscclppComm_t;
+    let sticky = c.sticky_handle();
+    crate::proxy::lock(&COMMS).insert(
+        token as usize,
+        Arc::new(Entry {
+            comm: Mutex::new(c),
+            sticky,
+        }),
+    );
+    token
+}
+
+/// Looks a handle up; NULL, destroyed and foreign handles are errors.
+pub(crate) fn get_comm(h: mscclppComm_t) -> Result<CommCell, Error> {
+    if h.is_null() {
+        return Err(Error::invalid_arg("comm is NULL"));
+    }
+    crate::proxy::lock(&COMMS)
+        .get(&(h as usize))
+        .cloned()
+        .ok_or_else(|| {
+            Error::invalid_arg(format!(
+                "{h:p} is not a live communicator (destroyed already, or never created)"
+            ))
+        })
+}
+
+/// Runs `f` on the communicator behind `h`, one API call at a time per communicator.
+pub(crate) fn with_comm<T>(
+    h: mscclppComm_t,
+    f: impl FnOnce(&mut Comm) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let cell = get_comm(h)?;
+    let mut g = crate::proxy::lock(&cell.comm);
+    f(&mut g)
+}
+
+pub(crate) fn take_comm(h: mscclppComm_t) -> Result<CommCell, Error> {
+    if h.is_null() {
+        return Err(Error::invalid_arg("comm is NULL"));
+    }
+    let c = crate::proxy::lock(&COMMS)
+        .remove(&(h as usize))
+        .ok_or_else(|| {
+            Error::invalid_arg(format!(
+                "{h:p} is not a live communicator (destroyed already?)"
+            ))
+        })?;
+    // SAFETY: the token was created by `register_comm` with Box::new(0u8) and is removed once.
+    drop(unsafe { Box::from_raw(h as *mut u8) });
+    Ok(c)
+}
+
+/// Converts a C string argument; NULL gives None.
+pub(crate) fn opt_str(p: *const c_char, what: &str) -> Result<Option<String>, Error> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller passes a NUL-terminated string (API contract).
+    let s = unsafe { std::ffi::CStr::from_ptr(p) };
+    s.to_str()
+        .map(|s| Some(s.to_owned()))
+        .map_err(|_| Error::invalid_arg(format!("{what} is not valid UTF-8")))
+}
+
+/// Writes `v` to an out-parameter (only on success, by construction of the callers).
+pub(crate) fn put_out<T>(p: *mut T, v: T) {
+    // SAFETY: callers checked `p` for NULL; the C caller provides writable storage.
+    unsafe { p.write(v) }
+}

@@ -1,0 +1,602 @@
+//! The communicator: bootstrap, declared and established connections, one endpoint and proxy
+//! per (transport, device, NIC), registered buffers, and the order in which they are released.
+
+use crate::abi::*;
+use crate::bootstrap::Bootstrap;
+use crate::error::{Error, Result};
+use crate::fifo::{AbortWord, Fifo};
+use crate::mem::HostBlock;
+use crate::proxy::{self, ProxyConn, ProxyWork, Running, SharedEndpoint, Sticky};
+use crate::transport::{self, EndpointKey, MemKind, MrId, PeerId, Region, RemoteId};
+use crate::wire::{Reader, Writer};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+const CONN_MAGIC: u32 = 0x4d53_434e; // "MSCN"
+const WIRE_VERSION: u32 = 1;
+// Bootstrap tag spaces (top byte) for the messages of connection setup.
+const TAG_CONN: u64 = 1 << 56;
+const TAG_ACK: u64 = 2 << 56;
+const TAG_REG: u64 = 3 << 56;
+/// The most connections one proxy FIFO can address (connId has 10 bits).
+const MAX_CONNS_PER_PROXY: usize = 1 << MSCCLPP_BITS_CONNID;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Accepting `mscclppConnect`.
+    Declaring,
+    /// Connections established; proxies may run.
+    Ready,
+    /// Setup failed half-way; only destroy is allowed.
+    Failed,
+}
+
+#[derive(Clone, Debug)]
+struct Request {
+    remote_rank: usize,
+    tag: i32,
+    buff: u64,
+    size: u64,
+    transport: mscclppTransport_t,
+    ib_dev: Option<String>,
+    kind: MemKind,
+}
+
+/// One endpoint with its FIFO, proxy state and the epoch counters of its connections.
+struct Slot {
+    key: EndpointKey,
+    ep: SharedEndpoint,
+    /// The FIFO and the connections' proxy state; `None` while the proxy thread holds them.
+    work: Option<(Fifo, Vec<ProxyConn>)>,
+    abort: AbortWord,
+    running: Option<Running>,
+    peers: HashMap<usize, PeerId>,
+}
+
+struct Conn {
+    slot: usize,
+    remote_rank: usize,
+    tag: i32,
+    peer: PeerId,
+    /// Epoch block: `mscclppDevConnSignalEpochId` (16 bytes) then `waitEpochId` (8 bytes).
+    _epoch: HostBlock,
+}
+
+struct Registered {
+    /// Per established connection: (slot, peer, the peer's imported region, its size).
+    remotes: Vec<(usize, PeerId, RemoteId, u64)>,
+}
+
+pub struct Comm {
+    boot: Bootstrap,
+    phase: Phase,
+    requests: Vec<Request>,
+    conns: Vec<Conn>,
+    dev_conns: Vec<mscclppDevConn>,
+    slots: Vec<Slot>,
+    sticky: Arc<Sticky>,
+    registered: Vec<Registered>,
+    proxies_running: bool,
+}
+
+// SAFETY: the raw pointers inside `dev_conns` and slots point to memory the Comm owns; the C API
+// documents that one communicator is used from one thread at a time.
+unsafe impl Send for Comm {}
+
+impl Comm {
+    pub fn new(boot: Bootstrap) -> Self {
+        Comm {
+            boot,
+            phase: Phase::Declaring,
+            requests: Vec::new(),
+            conns: Vec::new(),
+            dev_conns: Vec::new(),
+            slots: Vec::new(),
+            sticky: Arc::new(Sticky::default()),
+            registered: Vec::new(),
+            proxies_running: false,
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.boot.rank()
+    }
+    pub fn nranks(&self) -> usize {
+        self.boot.nranks()
+    }
+    pub fn bootstrap(&self) -> &Bootstrap {
+        &self.boot
+    }
+
+    /// The communicator's sticky-error cell, shared with its proxies.
+    pub fn sticky_handle(&self) -> Arc<Sticky> {
+        self.sticky.clone()
+    }
+
+    /// Fails with the sticky error, so that every API call after a proxy failure reports it.
+    pub fn check_sticky(&self) -> Result<()> {
+        match self.sticky.get() {
+            None => Ok(()),
+            Some((_, msg)) => Err(Error::remote(format!(
+                "an earlier asynchronous error is pending: {msg}"
+            ))),
+        }
+    }
+
+    /// Declares a connection (mscclppConnect). Nothing is created until `setup`.
+    pub fn connect(
+        &mut self,
+        remote_rank: i32,
+        tag: i32,
+        buff: u64,
+        size: u64,
+        transport: mscclppTransport_t,
+        ib_dev: Option<String>,
+    ) -> Result<()> {
+        if self.phase != Phase::Declaring {
+            return Err(Error::usage("mscclppConnect after mscclppConnectionSetup: declare every connection before setup"));
+        }
+        let n = self.nranks();
+        if remote_rank < 0 || remote_rank as usize >= n || remote_rank as usize == self.rank() {
+            return Err(Error::invalid_arg(format!("remoteRank {remote_rank} is not another rank of this {n}-rank communicator (this is rank {})", self.rank())));
+        }
+        if buff == 0 {
+            return Err(Error::invalid_arg("localBuff is NULL"));
+        }
+        if size == 0 {
+            return Err(Error::invalid_arg("buffSize is 0"));
+        }
+        if buff.checked_add(size).is_none() {
+            return Err(Error::invalid_arg(format!(
+                "buffer {buff:#x} + {size} bytes wraps the address space"
+            )));
+        }
+        let remote_rank = remote_rank as usize;
+        if self
+            .requests
+            .iter()
+            .any(|r| r.remote_rank == remote_rank && r.tag == tag)
+        {
+            return Err(Error::invalid_arg(format!("a connection to rank {remote_rank} with tag {tag} was already declared; (remoteRank, tag) must be unique")));
+        }
+        let kind = crate::cuda::mem_kind(buff);
+        match (transport, kind) {
+            (mscclppTransport_t::mscclppTransportP2P, MemKind::Host) => {
+                return Err(Error::invalid_arg("mscclppTransportP2P needs a CUDA device buffer; this buffer is host memory (use mscclppTransportSHM or mscclppTransportIB)"))
+            }
+            (mscclppTransport_t::mscclppTransportP2P | mscclppTransport_t::mscclppTransportSHM, _) if ib_dev.is_some() => {
+                return Err(Error::invalid_arg("ibDev must be NULL for P2P and SHM connections"))
+            }
+            _ => {}
+        }
+        self.requests.push(Request {
+            remote_rank,
+            tag,
+            buff,
+            size,
+            transport,
+            ib_dev,
+            kind,
+        });
+        Ok(())
+    }
+
+    fn endpoint_key(r: &Request) -> EndpointKey {
+        let device = match r.kind {
+            MemKind::Device(d) => Some(d),
+            MemKind::Host => None,
+        };
+        match r.transport {
+            mscclppTransport_t::mscclppTransportP2P => EndpointKey::P2p {
+                device: device.unwrap_or(0),
+            },
+            mscclppTransport_t::mscclppTransportSHM => EndpointKey::Net {
+                domain: None,
+                shm: true,
+                device,
+            },
+            mscclppTransport_t::mscclppTransportIB => EndpointKey::Net {
+                domain: r.ib_dev.clone(),
+                shm: false,
+                device,
+            },
+        }
+    }
+
+    fn slot_for(&mut self, key: &EndpointKey) -> Result<usize> {
+        if let Some(i) = self.slots.iter().position(|s| &s.key == key) {
+            return Ok(i);
+        }
+        let ep = transport::open(key)?;
+        crate::info!("rank {}: opened endpoint {}", self.rank(), ep.describe());
+        let fifo = match key {
+            EndpointKey::P2p { device }
+            | EndpointKey::Net {
+                device: Some(device),
+                ..
+            } => crate::cuda::new_fifo(*device)?,
+            EndpointKey::Net { device: None, .. } => Fifo::new_host()?,
+        };
+        let abort = fifo.abort_word();
+        self.slots.push(Slot {
+            key: key.clone(),
+            ep: Arc::new(Mutex::new(ep)),
+            work: Some((fifo, Vec::new())),
+            abort,
+            running: None,
+            peers: HashMap::new(),
+        });
+        Ok(self.slots.len() - 1)
+    }
+
+    /// Establishes every declared connection (mscclppConnectionSetup). All blobs are sent before
+    /// any is received, and sends never wait for the receiver, so the order in which ranks
+    /// declared their connections cannot deadlock; a missing counterpart times out.
+    pub fn setup(&mut self) -> Result<()> {
+        self.check_sticky()?;
+        if self.phase != Phase::Declaring {
+            return Err(Error::usage(if self.phase == Phase::Ready {
+                "mscclppConnectionSetup was already called"
+            } else {
+                "an earlier mscclppConnectionSetup failed; destroy this communicator"
+            }));
+        }
+        let r = self.setup_inner();
+        self.phase = if r.is_ok() {
+            Phase::Ready
+        } else {
+            Phase::Failed
+        };
+        r
+    }
+
+    fn setup_inner(&mut self) -> Result<()> {
+        let reqs = std::mem::take(&mut self.requests);
+        // 1. Register locally and send our half of every connection.
+        let mut local = Vec::with_capacity(reqs.len());
+        for r in &reqs {
+            let key = Self::endpoint_key(r);
+            let s = self.slot_for(&key)?;
+            let epoch = crate::cuda::alloc_epoch(r.kind)?;
+            let (addr, (src, data_blob), (_, epoch_blob)) = {
+                let mut ep = proxy::lock(&self.slots[s].ep);
+                (
+                    ep.address()?,
+                    ep.register(Region {
+                        addr: r.buff,
+                        len: r.size,
+                        kind: r.kind,
+                    })?,
+                    ep.register(Region {
+                        addr: epoch.ptr() as u64,
+                        len: 16,
+                        kind: crate::cuda::epoch_kind(r.kind),
+                    })?,
+                )
+            };
+            let msg = Writer::new()
+                .u32(CONN_MAGIC)
+                .u32(WIRE_VERSION)
+                .u32(r.transport as u32)
+                .u32(r.tag as u32)
+                .u32(self.rank() as u32)
+                .u64(r.size)
+                .bytes(&addr)
+                .bytes(&data_blob)
+                .bytes(&epoch_blob)
+                .finish();
+            self.boot
+                .send(r.remote_rank, TAG_CONN | r.tag as u32 as u64, &msg)?;
+            local.push((s, src, epoch));
+        }
+        // 2. Receive the peers' halves, validate, import.
+        for (i, (r, (s, src, epoch))) in reqs.iter().zip(local).enumerate() {
+            let msg = self.boot.recv(r.remote_rank, TAG_CONN | r.tag as u32 as u64).map_err(|e| {
+                Error::remote(format!("connection to rank {} tag {}: no matching mscclppConnect on the peer ({e})", r.remote_rank, r.tag))
+            })?;
+            let mut rd = Reader::new(&msg, "connection setup blob");
+            let (magic, ver, tr, tag, from, rsize) = (
+                rd.u32()?,
+                rd.u32()?,
+                rd.u32()?,
+                rd.u32()? as i32,
+                rd.u32()? as usize,
+                rd.u64()?,
+            );
+            let (addr, data_blob, epoch_blob) = (rd.bytes()?, rd.bytes()?, rd.bytes()?);
+            rd.finish()?;
+            if magic != CONN_MAGIC || ver != WIRE_VERSION {
+                return Err(Error::remote(format!(
+                    "rank {}: foreign connection blob (magic {magic:#x}, version {ver})",
+                    r.remote_rank
+                )));
+            }
+            if from != r.remote_rank || tag != r.tag {
+                return Err(Error::remote(format!(
+                    "rank {}: setup blob names rank {from} tag {tag}, expected rank {} tag {}",
+                    r.remote_rank, r.remote_rank, r.tag
+                )));
+            }
+            if tr != r.transport as u32 {
+                return Err(Error::invalid_arg(format!(
+                    "connection to rank {} tag {}: transports differ (here {:?}, peer {tr})",
+                    r.remote_rank, r.tag, r.transport
+                )));
+            }
+            if rsize == 0 {
+                return Err(Error::remote(format!(
+                    "rank {}: peer registered a 0-byte buffer",
+                    r.remote_rank
+                )));
+            }
+            let slot = &mut self.slots[s];
+            let mut ep = proxy::lock(&slot.ep);
+            let peer = match slot.peers.get(&r.remote_rank) {
+                Some(p) => *p,
+                None => {
+                    let p = ep.add_peer(r.remote_rank, addr)?;
+                    slot.peers.insert(r.remote_rank, p);
+                    p
+                }
+            };
+            let dst = ep.import(peer, data_blob)?;
+            let remote_epoch = ep.import(peer, epoch_blob)?;
+            let remote_buff = ep.remote_ptr(dst).unwrap_or(0);
+            let remote_epoch_ptr = ep.remote_ptr(remote_epoch).unwrap_or(0);
+            drop(ep);
+            let (fifo, pconns) = slot
+                .work
+                .as_mut()
+                .ok_or_else(|| Error::internal("proxy state missing during setup"))?;
+            if pconns.len() >= MAX_CONNS_PER_PROXY {
+                return Err(Error::invalid_arg(format!(
+                    "more than {MAX_CONNS_PER_PROXY} connections on one endpoint"
+                )));
+            }
+            let conn_id = pconns.len();
+            pconns.push(ProxyConn {
+                remote_rank: r.remote_rank,
+                peer,
+                src,
+                local_size: r.size,
+                dst,
+                remote_size: rsize,
+                remote_epoch,
+                signals: 0,
+            });
+            let ep_ptr = epoch.ptr();
+            self.dev_conns.push(mscclppDevConn {
+                remoteRank: r.remote_rank as i32,
+                tag: r.tag,
+                localBuff: r.buff as *mut _,
+                localSignalEpochId: ep_ptr.cast(),
+                remoteSignalEpochId: remote_epoch_ptr as *mut _,
+                // SAFETY: the epoch block is 32 bytes: 16 of epoch ids, then waitEpochId.
+                waitEpochId: unsafe { ep_ptr.add(16) }.cast(),
+                remoteBuff: remote_buff as *mut _,
+                fifo: fifo.producer_view(conn_id),
+            });
+            self.conns.push(Conn {
+                slot: s,
+                remote_rank: r.remote_rank,
+                tag: r.tag,
+                peer,
+                _epoch: epoch,
+            });
+            crate::trace!(
+                "rank {}: connection {i} to rank {} tag {} ready",
+                self.rank(),
+                r.remote_rank,
+                r.tag
+            );
+        }
+        // 3. Both sides have imported each other's regions before either returns.
+        for c in &self.conns {
+            self.boot
+                .send(c.remote_rank, TAG_ACK | c.tag as u32 as u64, b"ok")?;
+        }
+        for c in &self.conns {
+            let m = self
+                .boot
+                .recv(c.remote_rank, TAG_ACK | c.tag as u32 as u64)?;
+            if m != b"ok" {
+                return Err(Error::remote(format!(
+                    "rank {}: bad setup acknowledgement",
+                    c.remote_rank
+                )));
+            }
+        }
+        crate::info!(
+            "rank {}: {} connections set up over {} endpoints",
+            self.rank(),
+            self.conns.len(),
+            self.slots.len()
+        );
+        Ok(())
+    }
+
+    fn require_ready(&self, what: &str) -> Result<()> {
+        match self.phase {
+            Phase::Ready => Ok(()),
+            Phase::Declaring => Err(Error::usage(format!(
+                "{what} before mscclppConnectionSetup"
+            ))),
+            Phase::Failed => Err(Error::usage(format!(
+                "{what}: mscclppConnectionSetup failed earlier; destroy this communicator"
+            ))),
+        }
+    }
+
+    /// The connections in `mscclppConnect` order (host memory, owned by the comm).
+    pub fn dev_conns(&mut self) -> Result<&mut [mscclppDevConn]> {
+        self.require_ready("mscclppGetAllDeviceConnections")?;
+        Ok(&mut self.dev_conns)
+    }
+
+    pub fn dev_conn(&mut self, remote_rank: i32, tag: i32) -> Result<&mut mscclppDevConn> {
+        self.require_ready("mscclppGetDeviceConnection")?;
+        let (rank, n) = (self.rank(), self.conns.len());
+        self.dev_conns
+            .iter_mut()
+            .find(|c| c.remoteRank == remote_rank && c.tag == tag)
+            .ok_or_else(|| Error::invalid_arg(format!("rank {rank} has no connection to rank {remote_rank} with tag {tag} (it has {n})")))
+    }
+
+    pub fn proxy_launch(&mut self) -> Result<()> {
+        self.require_ready("mscclppProxyLaunch")?;
+        self.check_sticky()?;
+        if self.proxies_running {
+            return Err(Error::usage(
+                "mscclppProxyLaunch: proxies are already running",
+            ));
+        }
+        for s in self.slots.iter_mut() {
+            let (fifo, conns) = s
+                .work
+                .take()
+                .ok_or_else(|| Error::internal("proxy state missing at launch"))?;
+            let name = format!("mscclpp-proxy-{}", self.boot.rank());
+            s.running = Some(proxy::launch(
+                name,
+                ProxyWork {
+                    fifo,
+                    conns,
+                    endpoint: s.ep.clone(),
+                },
+                self.sticky.clone(),
+            )?);
+        }
+        self.proxies_running = true;
+        Ok(())
+    }
+
+    /// Stops every proxy after it has drained its FIFO; returns the first error any met.
+    pub fn proxy_stop(&mut self) -> Result<()> {
+        self.require_ready("mscclppProxyStop")?;
+        if !self.proxies_running {
+            return Err(Error::usage(
+                "mscclppProxyStop: no proxy is running (call mscclppProxyLaunch first)",
+            ));
+        }
+        self.stop_all();
+        self.check_sticky()
+    }
+
+    fn stop_all(&mut self) {
+        for s in self.slots.iter_mut() {
+            if let Some(r) = s.running.take() {
+                let (work, res) = r.stop();
+                if let Err(e) = res {
+                    let code = crate::capi::result_of(&e);
+                    self.sticky.set(code, format!("proxy for {:?}: {e}", s.key));
+                    s.abort.set(code);
+                }
+                s.work = work.map(|w| (w.fifo, w.conns));
+            }
+        }
+        self.proxies_running = false;
+    }
+
+    /// Registers `[ptr, ptr+size)` with every connection and exchanges it with each peer, which
+    /// must make the same call in the same order (mscclppRegisterBuffer). Returns a handle.
+    pub fn register_buffer(&mut self, ptr: u64, size: u64) -> Result<u64> {
+        self.require_ready("mscclppRegisterBuffer")?;
+        self.check_sticky()?;
+        if ptr == 0 || size == 0 || ptr.checked_add(size).is_none() {
+            return Err(Error::invalid_arg(format!(
+                "cannot register buffer {ptr:#x} of {size} bytes"
+            )));
+        }
+        let kind = crate::cuda::mem_kind(ptr);
+        let seq = self.registered.len() as u64;
+        let tag_of = |c: &Conn| TAG_REG | (seq & 0xff_ffff) << 32 | c.tag as u32 as u64;
+        for c in &self.conns {
+            let (_, blob) = proxy::lock(&self.slots[c.slot].ep).register(Region {
+                addr: ptr,
+                len: size,
+                kind,
+            })?;
+            let msg = Writer::new().u64(seq).u64(size).bytes(&blob).finish();
+            self.boot.send(c.remote_rank, tag_of(c), &msg)?;
+        }
+        let mut remotes = Vec::with_capacity(self.conns.len());
+        for c in &self.conns {
+            let msg = self.boot.recv(c.remote_rank, tag_of(c))?;
+            let mut rd = Reader::new(&msg, "registered-buffer blob");
+            let (rseq, rsize, blob) = (rd.u64()?, rd.u64()?, rd.bytes()?);
+            rd.finish()?;
+            if rseq != seq || rsize == 0 {
+                return Err(Error::remote(format!("rank {}: registered-buffer blob for registration {rseq} of {rsize} bytes, expected registration {seq}", c.remote_rank)));
+            }
+            let id = proxy::lock(&self.slots[c.slot].ep).import(c.peer, blob)?;
+            remotes.push((c.slot, c.peer, id, rsize));
+        }
+        self.registered.push(Registered { remotes });
+        Ok(seq + 1)
+    }
+
+    /// Writes `size` bytes from `src + src_off` into every peer's buffer of registration
+    /// `handle` at `dst_off`, and returns once they have arrived.
+    pub fn registered_write(
+        &mut self,
+        handle: u64,
+        src: u64,
+        size: u64,
+        src_off: u64,
+        dst_off: u64,
+    ) -> Result<()> {
+        self.require_ready("mscclppRegisteredBufferWrite")?;
+        self.check_sticky()?;
+        let reg = handle
+            .checked_sub(1)
+            .and_then(|i| self.registered.get(i as usize))
+            .ok_or_else(|| {
+                Error::invalid_arg(format!("unknown registered-memory handle {handle}"))
+            })?;
+        if src == 0 || size == 0 {
+            return Err(Error::invalid_arg("srcBuff is NULL or size is 0"));
+        }
+        // Check every peer before writing to any, so a bad call changes nothing.
+        for &(_, _, _, rsize) in &reg.remotes {
+            if dst_off.checked_add(size).is_none_or(|e| e > rsize) {
+                return Err(Error::invalid_arg(format!("write of {size} bytes at offset {dst_off} exceeds the peer's {rsize}-byte registered buffer")));
+            }
+        }
+        let src_end = src_off
+            .checked_add(size)
+            .ok_or_else(|| Error::invalid_arg("srcOffset + size overflows"))?;
+        let kind = crate::cuda::mem_kind(src);
+        for &(s, peer, rid, _) in &reg.remotes {
+            let mut ep = proxy::lock(&self.slots[s].ep);
+            let (mr, _): (MrId, _) = ep.register(Region {
+                addr: src,
+                len: src_end,
+                kind,
+            })?;
+            ep.write(peer, mr, src_off, rid, dst_off, size)?;
+            ep.flush(peer)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // Producers still spinning on our FIFOs must stop; proxies drain, then endpoints close
+        // (their registrations before the endpoint), then FIFOs and epoch memory go.
+        for s in &self.slots {
+            if s.running.is_some() {
+                s.abort.set(mscclppResult_t::mscclppInvalidUsage);
+            }
+        }
+        self.stop_all();
+        self.registered.clear();
+        self.dev_conns.clear();
+        let slots = std::mem::take(&mut self.slots);
+        for s in slots {
+            drop(s.ep);
+            drop(s.work);
+        }
+        self.conns.clear();
+    }
+}

@@ -1,0 +1,85 @@
+//! The core error type. Every failure carries enough context (which call, which peer, which
+//! errno) to act on; `capi` maps it to `mscclppResult_t` in one place.
+
+use std::io;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A caller passed something unusable (NULL, out of range, malformed).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A call made in the wrong state (e.g. `mscclppConnect` after setup).
+    #[error("invalid usage: {0}")]
+    InvalidUsage(String),
+    /// A local OS call failed.
+    #[error("{context}: {source}")]
+    System {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+    /// A peer misbehaved, vanished or did not answer in time.
+    #[error("remote error: {0}")]
+    Remote(String),
+    /// A timeout while waiting for a peer or a rendezvous.
+    #[error("timed out after {after_ms} ms: {what}")]
+    Timeout { what: String, after_ms: u64 },
+    /// A CUDA driver call failed.
+    #[error("CUDA error in {call}: {detail}")]
+    Cuda { call: String, detail: String },
+    /// A libfabric call failed.
+    #[error("libfabric {call} failed: {detail} ({code})")]
+    Fabric {
+        call: String,
+        code: i64,
+        detail: String,
+    },
+    /// A bug or an impossible state in this library.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn invalid_arg(msg: impl Into<String>) -> Self {
+        Error::InvalidArgument(msg.into())
+    }
+    pub fn usage(msg: impl Into<String>) -> Self {
+        Error::InvalidUsage(msg.into())
+    }
+    pub fn remote(msg: impl Into<String>) -> Self {
+        Error::Remote(msg.into())
+    }
+    pub fn internal(msg: impl Into<String>) -> Self {
+        Error::Internal(msg.into())
+    }
+    pub fn timeout(what: impl Into<String>, after: std::time::Duration) -> Self {
+        Error::Timeout {
+            what: what.into(),
+            after_ms: after.as_millis() as u64,
+        }
+    }
+    /// Wraps an `io::Error` with what was being done.
+    pub fn sys(context: impl Into<String>, source: io::Error) -> Self {
+        Error::System {
+            context: context.into(),
+            source,
+        }
+    }
+    /// The last OS error, with context.
+    pub fn last_os(context: impl Into<String>) -> Self {
+        Error::sys(context, io::Error::last_os_error())
+    }
+}
+
+/// Adds context to I/O results: `stream.read_exact(..).ctx("reading header from rank 3")?`.
+pub trait IoContext<T> {
+    fn ctx(self, context: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> IoContext<T> for io::Result<T> {
+    fn ctx(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| Error::sys(context(), e))
+    }
+}

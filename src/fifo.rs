@@ -1,0 +1,371 @@
+//! The trigger FIFO between producers (GPU threads, or host threads for host-memory
+//! connections) and one proxy thread.
+//!
+//! Protocol (DESIGN.md, "Trigger FIFO"): a producer takes a ticket `head` with a fetch-add, waits
+//! until `head < SIZE + tail` and the slot is empty, then stores word1 and word0 of the trigger;
+//! word0 is never 0 for a real trigger. The proxy reads the slot at its tail, acts, zeroes the slot
+//! and advances its tail, publishing it every `MSCCLPP_PROXY_FIFO_FLUSH_COUNTER` triggers and on
+//! every Sync. The u64 after the tail is the abort word: non-zero ends every producer spin.
+
+use crate::abi::*;
+use crate::error::{Error, Result};
+use crate::mem::HostBlock;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{LazyLock, RwLock};
+use std::time::{Duration, Instant};
+
+/// Head addresses of the live host-memory FIFOs: the host-driven API accepts a connection only
+/// if its FIFO is one of these, so a device-memory or foreign `mscclppDevConn` is an error.
+static HOST_FIFOS: LazyLock<RwLock<HashSet<usize>>> = LazyLock::new(Default::default);
+
+/// True if `head` belongs to a live host-memory FIFO of this process.
+pub fn is_host_fifo(head: *const u64) -> bool {
+    HOST_FIFOS
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&(head as usize))
+}
+
+pub const SIZE: u64 = MSCCLPP_PROXY_FIFO_SIZE;
+
+/// A decoded trigger.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trigger {
+    pub ty: u64,
+    pub dst_off: u64,
+    pub src_off: u64,
+    pub size: u64,
+    pub conn_id: usize,
+}
+
+impl Trigger {
+    pub fn decode(w: [u64; 2]) -> Self {
+        Trigger {
+            size: w[0] & MSCCLPP_TRIGGER_SIZE_MASK,
+            src_off: w[0] >> MSCCLPP_BITS_SIZE,
+            dst_off: w[1] & MSCCLPP_TRIGGER_OFFSET_MASK,
+            conn_id: ((w[1] >> MSCCLPP_TRIGGER_CONNID_SHIFT) & MSCCLPP_TRIGGER_CONNID_MASK)
+                as usize,
+            ty: (w[1] >> MSCCLPP_TRIGGER_TYPE_SHIFT) & MSCCLPP_TRIGGER_TYPE_MASK,
+        }
+    }
+    pub fn encode(&self) -> [u64; 2] {
+        trigger_encode(
+            self.ty,
+            self.dst_off,
+            self.src_off,
+            self.size,
+            self.conn_id as u64,
+        )
+    }
+}
+
+/// Consumer side of one FIFO, owned by one proxy thread. The memory lives in host memory (for a
+/// GPU producer: pinned and mapped into the device, see `crate::cuda`).
+pub struct Fifo {
+    slots: *mut mscclppTrigger,
+    /// `[tail, abort]`, read by producers.
+    ctrl: *mut u64,
+    head: *mut u64,
+    /// The consumer's own tail; `ctrl[0]` lags it by at most FLUSH_COUNTER - 1.
+    tail: u64,
+    _mem: FifoMem,
+}
+
+// SAFETY: the raw pointers point into `_mem`, which the Fifo owns; only the proxy thread that
+// owns the Fifo consumes, producers go through their own copies of the pointers.
+unsafe impl Send for Fifo {}
+
+enum FifoMem {
+    Host {
+        _slots: HostBlock,
+        _ctrl: HostBlock,
+        _head: HostBlock,
+    },
+}
+
+/// Shared handle to a FIFO's abort word, for the API thread (valid while the comm lives).
+#[derive(Clone, Copy)]
+pub struct AbortWord(*mut u64);
+// SAFETY: the word is only touched through atomics; the comm keeps its memory alive.
+unsafe impl Send for AbortWord {}
+unsafe impl Sync for AbortWord {}
+
+impl AbortWord {
+    /// Stores an error code for every producer to see. Release pairs with the Acquire loads in
+    /// the producers' spin loops.
+    pub fn set(&self, code: mscclppResult_t) {
+        // SAFETY: points to a live, 8-byte aligned u64 (see type doc).
+        unsafe { AtomicU64::from_ptr(self.0) }.store(code as u64, Ordering::Release);
+    }
+}
+
+impl Fifo {
+    /// A FIFO in ordinary host memory, for host-memory connections.
+    pub fn new_host() -> Result<Self> {
+        let slots = HostBlock::zeroed(SIZE as usize * 16, 64)?;
+        let ctrl = HostBlock::zeroed(16, 64)?;
+        let head = HostBlock::zeroed(8, 64)?;
+        HOST_FIFOS
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(head.ptr() as usize);
+        Ok(Fifo {
+            slots: slots.ptr().cast(),
+            ctrl: ctrl.ptr().cast(),
+            head: head.ptr().cast(),
+            tail: 0,
+            _mem: FifoMem::Host {
+                _slots: slots,
+                _ctrl: ctrl,
+                _head: head,
+            },
+        })
+    }
+
+    /// The producer view that goes into a `mscclppDevConn`.
+    pub fn producer_view(&self, conn_id: usize) -> mscclppConcurrentFifo {
+        mscclppConcurrentFifo {
+            triggerFifo: self.slots,
+            triggerFifoTail: self.ctrl,
+            triggerFifoHead: self.head,
+            connId: conn_id as i32,
+        }
+    }
+
+    pub fn abort_word(&self) -> AbortWord {
+        // SAFETY: ctrl points to two u64; the second is the abort word.
+        AbortWord(unsafe { self.ctrl.add(1) })
+    }
+
+    fn slot_words(&self, idx: u64) -> (&AtomicU64, &AtomicU64) {
+        // SAFETY: idx % SIZE is within the SIZE slots; each slot is 16-byte aligned and lives as
+        // long as self. Producers write these words too, hence atomics.
+        unsafe {
+            let p = self.slots.add((idx % SIZE) as usize) as *mut u64;
+            (AtomicU64::from_ptr(p), AtomicU64::from_ptr(p.add(1)))
+        }
+    }
+
+    /// The trigger at the tail, if a producer has completed it.
+    pub fn peek(&self) -> Option<[u64; 2]> {
+        let (w0, w1) = self.slot_words(self.tail);
+        // Acquire pairs with the producer's Release store of word0 (host producers); a GPU
+        // producer writes both words in one 16-byte store. word1 always has a non-zero type, so
+        // a zero word1 means the store is not fully visible yet: retry later.
+        let a = w0.load(Ordering::Acquire);
+        if a == 0 {
+            return None;
+        }
+        let b = w1.load(Ordering::Acquire);
+        if b == 0 {
+            return None;
+        }
+        Some([a, b])
+    }
+
+    /// Retires the trigger at the tail: zero the slot, advance, publish the tail when due.
+    pub fn pop(&mut self, sync: bool) {
+        let (w0, w1) = self.slot_words(self.tail);
+        w1.store(0, Ordering::Relaxed);
+        // Release pairs with the producers' Acquire wait for an empty slot and with flush()'s
+        // wait for its Sync slot to clear: everything the proxy did for this trigger is visible
+        // to a producer that sees the zero.
+        w0.store(0, Ordering::Release);
+        self.tail += 1;
+        if sync || self.tail % MSCCLPP_PROXY_FIFO_FLUSH_COUNTER == 0 {
+            self.publish_tail();
+        }
+    }
+
+    fn publish_tail(&self) {
+        // SAFETY: ctrl[0] is the published tail. Release pairs with the producers' Acquire
+        // load in their wait for room.
+        unsafe { AtomicU64::from_ptr(self.ctrl) }.store(self.tail, Ordering::Release);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.peek().is_none()
+    }
+}
+
+impl Drop for Fifo {
+    fn drop(&mut self) {
+        let FifoMem::Host { .. } = &self._mem;
+        HOST_FIFOS
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(self.head as usize));
+    }
+}
+
+/// How long host producers wait for the proxy or a peer before giving up
+/// (`MSCCLPP_WAIT_TIMEOUT` seconds; default: the bootstrap timeout).
+pub fn wait_timeout() -> Duration {
+    std::env::var("MSCCLPP_WAIT_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .map(Duration::from_secs_f64)
+        .unwrap_or_else(crate::bootstrap::timeout)
+}
+
+/// A spin that ends on the abort word, or the deadline. Spins, then yields, then naps, so that
+/// oversubscribed machines (CI: 2 cores, 4 ranks) still make progress.
+pub(crate) struct Spin {
+    abort: *const u64,
+    start: Instant,
+    deadline: Duration,
+    n: u32,
+}
+
+impl Spin {
+    pub(crate) fn new(abort: *const u64, deadline: Duration) -> Self {
+        Spin {
+            abort,
+            start: Instant::now(),
+            deadline,
+            n: 0,
+        }
+    }
+    /// One step of waiting: Ok while the caller should keep waiting, Err when it must stop.
+    pub(crate) fn step(&mut self, what: &str) -> Result<()> {
+        // SAFETY: `abort` points into a live FIFO control block (the caller's DevConn).
+        let a = unsafe { AtomicU64::from_ptr(self.abort as *mut u64) }.load(Ordering::Acquire);
+        if a != 0 {
+            return Err(Error::remote(format!("{what}: the communicator was aborted (error code {a}); see mscclppCommGetAsyncError")));
+        }
+        self.n = self.n.wrapping_add(1);
+        if self.n < 2000 {
+            std::hint::spin_loop();
+        } else if self.n < 4000 {
+            std::thread::yield_now();
+        } else {
+            if self.start.elapsed() > self.deadline {
+                return Err(Error::timeout(what.to_string(), self.deadline));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        Ok(())
+    }
+}
+
+/// Host producer: pushes one trigger, returns its ticket. The conn's FIFO must be in host memory.
+///
+/// # Safety
+/// `fifo` must be the producer view of a live host-memory FIFO.
+pub unsafe fn host_push(fifo: &mscclppConcurrentFifo, w: [u64; 2]) -> Result<u64> {
+    debug_assert!(w[0] != 0 && w[1] != 0);
+    let abort = fifo.triggerFifoTail.add(1) as *const u64;
+    let head = AtomicU64::from_ptr(fifo.triggerFifoHead);
+    let tail = AtomicU64::from_ptr(fifo.triggerFifoTail);
+    // The ticket only has to be unique; ordering comes from the slot words.
+    let h = head.fetch_add(1, Ordering::Relaxed);
+    let mut spin = Spin::new(abort, wait_timeout());
+    // Acquire pairs with the proxy's Release publication of the tail; ends when the proxy has
+    // retired ticket h - SIZE, on abort, or at the deadline.
+    while h >= SIZE + tail.load(Ordering::Acquire) {
+        spin.step("waiting for room in the proxy FIFO")?;
+    }
+    let p = fifo.triggerFifo.add((h % SIZE) as usize) as *mut u64;
+    let (w0, w1) = (AtomicU64::from_ptr(p), AtomicU64::from_ptr(p.add(1)));
+    // Acquire pairs with the proxy's Release zeroing in `Fifo::pop`; ends like the loop above.
+    while w0.load(Ordering::Acquire) != 0 {
+        spin.step("waiting for a free FIFO slot")?;
+    }
+    w1.store(w[1], Ordering::Relaxed);
+    // Release pairs with the proxy's Acquire load of word0 in `Fifo::peek`.
+    w0.store(w[0], Ordering::Release);
+    Ok(h)
+}
+
+/// Host producer: waits until the proxy has retired ticket `h` (its slot zeroed or the tail
+/// past it), on abort or deadline an error.
+///
+/// # Safety
+/// As for [`host_push`].
+pub unsafe fn host_wait_retired(fifo: &mscclppConcurrentFifo, h: u64) -> Result<()> {
+    let abort = fifo.triggerFifoTail.add(1) as *const u64;
+    let tail = AtomicU64::from_ptr(fifo.triggerFifoTail);
+    let w0 = AtomicU64::from_ptr(fifo.triggerFifo.add((h % SIZE) as usize) as *mut u64);
+    let mut spin = Spin::new(abort, wait_timeout());
+    // Both Acquire loads pair with `Fifo::pop`'s Release stores. Ends when the slot clears or
+    // the tail passes h; the slot can't be refilled before the tail passes h (room check).
+    while w0.load(Ordering::Acquire) != 0 && tail.load(Ordering::Acquire) <= h {
+        spin.step("flush: waiting for the proxy to complete the Sync")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trigger_roundtrip() {
+        let t = Trigger {
+            ty: mscclppData | mscclppFlag,
+            dst_off: 0xdead_beef,
+            src_off: 0x1234_5678,
+            size: 0xffff_ffff,
+            conn_id: 1023,
+        };
+        assert_eq!(Trigger::decode(t.encode()), t);
+        let w = t.encode();
+        assert_eq!(w[0], 0x1234_5678_ffff_ffff);
+        assert_eq!(w[1] >> 42, 3);
+    }
+
+    #[test]
+    fn push_pop_in_order_and_wraps() {
+        let mut f = Fifo::new_host().unwrap();
+        let view = f.producer_view(3);
+        for round in 0..3 * SIZE {
+            let t = Trigger {
+                ty: mscclppData,
+                dst_off: round,
+                src_off: 0,
+                size: 1 + round,
+                conn_id: 3,
+            };
+            let h = unsafe { host_push(&view, t.encode()) }.unwrap();
+            assert_eq!(h, round);
+            let got = Trigger::decode(f.peek().unwrap());
+            assert_eq!(got, t);
+            f.pop(false);
+            assert!(f.is_empty());
+        }
+    }
+
+    #[test]
+    fn producer_blocks_when_full_and_abort_releases_it() {
+        let f = Fifo::new_host().unwrap();
+        let view = f.producer_view(0);
+        let w = Trigger {
+            ty: mscclppFlag,
+            dst_off: 0,
+            src_off: 0,
+            size: 1,
+            conn_id: 0,
+        }
+        .encode();
+        for _ in 0..SIZE {
+            unsafe { host_push(&view, w) }.unwrap();
+        }
+        let abort = f.abort_word();
+        let v = view;
+        struct SendView(mscclppConcurrentFifo);
+        unsafe impl Send for SendView {}
+        let sv = SendView(v);
+        let th = std::thread::spawn(move || {
+            let sv = sv;
+            unsafe { host_push(&sv.0, w) }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!th.is_finished(), "a push into a full FIFO must wait");
+        abort.set(mscclppResult_t::mscclppRemoteError);
+        let r = th.join().unwrap();
+        assert!(matches!(r, Err(Error::Remote(_))), "{r:?}");
+    }
+}

@@ -1,0 +1,124 @@
+//! Transports: the one trait every way of moving bytes implements, and the one place that picks
+//! an implementation for a connection.
+//!
+//! An [`Endpoint`] is one transport instance on this rank (one libfabric endpoint, or one GPU's
+//! copy-engine stream). After `mscclppConnectionSetup` it belongs to one proxy thread, which is
+//! the only caller of its data-path methods, except `mscclppRegisteredBufferWrite`, which takes the
+//! same lock as the proxy.
+
+pub mod net;
+pub mod p2p;
+
+use crate::abi::mscclppTransport_t;
+use crate::error::Result;
+
+/// Where a buffer lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemKind {
+    Host,
+    /// CUDA device memory of this device ordinal.
+    Device(i32),
+}
+
+/// A local memory range, as the user (or this library) gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Region {
+    pub addr: u64,
+    pub len: u64,
+    pub kind: MemKind,
+}
+
+/// Index of a local registration inside one endpoint.
+pub type MrId = usize;
+/// Index of a peer (remote endpoint) inside one endpoint.
+pub type PeerId = usize;
+/// Index of an imported remote region inside one endpoint.
+pub type RemoteId = usize;
+
+/// One transport instance. Each method returns an error instead of blocking without bound.
+///
+/// Ordering contract: on one `PeerId`, `write_value` is delivered after every earlier `write`
+/// (the receiver that sees the value sees the data), and `flush` returns only when every earlier
+/// `write` and `write_value` to that peer has reached the peer's memory.
+pub trait Endpoint: Send {
+    /// Human-readable identity for logs and errors, e.g. `net:tcp;ofi_rxm/lo`.
+    fn describe(&self) -> String;
+    /// The address blob a peer needs to reach this endpoint.
+    fn address(&self) -> Result<Vec<u8>>;
+    /// Makes a peer reachable from its address blob.
+    fn add_peer(&mut self, remote_rank: usize, address: &[u8]) -> Result<PeerId>;
+    /// Registers a local region (exactly `region`, never rounded up) and returns a blob that
+    /// lets a peer write into it. Registering the same region twice returns the same id.
+    fn register(&mut self, region: Region) -> Result<(MrId, Vec<u8>)>;
+    /// Imports a region a peer registered (its blob); validated before use.
+    fn import(&mut self, peer: PeerId, blob: &[u8]) -> Result<RemoteId>;
+    /// Direct pointer to an imported region, where this process can load/store it
+    /// (P2P: the peer's GPU buffer mapped through CUDA IPC). None otherwise.
+    fn remote_ptr(&self, _remote: RemoteId) -> Option<u64> {
+        None
+    }
+    /// Starts a copy of `size` bytes from local `src`+`src_off` to remote `dst`+`dst_off`.
+    /// Bounds were checked by the caller.
+    fn write(
+        &mut self,
+        peer: PeerId,
+        src: MrId,
+        src_off: u64,
+        dst: RemoteId,
+        dst_off: u64,
+        size: u64,
+    ) -> Result<()>;
+    /// Starts a write of the 8-byte `value` into remote `dst`+`dst_off`, ordered after every
+    /// earlier `write` to `peer`.
+    fn write_value(&mut self, peer: PeerId, dst: RemoteId, dst_off: u64, value: u64) -> Result<()>;
+    /// Waits (bounded) until every earlier write to `peer` has reached the peer.
+    fn flush(&mut self, peer: PeerId) -> Result<()>;
+    /// Drives completions and the provider's progress engine; called by the proxy when idle.
+    fn progress(&mut self) -> Result<()>;
+}
+
+/// The C transport enum, checked (C may pass any integer).
+pub fn transport_from_c(v: i32) -> Option<mscclppTransport_t> {
+    match v {
+        0 => Some(mscclppTransport_t::mscclppTransportP2P),
+        1 => Some(mscclppTransport_t::mscclppTransportSHM),
+        2 => Some(mscclppTransport_t::mscclppTransportIB),
+        _ => None,
+    }
+}
+
+/// What an endpoint is made for: the key under which the communicator keeps one endpoint (and
+/// one proxy thread) per (transport, device, NIC) combination.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum EndpointKey {
+    /// CUDA IPC from this device ordinal.
+    P2p { device: i32 },
+    /// libfabric; `domain` is the user's `ibDev` (None: first suitable), `shm` for SHM.
+    Net {
+        domain: Option<String>,
+        shm: bool,
+        device: Option<i32>,
+    },
+}
+
+impl EndpointKey {
+    pub fn transport(&self) -> mscclppTransport_t {
+        match self {
+            EndpointKey::P2p { .. } => mscclppTransport_t::mscclppTransportP2P,
+            EndpointKey::Net { shm: true, .. } => mscclppTransport_t::mscclppTransportSHM,
+            EndpointKey::Net { shm: false, .. } => mscclppTransport_t::mscclppTransportIB,
+        }
+    }
+}
+
+/// Opens the endpoint for `key`. The single place that maps a transport choice to code.
+pub fn open(key: &EndpointKey) -> Result<Box<dyn Endpoint>> {
+    match key {
+        EndpointKey::P2p { device } => p2p::open(*device),
+        EndpointKey::Net {
+            domain,
+            shm,
+            device,
+        } => net::open(domain.as_deref(), *shm, *device),
+    }
+}
