@@ -1,67 +1,579 @@
-//! TCP rendezvous between the ranks of a communicator (stub: being written; see the
-//! signatures, which are the contract the rest of the library codes against).
+//! TCP rendezvous between the ranks of a communicator, and the small collectives and tagged
+//! messages that connection setup runs over it.
+//!
+//! Joining: rank 0 serves the root address ([`root`]); every rank (rank 0 included) opens its
+//! own listener on the interface that reaches the root, connects to the root and sends a
+//! `Hello` (magic, rank, nranks, listen address). When all have joined, the root sends each
+//! the table of listen addresses; a barrier around the ring then proves every rank reachable.
+//!
+//! Afterwards ranks talk directly: one persistent connection per (sender, receiver) pair,
+//! opened on first use. A thread per rank ([`mailbox`]) drains incoming connections into a
+//! mailbox keyed by (sender, tag), so sends never wait for the matching receive. The
+//! all-gather is a ring over those connections; the barrier is an all-gather of one byte.
+//!
+//! Every connect, send and receive is bounded by [`timeout`]. A collective that fails makes
+//! the communicator's bootstrap fail for good (sticky), tells the ring neighbours (an `Abort`
+//! frame) and closes its connections, so that ranks waiting on it fail promptly too.
 
+mod addr;
+pub mod frame;
+mod id;
+mod mailbox;
+mod net;
+mod root;
+
+use crate::abi::MSCCLPP_UNIQUE_ID_BYTES;
 use crate::error::{Error, Result};
-use std::time::Duration;
+use frame::{Kind, MAX_PAYLOAD, MAX_RANKS};
+use mailbox::{lock, Mailbox};
+use std::net::{Shutdown, SocketAddr, SocketAddrV6, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
-/// The process-wide bootstrap timeout (`mscclppSetBootstrapConnTimeout`, `MSCCLPP_BOOTSTRAP_TIMEOUT`).
-pub fn timeout() -> Duration {
-    Duration::from_secs(30)
+/// Seconds set by `set_timeout`; 0 = not set. Relaxed: a plain value with no data behind it.
+static TIMEOUT_SET: AtomicU64 = AtomicU64::new(0);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Caps a configured timeout so that deadline arithmetic cannot overflow.
+const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Parses `MSCCLPP_BOOTSTRAP_TIMEOUT`: seconds, > 0 (fractions allowed).
+fn parse_timeout(s: &str) -> Option<Duration> {
+    let v: f64 = s.trim().parse().ok()?;
+    (v.is_finite() && v > 0.0).then(|| Duration::from_secs_f64(v.min(MAX_TIMEOUT.as_secs_f64())))
 }
-/// Sets the process-wide bootstrap timeout; `secs` must be > 0.
+
+/// The process-wide bootstrap timeout: [`set_timeout`] if called, else
+/// `MSCCLPP_BOOTSTRAP_TIMEOUT` (seconds), else 30 s. Communicators read it when created.
+pub fn timeout() -> Duration {
+    let set = TIMEOUT_SET.load(Ordering::Relaxed);
+    if set > 0 {
+        return Duration::from_secs(set).min(MAX_TIMEOUT);
+    }
+    // Read once, like the other MSCCLPP_* variables: a bad value is reported once.
+    static FROM_ENV: OnceLock<Duration> = OnceLock::new();
+    *FROM_ENV.get_or_init(|| match std::env::var("MSCCLPP_BOOTSTRAP_TIMEOUT") {
+        Ok(s) => parse_timeout(&s).unwrap_or_else(|| {
+            crate::warn!(
+                "ignoring MSCCLPP_BOOTSTRAP_TIMEOUT={s:?}: not a number of seconds > 0; using {DEFAULT_TIMEOUT:?}"
+            );
+            DEFAULT_TIMEOUT
+        }),
+        Err(_) => DEFAULT_TIMEOUT,
+    })
+}
+
+/// Sets the process-wide bootstrap timeout (`mscclppSetBootstrapConnTimeout`) for
+/// communicators created afterwards; `secs` must be > 0. Overrides the environment.
 pub fn set_timeout(secs: i32) -> Result<()> {
     if secs <= 0 {
         return Err(Error::invalid_arg(format!(
             "bootstrap timeout must be > 0 seconds, got {secs}"
         )));
     }
+    TIMEOUT_SET.store(secs as u64, Ordering::Relaxed);
     Ok(())
 }
 
-/// Creates the 128 bytes of a new unique id (root address + random magic).
-pub fn new_unique_id() -> Result<[u8; crate::abi::MSCCLPP_UNIQUE_ID_BYTES]> {
-    Err(Error::usage("bootstrap not implemented yet"))
+/// Creates the 128 bytes of a new unique id: an address of this host with a port that is free
+/// now (the interface chosen by `MSCCLPP_SOCKET_IFNAME` if set, else the first non-loopback
+/// IPv4 interface that is up, else loopback) and a random magic. This host becomes the root:
+/// the rank 0 that joins with this id must run here, and listens on that address.
+pub fn new_unique_id() -> Result<[u8; MSCCLPP_UNIQUE_ID_BYTES]> {
+    let spec = std::env::var("MSCCLPP_SOCKET_IFNAME")
+        .ok()
+        .filter(|s| !s.is_empty());
+    let ifaces = addr::interfaces()
+        .map_err(|e| Error::sys("mscclppGetUniqueId: listing network interfaces", e))?;
+    let (ip, scope) = addr::choose(&ifaces, spec.as_deref())
+        .map_err(|e| Error::invalid_arg(format!("mscclppGetUniqueId: {e}")))?;
+    let probe = match ip {
+        std::net::IpAddr::V6(v6) => SocketAddr::V6(SocketAddrV6::new(v6, 0, 0, scope)),
+        v4 => SocketAddr::new(v4, 0),
+    };
+    // The port is free now; rank 0 binds it again (SO_REUSEADDR) when it joins.
+    let root = TcpListener::bind(probe)
+        .and_then(|l| l.local_addr())
+        .map_err(|e| {
+            Error::sys(
+                format!("mscclppGetUniqueId: finding a free port on {probe}"),
+                e,
+            )
+        })?;
+    let magic = id::random_magic()
+        .map_err(|e| Error::sys("mscclppGetUniqueId: reading random bytes", e))?;
+    crate::info!("unique id: root address {root}");
+    Ok(id::encode(magic, &root))
 }
 
+fn check_ranks(rank: usize, nranks: usize) -> Result<()> {
+    if nranks == 0 || nranks > MAX_RANKS {
+        return Err(Error::invalid_arg(format!(
+            "nranks must be in 1..={MAX_RANKS}, got {nranks}"
+        )));
+    }
+    if rank >= nranks {
+        return Err(Error::invalid_arg(format!(
+            "rank {rank} is outside [0, {nranks})"
+        )));
+    }
+    Ok(())
+}
+
+/// This rank's connection to one peer.
+enum Out {
+    /// Not opened yet (opened on first send).
+    Idle,
+    Open(TcpStream),
+    /// A send failed; the stream may hold a partial frame, so the connection is never reused.
+    Broken(String),
+}
+
+/// One rank's membership in a communicator's bootstrap. `Send + Sync`: every method takes
+/// `&self`; collectives are serialised internally, sends to one peer are serialised per peer.
+/// Dropping it closes its connections and joins its thread.
 pub struct Bootstrap {
     rank: usize,
     nranks: usize,
+    magic: u64,
+    timeout: Duration,
+    peers: Vec<SocketAddr>,
+    out: Vec<Mutex<Out>>,
+    /// Sequence number of the next collective; the lock also serialises collectives.
+    coll: Mutex<u32>,
+    /// Why this bootstrap failed for good, once it has.
+    sticky: Mutex<Option<String>>,
+    mailbox: Mailbox,
 }
 
+// The rest of the library shares one Bootstrap between threads.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Bootstrap>();
+};
+
 impl Bootstrap {
-    /// Joins the communicator whose root listens on `ip_port` (rank 0 binds it).
-    pub fn from_addr(_ip_port: &str, rank: usize, nranks: usize) -> Result<Self> {
-        let _ = (rank, nranks);
-        Err(Error::usage("bootstrap not implemented yet"))
+    /// Joins the `nranks`-rank communicator whose root is `ip_port` (`"ip:port"`,
+    /// `"[ipv6]:port"` or `"host:port"`); rank 0 listens there. Every rank must pass the same
+    /// string: the communicator's magic is derived from it and from `nranks`.
+    pub fn from_addr(ip_port: &str, rank: usize, nranks: usize) -> Result<Self> {
+        check_ranks(rank, nranks)?;
+        let target = addr::parse(ip_port)
+            .map_err(|e| Error::invalid_arg(format!("bootstrap root address {e}")))?;
+        let addrs = addr::resolve(&target).map_err(|e| {
+            Error::invalid_arg(format!(
+                "cannot resolve the bootstrap root address {ip_port:?}: {e}"
+            ))
+        })?;
+        Self::join(
+            &addrs,
+            ip_port,
+            frame::addr_magic(ip_port, nranks),
+            rank,
+            nranks,
+        )
     }
-    /// Joins the communicator described by a unique id.
-    pub fn from_id(
-        _id: &[u8; crate::abi::MSCCLPP_UNIQUE_ID_BYTES],
+
+    /// Joins the communicator described by a unique id from [`new_unique_id`].
+    pub fn from_id(id: &[u8; MSCCLPP_UNIQUE_ID_BYTES], rank: usize, nranks: usize) -> Result<Self> {
+        check_ranks(rank, nranks)?;
+        let (magic, root) = id::decode(id).map_err(Error::invalid_arg)?;
+        Self::join(&[root], &root.to_string(), magic, rank, nranks)
+    }
+
+    fn join(
+        root_addrs: &[SocketAddr],
+        root_name: &str,
+        magic: u64,
         rank: usize,
         nranks: usize,
     ) -> Result<Self> {
-        let _ = (rank, nranks);
-        Err(Error::usage("bootstrap not implemented yet"))
+        let timeout = timeout();
+        let t0 = Instant::now();
+        let root = if rank == 0 {
+            Some(root::Root::start(root_addrs[0], magic, nranks, timeout)?)
+        } else {
+            None
+        };
+        let (mailbox, peers) =
+            match Self::rendezvous(root_addrs, root_name, magic, rank, nranks, timeout) {
+                Ok(x) => x,
+                Err(e) => {
+                    drop(root);
+                    return Err(e);
+                }
+            };
+        if let Some(r) = root {
+            r.finish()?;
+        }
+        let b = Bootstrap {
+            rank,
+            nranks,
+            magic,
+            timeout,
+            out: (0..nranks).map(|_| Mutex::new(Out::Idle)).collect(),
+            peers,
+            coll: Mutex::new(0),
+            sticky: Mutex::new(None),
+            mailbox,
+        };
+        // Every rank has the table; make sure every ring link works before returning.
+        b.collective(&mut vec![0u8; nranks], "bootstrap's closing barrier")?;
+        crate::info!(
+            "rank {rank}/{nranks}: bootstrap via {root_name} done in {:?}; listening on {}",
+            t0.elapsed(),
+            b.peers[rank]
+        );
+        Ok(b)
     }
+
+    /// Joins at the root: returns this rank's running mailbox and every rank's listen address.
+    fn rendezvous(
+        root_addrs: &[SocketAddr],
+        root_name: &str,
+        magic: u64,
+        rank: usize,
+        nranks: usize,
+        timeout: Duration,
+    ) -> Result<(Mailbox, Vec<SocketAddr>)> {
+        let deadline = Instant::now() + timeout;
+        let who = format!("rank {rank}/{nranks}");
+        let io = |e, what: &str| {
+            net::classify(
+                e,
+                format!("{who}: {what} the bootstrap root at {root_name}"),
+                timeout,
+            )
+        };
+        let conn = net::connect_retry(root_addrs, deadline).map_err(|e| {
+            let mut err = io(e, "connecting to");
+            if let Error::Timeout { what, .. } = &mut err {
+                what.push_str(" (is rank 0 running, with the same address?)");
+            }
+            err
+        })?;
+        // Listen on the interface that reaches the root: the one the others can reach too.
+        let mut local = conn
+            .local_addr()
+            .map_err(|e| Error::sys(format!("{who}: local address"), e))?;
+        local.set_port(0);
+        let listener = TcpListener::bind(local)
+            .map_err(|e| Error::sys(format!("{who}: listening on {local}"), e))?;
+        let listen = listener
+            .local_addr()
+            .map_err(|e| Error::sys(format!("{who}: local address"), e))?;
+        let mailbox = Mailbox::start(listener, magic, rank, nranks, timeout)?;
+        let mut hello = Vec::with_capacity(frame::HELLO_LEN);
+        hello.extend_from_slice(&(nranks as u64).to_le_bytes());
+        hello.extend_from_slice(&frame::encode_addr(&listen));
+        let f = frame::encode_frame(magic, Kind::Hello, rank as u32, 0, &hello);
+        net::write_all_by(&conn, &f, deadline).map_err(|e| io(e, "sending hello to"))?;
+        // The root gives up on missing ranks at its own deadline and says which are missing;
+        // wait a little longer than it so that this rank reports that rather than a bare
+        // timeout.
+        let deadline = deadline + (timeout / 4).min(Duration::from_secs(5));
+        let mut head = [0u8; frame::HEADER_LEN];
+        net::read_exact_by(&conn, &mut head, deadline)
+            .map_err(|e| io(e, "waiting for the address table from"))?;
+        let expect = frame::Expect {
+            magic,
+            nranks,
+            from: None,
+            kinds: &[Kind::Table, Kind::Abort],
+        };
+        let h = frame::decode_header(&head, &expect).map_err(|e| {
+            Error::remote(format!(
+                "{who}: bad reply from the bootstrap root at {root_name}: {e}"
+            ))
+        })?;
+        let mut payload = vec![0u8; h.len];
+        net::read_exact_by(&conn, &mut payload, deadline)
+            .map_err(|e| io(e, "reading the address table from"))?;
+        let _ = conn.shutdown(Shutdown::Both);
+        if h.kind == Kind::Abort {
+            return Err(Error::remote(format!(
+                "{who}: the bootstrap root at {root_name} refused or aborted the rendezvous: {}",
+                String::from_utf8_lossy(&payload)
+            )));
+        }
+        let peers = payload
+            .chunks_exact(frame::ADDR_LEN)
+            .map(frame::decode_addr)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::remote(format!("{who}: bad address table from the root: {e}")))?;
+        if peers[rank] != listen {
+            return Err(Error::remote(format!(
+                "{who}: the root's table lists {} for this rank, which listens on {listen}",
+                peers[rank]
+            )));
+        }
+        Ok((mailbox, peers))
+    }
+
     pub fn rank(&self) -> usize {
         self.rank
     }
+
     pub fn nranks(&self) -> usize {
         self.nranks
     }
-    /// `data` holds nranks slices of `data.len() / nranks` bytes; slice `rank` is ours.
-    pub fn all_gather(&self, _data: &mut [u8]) -> Result<()> {
-        Err(Error::usage("bootstrap not implemented yet"))
+
+    /// Ring all-gather: `data` holds nranks slices of `data.len() / nranks` bytes; slice `rank`
+    /// is ours, the others are filled from the other ranks. Collective, bounded by the timeout.
+    pub fn all_gather(&self, data: &mut [u8]) -> Result<()> {
+        if data.len() % self.nranks != 0 {
+            return Err(Error::invalid_arg(format!(
+                "rank {}: all-gather buffer of {} bytes is not {} equal slices",
+                self.rank,
+                data.len(),
+                self.nranks
+            )));
+        }
+        if data.len() / self.nranks > MAX_PAYLOAD {
+            return Err(Error::invalid_arg(format!(
+                "rank {}: all-gather slices of {} bytes exceed the bootstrap's {MAX_PAYLOAD}",
+                self.rank,
+                data.len() / self.nranks
+            )));
+        }
+        self.collective(data, "all-gather")
     }
+
+    /// Returns once every rank has entered the barrier (bounded by the timeout).
     pub fn barrier(&self) -> Result<()> {
-        Err(Error::usage("bootstrap not implemented yet"))
+        self.collective(&mut vec![0u8; self.nranks], "barrier")
     }
-    /// Sends a tagged message to `peer`; returns once the bytes are handed to the kernel.
-    pub fn send(&self, _peer: usize, _tag: u64, _data: &[u8]) -> Result<()> {
-        Err(Error::usage("bootstrap not implemented yet"))
+
+    fn collective(&self, data: &mut [u8], op: &str) -> Result<()> {
+        self.check_sticky(op)?;
+        if self.nranks == 1 {
+            return Ok(());
+        }
+        let mut seq = lock(&self.coll);
+        let s = *seq;
+        *seq = seq.wrapping_add(1);
+        let r = self.ring(data, s, op);
+        if let Err(e) = &r {
+            self.poison(&format!("rank {} failed in {op} #{s}: {e}", self.rank));
+        }
+        r
     }
-    /// Receives the message `peer` sent with `tag` (any order of tags), within the timeout.
-    pub fn recv(&self, _peer: usize, _tag: u64) -> Result<Vec<u8>> {
-        Err(Error::usage("bootstrap not implemented yet"))
+
+    fn ring(&self, data: &mut [u8], seq: u32, op: &str) -> Result<()> {
+        let n = self.nranks;
+        let chunk = data.len() / n;
+        let next = (self.rank + 1) % n;
+        let prev = (self.rank + n - 1) % n;
+        let deadline = Instant::now() + self.timeout;
+        // Step s forwards the slice received in step s-1 (our own in step 0).
+        for step in 0..n - 1 {
+            let out = (self.rank + n - step) % n;
+            let inn = (self.rank + n - step - 1) % n;
+            let tag = (seq as u64) << 32 | step as u64;
+            self.send_frame(
+                next,
+                Kind::Coll,
+                tag,
+                &data[out * chunk..][..chunk],
+                deadline,
+                op,
+            )?;
+            let what = || format!("rank {}: {op} step {step}: from rank {prev}", self.rank);
+            let m = self
+                .mailbox
+                .take((Kind::Coll, prev, tag), deadline, self.timeout, &what)?;
+            if m.len() != chunk {
+                return Err(Error::remote(format!(
+                    "{}: got {} bytes per rank, this rank has {chunk} (did the ranks pass different sizes?)",
+                    what(),
+                    m.len()
+                )));
+            }
+            data[inn * chunk..][..chunk].copy_from_slice(&m);
+        }
+        Ok(())
+    }
+
+    fn check_peer(&self, peer: usize, op: &str) -> Result<()> {
+        if peer >= self.nranks {
+            return Err(Error::invalid_arg(format!(
+                "rank {}: {op}: peer {peer} is outside [0, {})",
+                self.rank, self.nranks
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends a tagged message to `peer`; returns once the bytes are handed to the kernel,
+    /// without waiting for the peer to call [`Bootstrap::recv`].
+    pub fn send(&self, peer: usize, tag: u64, data: &[u8]) -> Result<()> {
+        self.check_peer(peer, "send")?;
+        if data.len() > MAX_PAYLOAD {
+            return Err(Error::invalid_arg(format!(
+                "rank {}: send of {} bytes to rank {peer} exceeds the bootstrap's {MAX_PAYLOAD}",
+                self.rank,
+                data.len()
+            )));
+        }
+        self.check_sticky("send")?;
+        if peer == self.rank {
+            self.mailbox.put_local(Kind::P2p, tag, data.to_vec());
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.timeout;
+        self.send_frame(peer, Kind::P2p, tag, data, deadline, "send")
+    }
+
+    /// Receives the message `peer` sent with `tag` (tags may arrive in any order; equal tags
+    /// in the order sent), within the timeout.
+    pub fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>> {
+        self.check_peer(peer, "recv")?;
+        self.check_sticky("recv")?;
+        let what = || {
+            format!(
+                "rank {}: recv from rank {peer} with tag {tag:#x}",
+                self.rank
+            )
+        };
+        let deadline = Instant::now() + self.timeout;
+        self.mailbox
+            .take((Kind::P2p, peer, tag), deadline, self.timeout, &what)
+    }
+
+    fn send_frame(
+        &self,
+        peer: usize,
+        kind: Kind,
+        tag: u64,
+        data: &[u8],
+        deadline: Instant,
+        op: &str,
+    ) -> Result<()> {
+        let addr = self.peers[peer];
+        let what = || format!("rank {}: {op} to rank {peer} at {addr}", self.rank);
+        let mut g = lock(&self.out[peer]);
+        if let Out::Idle = *g {
+            let s = net::connect(&addr, deadline).map_err(|e| {
+                net::classify(
+                    e,
+                    format!("{} (has rank {peer} exited?)", what()),
+                    self.timeout,
+                )
+            })?;
+            let open = frame::encode_raw(self.magic, Kind::Open as u32, self.rank as u32, 0, 0);
+            if let Err(e) = net::write_all_by(&s, &open, deadline) {
+                return Err(net::classify(e, what(), self.timeout));
+            }
+            match s.try_clone() {
+                Ok(w) => self.mailbox.watch(peer, w),
+                Err(e) => crate::warn!("{}: cannot watch the connection: {e}", what()),
+            }
+            *g = Out::Open(s);
+        }
+        let s = match &*g {
+            Out::Open(s) => s,
+            Out::Broken(why) => {
+                return Err(Error::remote(format!(
+                    "{}: the connection failed earlier: {why}",
+                    what()
+                )))
+            }
+            Out::Idle => return Err(Error::internal("bootstrap connection state")),
+        };
+        let r = if data.len() <= 64 << 10 {
+            net::write_all_by(
+                s,
+                &frame::encode_frame(self.magic, kind, self.rank as u32, tag, data),
+                deadline,
+            )
+        } else {
+            let h = frame::encode_raw(
+                self.magic,
+                kind as u32,
+                self.rank as u32,
+                tag,
+                data.len() as u64,
+            );
+            net::write_all_by(s, &h, deadline).and_then(|_| net::write_all_by(s, data, deadline))
+        };
+        if let Err(e) = r {
+            let err = net::classify(e, what(), self.timeout);
+            let _ = s.shutdown(Shutdown::Both);
+            *g = Out::Broken(err.to_string());
+            return Err(err);
+        }
+        crate::trace!("{}: {} bytes, tag {tag:#x}", what(), data.len());
+        Ok(())
+    }
+
+    /// Fails with the error that broke this bootstrap, if one did (here or at a peer).
+    fn check_sticky(&self, op: &str) -> Result<()> {
+        if let Some(s) = &*lock(&self.sticky) {
+            return Err(Error::remote(format!(
+                "rank {}: {op}: the bootstrap failed earlier: {s}",
+                self.rank
+            )));
+        }
+        if let Some(a) = self.mailbox.aborted() {
+            self.poison(&a);
+            return Err(Error::remote(format!("rank {}: {op}: {a}", self.rank)));
+        }
+        Ok(())
+    }
+
+    /// Makes the failure sticky and spreads it: an Abort to every open connection and to both
+    /// ring neighbours, then every connection closed. Ranks blocked on this one fail at once
+    /// instead of at their deadline.
+    fn poison(&self, why: &str) {
+        {
+            let mut st = lock(&self.sticky);
+            if st.is_some() {
+                return;
+            }
+            *st = Some(why.to_string());
+        }
+        crate::warn!(
+            "rank {}: bootstrap failed, telling the peers: {why}",
+            self.rank
+        );
+        let n = self.nranks;
+        let (next, prev) = ((self.rank + 1) % n, (self.rank + n - 1) % n);
+        let abort = root::abort_frame(self.magic, why);
+        let mut abort_from_us = abort.clone();
+        abort_from_us[12..16].copy_from_slice(&(self.rank as u32).to_le_bytes());
+        let deadline = Instant::now() + self.timeout.min(Duration::from_secs(1));
+        for p in (0..n).filter(|&p| p != self.rank) {
+            // A peer whose lock is held has a send in progress; that send fails or finishes
+            // on its own, and the mailbox closing below still reaches the peer.
+            let Ok(mut g) = self.out[p].try_lock() else {
+                continue;
+            };
+            match &*g {
+                Out::Open(s) => {
+                    let _ = net::write_all_by(s, &abort_from_us, deadline);
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+                Out::Idle if p == next || p == prev => {
+                    if let Ok(s) = net::connect(&self.peers[p], deadline) {
+                        let mut f = frame::encode_raw(
+                            self.magic,
+                            Kind::Open as u32,
+                            self.rank as u32,
+                            0,
+                            0,
+                        )
+                        .to_vec();
+                        f.extend_from_slice(&abort_from_us);
+                        let _ = net::write_all_by(&s, &f, deadline);
+                    }
+                }
+                _ => {}
+            }
+            *g = Out::Broken(why.to_string());
+        }
+        self.mailbox.close_all();
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,643 @@
+//! The bootstrap wire format, public so that protocol tests and tools can speak it.
+//!
+//! Every message is one frame: a fixed 32-byte header followed by `len` payload bytes.
+//!
+//! | bytes  | field   | meaning                                                        |
+//! |--------|---------|----------------------------------------------------------------|
+//! | 0..8   | magic   | u64 LE, identifies the communicator (unique id or address)     |
+//! | 8..12  | kind    | u32 LE, a [`Kind`]                                             |
+//! | 12..16 | sender  | u32 LE, rank of the sender                                     |
+//! | 16..24 | tag     | u64 LE, message tag (P2P: the caller's; collectives: sequence) |
+//! | 24..32 | len     | u64 LE, payload bytes, at most [`MAX_PAYLOAD`]                 |
+//!
+//! The decoder is pure (byte slices in, headers and frames out) so that it can be fed arbitrary
+//! bytes in tests; it never allocates more than the length it has validated.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+
+/// Bytes in a frame header.
+pub const HEADER_LEN: usize = 32;
+/// Largest payload a frame may carry (and so the most one frame can make a receiver allocate).
+pub const MAX_PAYLOAD: usize = 64 << 20;
+/// Bytes of an encoded socket address (see [`encode_addr`]).
+pub const ADDR_LEN: usize = 24;
+/// Payload bytes of a [`Kind::Hello`]: nranks (u64 LE) then the sender's listen address.
+pub const HELLO_LEN: usize = 8 + ADDR_LEN;
+/// Longest reason text an [`Kind::Abort`] frame may carry.
+pub const MAX_ABORT_LEN: usize = 4096;
+/// Most ranks a communicator may have: the root's address table must fit in one frame.
+pub const MAX_RANKS: usize = MAX_PAYLOAD / ADDR_LEN;
+
+/// What a frame is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Kind {
+    /// Rank -> root: "I am rank `sender`", payload nranks + listen address.
+    Hello = 1,
+    /// Root -> rank: the listen addresses of all ranks, `nranks * ADDR_LEN` bytes.
+    Table = 2,
+    /// Either way: the sender gives up (or the root rejects a connection); payload is UTF-8 why.
+    Abort = 3,
+    /// First frame on a rank-to-rank connection, authenticating the sender; no payload.
+    Open = 4,
+    /// A tagged point-to-point message.
+    P2p = 5,
+    /// One step of a collective (all-gather, barrier); tag = sequence << 32 | step.
+    Coll = 6,
+}
+
+impl Kind {
+    pub fn from_u32(v: u32) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Hello,
+            2 => Kind::Table,
+            3 => Kind::Abort,
+            4 => Kind::Open,
+            5 => Kind::P2p,
+            6 => Kind::Coll,
+            _ => return None,
+        })
+    }
+
+    /// The inclusive range of payload lengths a frame of this kind may declare.
+    fn len_range(self, nranks: usize) -> (usize, usize) {
+        match self {
+            Kind::Hello => (HELLO_LEN, HELLO_LEN),
+            Kind::Table => {
+                let n = nranks.saturating_mul(ADDR_LEN).min(MAX_PAYLOAD);
+                (n, n)
+            }
+            Kind::Abort => (0, MAX_ABORT_LEN),
+            Kind::Open => (0, 0),
+            Kind::P2p | Kind::Coll => (0, MAX_PAYLOAD),
+        }
+    }
+}
+
+/// A validated header: `len` is within the limits of its kind, so at most [`MAX_PAYLOAD`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub magic: u64,
+    pub kind: Kind,
+    pub sender: u32,
+    pub tag: u64,
+    pub len: usize,
+}
+
+/// What a receiver accepts on one connection.
+#[derive(Clone, Copy, Debug)]
+pub struct Expect<'a> {
+    pub magic: u64,
+    pub nranks: usize,
+    /// The rank this connection belongs to, once known.
+    pub from: Option<usize>,
+    pub kinds: &'a [Kind],
+}
+
+/// Why bytes were not a frame this receiver accepts.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("header truncated ({have} of {HEADER_LEN} bytes)")]
+    Truncated { have: usize },
+    #[error("wrong magic {got:#018x} (another communicator, or not a bootstrap peer)")]
+    WrongMagic { got: u64 },
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u32),
+    #[error("unexpected {0:?} frame here")]
+    UnexpectedKind(Kind),
+    #[error("sender rank {sender} is out of range (nranks {nranks})")]
+    SenderOutOfRange { sender: u32, nranks: usize },
+    #[error("frame claims sender rank {sender} on the connection of rank {expected}")]
+    WrongSender { sender: u32, expected: usize },
+    #[error("{kind:?} frame declares {len} payload bytes (allowed {min}..={max})")]
+    BadLength {
+        kind: Kind,
+        len: u64,
+        min: usize,
+        max: usize,
+    },
+}
+
+impl FrameError {
+    /// True when the sender knew the communicator's magic, i.e. it is a confused member rather
+    /// than a stranger; only those are told why they were rejected.
+    pub fn knows_magic(&self) -> bool {
+        !matches!(
+            self,
+            FrameError::Truncated { .. } | FrameError::WrongMagic { .. }
+        )
+    }
+}
+
+/// Encodes header fields as given, unchecked (tests use it to build malformed frames).
+pub fn encode_raw(magic: u64, kind: u32, sender: u32, tag: u64, len: u64) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[0..8].copy_from_slice(&magic.to_le_bytes());
+    h[8..12].copy_from_slice(&kind.to_le_bytes());
+    h[12..16].copy_from_slice(&sender.to_le_bytes());
+    h[16..24].copy_from_slice(&tag.to_le_bytes());
+    h[24..32].copy_from_slice(&len.to_le_bytes());
+    h
+}
+
+pub fn encode_header(h: &Header) -> [u8; HEADER_LEN] {
+    encode_raw(h.magic, h.kind as u32, h.sender, h.tag, h.len as u64)
+}
+
+/// Header followed by payload, in one buffer (one write for small frames).
+pub fn encode_frame(magic: u64, kind: Kind, sender: u32, tag: u64, payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(HEADER_LEN + payload.len());
+    v.extend_from_slice(&encode_raw(
+        magic,
+        kind as u32,
+        sender,
+        tag,
+        payload.len() as u64,
+    ));
+    v.extend_from_slice(payload);
+    v
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(a)
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[..4]);
+    u32::from_le_bytes(a)
+}
+
+/// Decodes and validates the first [`HEADER_LEN`] bytes of `bytes`. On success `len` is within
+/// the limits of the kind: this is the length a receiver will allocate.
+pub fn decode_header(bytes: &[u8], expect: &Expect<'_>) -> Result<Header, FrameError> {
+    if bytes.len() < HEADER_LEN {
+        return Err(FrameError::Truncated { have: bytes.len() });
+    }
+    let magic = le_u64(&bytes[0..8]);
+    if magic != expect.magic {
+        return Err(FrameError::WrongMagic { got: magic });
+    }
+    let raw_kind = le_u32(&bytes[8..12]);
+    let kind = Kind::from_u32(raw_kind).ok_or(FrameError::UnknownKind(raw_kind))?;
+    if !expect.kinds.contains(&kind) {
+        return Err(FrameError::UnexpectedKind(kind));
+    }
+    let sender = le_u32(&bytes[12..16]);
+    if sender as usize >= expect.nranks {
+        return Err(FrameError::SenderOutOfRange {
+            sender,
+            nranks: expect.nranks,
+        });
+    }
+    if let Some(from) = expect.from {
+        if sender as usize != from {
+            return Err(FrameError::WrongSender {
+                sender,
+                expected: from,
+            });
+        }
+    }
+    let tag = le_u64(&bytes[16..24]);
+    let len = le_u64(&bytes[24..32]);
+    let (min, max) = kind.len_range(expect.nranks);
+    if len < min as u64 || len > max as u64 {
+        return Err(FrameError::BadLength {
+            kind,
+            len,
+            min,
+            max,
+        });
+    }
+    Ok(Header {
+        magic,
+        kind,
+        sender,
+        tag,
+        len: len as usize,
+    })
+}
+
+/// Reassembles frames from a byte stream that arrives in arbitrary pieces.
+#[derive(Debug)]
+pub struct Assembler {
+    head: [u8; HEADER_LEN],
+    have: usize,
+    cur: Option<Header>,
+    payload: Vec<u8>,
+}
+
+impl Default for Assembler {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Assembler {
+    pub fn new() -> Self {
+        Assembler {
+            head: [0; HEADER_LEN],
+            have: 0,
+            cur: None,
+            payload: Vec::new(),
+        }
+    }
+
+    /// True between frames (an EOF here is clean; anywhere else it truncates a frame).
+    pub fn is_idle(&self) -> bool {
+        self.have == 0 && self.cur.is_none()
+    }
+
+    /// Bytes currently reserved for the payload being assembled (never above [`MAX_PAYLOAD`]).
+    pub fn reserved(&self) -> usize {
+        self.payload.capacity()
+    }
+
+    /// Consumes a prefix of `input` (never past the end of the current frame). Returns how many
+    /// bytes it took and the frame, if that prefix completed one. After an error the assembler
+    /// is unusable: drop the connection.
+    #[allow(clippy::type_complexity)]
+    pub fn feed(
+        &mut self,
+        input: &[u8],
+        expect: &Expect<'_>,
+    ) -> Result<(usize, Option<(Header, Vec<u8>)>), FrameError> {
+        let mut used = 0;
+        let h = match self.cur {
+            Some(h) => h,
+            None => {
+                let take = (HEADER_LEN - self.have).min(input.len());
+                self.head[self.have..self.have + take].copy_from_slice(&input[..take]);
+                self.have += take;
+                used = take;
+                if self.have < HEADER_LEN {
+                    return Ok((used, None));
+                }
+                let h = decode_header(&self.head, expect)?;
+                // Exactly the validated length, so a lying header costs at most MAX_PAYLOAD of
+                // address space (and pages are only touched as bytes really arrive).
+                self.payload = Vec::with_capacity(h.len);
+                self.cur = Some(h);
+                h
+            }
+        };
+        let take = (h.len - self.payload.len()).min(input.len() - used);
+        self.payload.extend_from_slice(&input[used..used + take]);
+        used += take;
+        if self.payload.len() < h.len {
+            return Ok((used, None));
+        }
+        self.have = 0;
+        self.cur = None;
+        Ok((used, Some((h, std::mem::take(&mut self.payload)))))
+    }
+}
+
+/// Decodes every complete frame in `bytes`; returns them and the bytes left over (a partial
+/// frame), or the first error.
+#[allow(clippy::type_complexity)]
+pub fn decode_all(
+    bytes: &[u8],
+    expect: &Expect<'_>,
+) -> Result<(Vec<(Header, Vec<u8>)>, usize), FrameError> {
+    let mut asm = Assembler::new();
+    let mut frames = Vec::new();
+    let mut at = 0;
+    // Ends: every round consumes at least one byte or returns (feed takes >= 1 byte of
+    // non-empty input unless the frame completed, and completed frames are pushed).
+    while at < bytes.len() {
+        let (n, f) = asm.feed(&bytes[at..], expect)?;
+        at += n;
+        match f {
+            Some(f) => frames.push(f),
+            None if n == 0 => break,
+            None => {}
+        }
+    }
+    let partial = if asm.is_idle() {
+        0
+    } else {
+        asm.have + asm.payload.len()
+    };
+    Ok((frames, partial))
+}
+
+/// Encodes a socket address in [`ADDR_LEN`] bytes: family (4 or 6), pad, port u16 LE,
+/// 16 address bytes (IPv4 in the first 4, the rest zero), IPv6 scope id u32 LE.
+pub fn encode_addr(a: &SocketAddr) -> [u8; ADDR_LEN] {
+    let mut b = [0u8; ADDR_LEN];
+    b[2..4].copy_from_slice(&a.port().to_le_bytes());
+    match a {
+        SocketAddr::V4(v4) => {
+            b[0] = 4;
+            b[4..8].copy_from_slice(&v4.ip().octets());
+        }
+        SocketAddr::V6(v6) => {
+            b[0] = 6;
+            b[4..20].copy_from_slice(&v6.ip().octets());
+            b[20..24].copy_from_slice(&v6.scope_id().to_le_bytes());
+        }
+    }
+    b
+}
+
+/// Inverse of [`encode_addr`]; rejects unknown families, port 0 and stray bytes.
+pub fn decode_addr(b: &[u8]) -> Result<SocketAddr, String> {
+    if b.len() != ADDR_LEN {
+        return Err(format!("address is {} bytes, expected {ADDR_LEN}", b.len()));
+    }
+    let port = u16::from_le_bytes([b[2], b[3]]);
+    if port == 0 {
+        return Err("address has port 0".into());
+    }
+    if b[1] != 0 {
+        return Err("address has a non-zero pad byte".into());
+    }
+    match b[0] {
+        4 => {
+            if b[8..].iter().any(|&x| x != 0) {
+                return Err("IPv4 address has stray bytes".into());
+            }
+            let ip = Ipv4Addr::new(b[4], b[5], b[6], b[7]);
+            Ok(SocketAddr::new(IpAddr::V4(ip), port))
+        }
+        6 => {
+            let mut o = [0u8; 16];
+            o.copy_from_slice(&b[4..20]);
+            let scope = le_u32(&b[20..24]);
+            Ok(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(o),
+                port,
+                0,
+                scope,
+            )))
+        }
+        f => Err(format!("unknown address family byte {f}")),
+    }
+}
+
+/// The magic of a communicator created from an `ip:port` string: every rank derives the same
+/// value from the same string and rank count (FNV-1a 64 over a versioned prefix).
+pub fn addr_magic(ip_port: &str, nranks: usize) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    eat(b"mscclpp-bootstrap-addr/v1\0");
+    eat(ip_port.as_bytes());
+    eat(b"\0");
+    eat(&(nranks as u64).to_le_bytes());
+    // 0 is never a valid magic, so a zeroed header cannot match.
+    h.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const ALL: &[Kind] = &[
+        Kind::Hello,
+        Kind::Table,
+        Kind::Abort,
+        Kind::Open,
+        Kind::P2p,
+        Kind::Coll,
+    ];
+
+    fn expect(magic: u64, nranks: usize) -> Expect<'static> {
+        Expect {
+            magic,
+            nranks,
+            from: None,
+            kinds: ALL,
+        }
+    }
+
+    #[test]
+    fn roundtrip_each_kind() {
+        let e = expect(77, 3);
+        let table = vec![0u8; 3 * ADDR_LEN];
+        let cases: Vec<(Kind, Vec<u8>)> = vec![
+            (Kind::Hello, vec![1; HELLO_LEN]),
+            (Kind::Table, table),
+            (Kind::Abort, b"why".to_vec()),
+            (Kind::Open, vec![]),
+            (Kind::P2p, vec![9; 1000]),
+            (Kind::Coll, vec![]),
+        ];
+        for (k, p) in cases {
+            let f = encode_frame(77, k, 2, 0xdead_beef_0000_0001, &p);
+            let (frames, partial) = decode_all(&f, &e).unwrap();
+            assert_eq!(partial, 0);
+            assert_eq!(frames.len(), 1);
+            let (h, payload) = &frames[0];
+            assert_eq!(
+                (h.kind, h.sender, h.tag, h.len),
+                (k, 2, 0xdead_beef_0000_0001, p.len())
+            );
+            assert_eq!(payload, &p);
+        }
+    }
+
+    #[test]
+    fn rejects_each_malformation() {
+        let e = Expect {
+            magic: 5,
+            nranks: 4,
+            from: Some(1),
+            kinds: &[Kind::P2p, Kind::Coll],
+        };
+        let d = |m, k, s, l| decode_header(&encode_raw(m, k, s, 0, l), &e);
+        assert_eq!(d(6, 5, 1, 0), Err(FrameError::WrongMagic { got: 6 }));
+        assert_eq!(d(5, 99, 1, 0), Err(FrameError::UnknownKind(99)));
+        assert_eq!(d(5, 1, 1, 0), Err(FrameError::UnexpectedKind(Kind::Hello)));
+        assert!(matches!(
+            d(5, 5, 4, 0),
+            Err(FrameError::SenderOutOfRange { .. })
+        ));
+        assert!(matches!(d(5, 5, 2, 0), Err(FrameError::WrongSender { .. })));
+        assert!(matches!(
+            d(5, 5, 1, MAX_PAYLOAD as u64 + 1),
+            Err(FrameError::BadLength { .. })
+        ));
+        assert!(matches!(
+            d(5, 5, 1, u64::MAX),
+            Err(FrameError::BadLength { .. })
+        ));
+        assert_eq!(d(5, 5, 1, MAX_PAYLOAD as u64).unwrap().len, MAX_PAYLOAD);
+        assert_eq!(
+            decode_header(&[0; 10], &e),
+            Err(FrameError::Truncated { have: 10 })
+        );
+        // An Open frame must be empty; a Hello exactly HELLO_LEN; a Table nranks entries.
+        let all = expect(5, 4);
+        assert!(decode_header(&encode_raw(5, 4, 0, 0, 1), &all).is_err());
+        assert!(decode_header(&encode_raw(5, 1, 0, 0, 3), &all).is_err());
+        assert!(decode_header(&encode_raw(5, 2, 0, 0, 3 * ADDR_LEN as u64), &all).is_err());
+        assert!(decode_header(&encode_raw(5, 2, 0, 0, 4 * ADDR_LEN as u64), &all).is_ok());
+    }
+
+    #[test]
+    fn partial_frames_are_reported() {
+        let e = expect(1, 2);
+        let f = encode_frame(1, Kind::P2p, 0, 0, &[1, 2, 3]);
+        for cut in 1..f.len() {
+            let (frames, partial) = decode_all(&f[..cut], &e).unwrap();
+            assert!(frames.is_empty());
+            assert_eq!(partial, cut, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn addr_roundtrip_and_rejects() {
+        for s in [
+            "127.0.0.1:1",
+            "[::1]:65535",
+            "[fe80::1%7]:80",
+            "10.1.2.3:4567",
+        ] {
+            let a: SocketAddr = match s.parse() {
+                Ok(a) => a,
+                // std cannot parse a scope suffix; build it by hand.
+                Err(_) => SocketAddr::V6(SocketAddrV6::new("fe80::1".parse().unwrap(), 80, 0, 7)),
+            };
+            assert_eq!(decode_addr(&encode_addr(&a)).unwrap(), a);
+        }
+        let mut b = encode_addr(&"1.2.3.4:5".parse().unwrap());
+        b[10] = 1;
+        assert!(decode_addr(&b).is_err());
+        assert!(decode_addr(&[0; ADDR_LEN]).is_err());
+        assert!(decode_addr(&[4; 3]).is_err());
+    }
+
+    #[test]
+    fn addr_magic_depends_on_both_inputs() {
+        let a = addr_magic("127.0.0.1:5000", 4);
+        assert_eq!(a, addr_magic("127.0.0.1:5000", 4));
+        assert_ne!(a, addr_magic("127.0.0.1:5000", 3));
+        assert_ne!(a, addr_magic("127.0.0.1:5001", 4));
+        assert_ne!(a, 0);
+    }
+
+    fn feed_in_chunks(bytes: &[u8], chunks: &[usize], e: &Expect<'_>) {
+        let mut asm = Assembler::new();
+        let mut at = 0;
+        let mut ci = 0;
+        // Ends: `at` grows by at least one per round, or the loop breaks.
+        while at < bytes.len() {
+            let want = chunks.get(ci).copied().unwrap_or(7).max(1);
+            ci += 1;
+            let end = (at + want).min(bytes.len());
+            let mut piece = &bytes[at..end];
+            while !piece.is_empty() {
+                match asm.feed(piece, e) {
+                    Ok((n, f)) => {
+                        assert!(asm.reserved() <= MAX_PAYLOAD);
+                        if let Some((h, p)) = f {
+                            assert_eq!(h.len, p.len());
+                            assert!(h.len <= MAX_PAYLOAD);
+                        } else {
+                            assert!(n > 0, "no progress on {} bytes", piece.len());
+                        }
+                        piece = &piece[n..];
+                    }
+                    Err(_) => return,
+                }
+            }
+            at = end;
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic_or_overallocate(
+            bytes in proptest::collection::vec(any::<u8>(), 0..300),
+            chunks in proptest::collection::vec(1usize..64, 0..20),
+            magic in prop_oneof![Just(0u64), Just(7u64), any::<u64>()],
+            nranks in 1usize..10,
+            with_magic in any::<bool>(),
+        ) {
+            let e = expect(magic, nranks);
+            let mut bytes = bytes;
+            // Half the inputs start with the right magic, so the later checks get exercised.
+            if with_magic && bytes.len() >= 8 {
+                bytes[..8].copy_from_slice(&magic.to_le_bytes());
+            }
+            if let Ok(h) = decode_header(&bytes, &e) {
+                prop_assert!(h.len <= MAX_PAYLOAD);
+            }
+            feed_in_chunks(&bytes, &chunks, &e);
+            let _ = decode_all(&bytes, &e);
+        }
+
+        #[test]
+        fn mutated_valid_frames_never_panic_or_overallocate(
+            kind in 1u32..7,
+            sender in 0u32..4,
+            tag in any::<u64>(),
+            payload in proptest::collection::vec(any::<u8>(), 0..200),
+            flips in proptest::collection::vec((0usize..300, any::<u8>()), 0..6),
+            cut in proptest::option::of(0usize..300),
+            chunks in proptest::collection::vec(1usize..64, 0..20),
+        ) {
+            let e = expect(0x1234_5678, 4);
+            let mut f = encode_raw(0x1234_5678, kind, sender, tag, payload.len() as u64).to_vec();
+            f.extend_from_slice(&payload);
+            for (at, x) in flips {
+                let n = f.len();
+                f[at % n] ^= x;
+            }
+            if let Some(c) = cut {
+                f.truncate(c.min(f.len()));
+            }
+            if let Ok(h) = decode_header(&f, &e) {
+                prop_assert!(h.len <= MAX_PAYLOAD);
+                prop_assert!(h.len <= h.kind.len_range(4).1);
+            }
+            feed_in_chunks(&f, &chunks, &e);
+            if let Ok((frames, _)) = decode_all(&f, &e) {
+                for (h, p) in frames {
+                    prop_assert_eq!(h.len, p.len());
+                }
+            }
+        }
+
+        #[test]
+        fn valid_frames_roundtrip(
+            sender in 0u32..8,
+            tag in any::<u64>(),
+            payloads in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..100), 1..5),
+            chunks in proptest::collection::vec(1usize..50, 0..30),
+        ) {
+            let e = Expect { magic: 9, nranks: 8, from: Some(sender as usize), kinds: &[Kind::P2p] };
+            let mut stream = Vec::new();
+            for p in &payloads {
+                stream.extend_from_slice(&encode_frame(9, Kind::P2p, sender, tag, p));
+            }
+            let mut asm = Assembler::new();
+            let mut got = Vec::new();
+            let mut at = 0;
+            let mut ci = 0;
+            // Ends: `at` grows by at least one chunk per round; feed always makes progress.
+            while at < stream.len() {
+                let end = (at + chunks.get(ci).copied().unwrap_or(13)).min(stream.len());
+                ci += 1;
+                let mut piece = &stream[at..end];
+                while !piece.is_empty() {
+                    let (n, f) = asm.feed(piece, &e).unwrap();
+                    if let Some((_, p)) = f { got.push(p); }
+                    piece = &piece[n..];
+                }
+                at = end;
+            }
+            prop_assert!(asm.is_idle());
+            prop_assert_eq!(got, payloads);
+        }
+    }
+}
