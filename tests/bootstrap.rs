@@ -493,6 +493,133 @@ fn strangers_at_the_root_do_not_stop_real_ranks() {
     drop(idle);
 }
 
+// ----- peer loss -------------------------------------------------------------------------
+
+/// Polls `lost_peer` every 10 ms until it reports a loss or `bound` passes.
+fn poll_lost(b: &Bootstrap, bound: Duration) -> Option<(usize, String)> {
+    let t = Instant::now();
+    // Ends: a loss is reported, or at `bound`.
+    loop {
+        if let Some(l) = b.lost_peer() {
+            return Some(l);
+        }
+        if t.elapsed() >= bound {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn watch_peers_arguments() {
+    with_ranks(&local_addr(), 3, |b| {
+        let n = b.nranks();
+        assert!(matches!(
+            b.watch_peers(&[n]),
+            Err(Error::InvalidArgument(_))
+        ));
+        // Nothing, or only this rank: nothing to wait for.
+        b.watch_peers(&[]).unwrap();
+        b.watch_peers(&[b.rank()]).unwrap();
+        // Duplicates and this rank are ignored; a second call with the same peers is harmless.
+        let others: Vec<usize> = (0..n).filter(|&p| p != b.rank()).collect();
+        let mut with_dups = others.clone();
+        with_dups.extend(&others);
+        with_dups.push(b.rank());
+        b.watch_peers(&with_dups).unwrap();
+        b.watch_peers(&others).unwrap();
+        assert_eq!(b.lost_peer(), None);
+        b.barrier().unwrap();
+    });
+}
+
+#[test]
+fn goodbye_among_three_threads_is_not_a_loss() {
+    let n = 3;
+    let left = Arc::new(Barrier::new(n));
+    let res = with_ranks(&local_addr(), n, move |b| {
+        let me = b.rank();
+        let others: Vec<usize> = (0..n).filter(|&p| p != me).collect();
+        b.watch_peers(&others).unwrap();
+        if me == 2 {
+            // Destroyed normally: says goodbye to ranks 0 and 1.
+            drop(b);
+            left.wait();
+            return (0, None);
+        }
+        // A proxy-like thread polls lost_peer through an Arc while this thread keeps using
+        // the bootstrap.
+        let b = Arc::new(b);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let poller = {
+            let (b, stop) = (b.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let (mut polls, mut seen) = (0usize, None);
+                // Ends: when the API thread sets `stop`.
+                while !stop.load(Ordering::Relaxed) {
+                    polls += 1;
+                    if let Some(l) = b.lost_peer() {
+                        seen.get_or_insert(l);
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                (polls, seen)
+            })
+        };
+        left.wait();
+        // Fails at once (not at the timeout) and says why: rank 2's goodbye, then its close,
+        // have been read by the time this returns.
+        let t = Instant::now();
+        let e = b.recv(2, 99).unwrap_err().to_string();
+        assert!(e.contains("rank 2") && e.contains("goodbye"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        let peer = 1 - me;
+        for tag in 0..20u64 {
+            b.send(peer, tag, &[me as u8; 100]).unwrap();
+            assert_eq!(b.recv(peer, tag).unwrap(), vec![peer as u8; 100]);
+            std::thread::sleep(Duration::from_millis(15));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let (polls, seen) = poller.join().unwrap();
+        assert_eq!(b.lost_peer(), None);
+        (polls, seen)
+    });
+    for (r, (polls, seen)) in res.into_iter().enumerate().take(2) {
+        assert_eq!(seen, None, "rank {r} reported a loss");
+        assert!(polls > 5, "rank {r}: the poller ran {polls} times");
+    }
+}
+
+#[test]
+fn new_frame_kinds_with_payloads_are_rejected() {
+    use frame::{Expect, FrameError, Kind};
+    let e = Expect {
+        magic: 42,
+        nranks: 4,
+        from: Some(3),
+        kinds: &[Kind::Watch, Kind::Bye, Kind::P2p],
+    };
+    for k in [Kind::Watch, Kind::Bye] {
+        let ok = frame::encode_frame(42, k, 3, 0, &[]);
+        let (frames, partial) = frame::decode_all(&ok, &e).unwrap();
+        assert_eq!((frames.len(), partial), (1, 0));
+        assert_eq!(frames[0].0.kind, k);
+        for len in [1u64, 32, 1 << 20, u64::MAX] {
+            let bad = frame::encode_raw(42, k as u32, 3, 0, len);
+            assert!(
+                matches!(
+                    frame::decode_all(&bad, &e),
+                    Err(FrameError::BadLength { .. })
+                ),
+                "{k:?} with {len} payload bytes"
+            );
+        }
+        // Like the others: wrong sender and wrong magic are rejected too.
+        assert!(frame::decode_all(&frame::encode_frame(42, k, 2, 0, &[]), &e).is_err());
+        assert!(frame::decode_all(&frame::encode_frame(43, k, 3, 0, &[]), &e).is_err());
+    }
+}
+
 // ----- the C API -------------------------------------------------------------------------
 
 #[test]
@@ -753,6 +880,113 @@ fn killed_rank_process_fails_the_others() {
     );
 }
 
+/// Runs rank 0 here and rank 1 as a child with `role`; both watch each other. Returns rank 0
+/// and the child, whose stdout has shown "WATCHED".
+fn watched_child(role: &str) -> (Bootstrap, std::process::Child) {
+    let addr = local_addr();
+    let mut kid = child(role, &[("BOOT_TEST_ADDR", &addr)])
+        .stdout(Stdio::piped())
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let b = Bootstrap::from_addr(&addr, 0, 2).unwrap();
+    b.watch_peers(&[1]).unwrap();
+    let mut lines = BufReader::new(kid.stdout.take().unwrap()).lines();
+    // Ends: at the child's line, or panics when its stdout closes (it exited).
+    loop {
+        let l = lines.next().expect("child exited before watching").unwrap();
+        if l.contains("WATCHED") {
+            break;
+        }
+    }
+    // Keep draining its stdout, so that it never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (b, kid)
+}
+
+fn check_reported_lost(b: &Bootstrap, kid: &mut std::process::Child, how: &str) {
+    let t = Instant::now();
+    let lost = poll_lost(b, Duration::from_secs(10));
+    let el = t.elapsed();
+    let status = kid.wait().unwrap();
+    assert!(!status.success(), "{how}: child exited with {status}");
+    let (p, why) = lost.unwrap_or_else(|| panic!("{how}: no loss reported within 10 s"));
+    println!("{how}: loss reported after {el:?}: {why}");
+    assert_eq!(p, 1, "{why}");
+    assert!(why.contains("rank 1") && why.contains("goodbye"), "{why}");
+    // It stays reported, and bootstrap calls that wait on rank 1 fail at once.
+    assert_eq!(b.lost_peer().map(|l| l.0), Some(1));
+    let e = b.recv(1, 5).unwrap_err().to_string();
+    assert!(e.contains("rank 1"), "{e}");
+}
+
+#[test]
+fn aborted_child_is_reported_lost() {
+    let (b, mut kid) = watched_child("watch_abort");
+    check_reported_lost(&b, &mut kid, "abort()");
+}
+
+#[test]
+fn sigkilled_child_is_reported_lost() {
+    let (b, mut kid) = watched_child("watch_wait");
+    assert_eq!(b.lost_peer(), None);
+    kid.kill().unwrap();
+    check_reported_lost(&b, &mut kid, "SIGKILL");
+}
+
+#[test]
+fn child_saying_goodbye_is_not_lost() {
+    let (b, mut kid) = watched_child("watch_bye");
+    // The child drops its bootstrap when its stdin closes, then exits 0.
+    drop(kid.stdin.take());
+    let status = kid.wait().unwrap();
+    assert!(status.success(), "child exited with {status}");
+    // Its last message arrived before its goodbye.
+    assert_eq!(b.recv(1, 7).unwrap(), b"last words");
+    let t = Instant::now();
+    assert_eq!(poll_lost(&b, Duration::from_millis(500)), None);
+    assert!(t.elapsed() >= Duration::from_millis(500));
+    let e = b.recv(1, 8).unwrap_err().to_string();
+    assert!(e.contains("goodbye"), "{e}");
+}
+
+fn role_watch(addr: &str) -> Bootstrap {
+    let b = Bootstrap::from_addr(addr, 1, 2).unwrap();
+    b.watch_peers(&[0]).unwrap();
+    println!("WATCHED");
+    std::io::stdout().flush().unwrap();
+    b
+}
+
+fn role_watch_abort() {
+    let _b = role_watch(&std::env::var("BOOT_TEST_ADDR").unwrap());
+    // No core file for this deliberate crash.
+    let no_core = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: setrlimit reads a valid rlimit.
+    unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) };
+    std::process::abort();
+}
+
+fn role_watch_wait() {
+    let b = role_watch(&std::env::var("BOOT_TEST_ADDR").unwrap());
+    // Wait to be killed (or for the parent to go away).
+    let mut s = String::new();
+    let _ = std::io::stdin().read_line(&mut s);
+    drop(b);
+}
+
+fn role_watch_bye() {
+    let b = role_watch(&std::env::var("BOOT_TEST_ADDR").unwrap());
+    b.send(0, 7, b"last words").unwrap();
+    // Ends: when the parent closes our stdin.
+    let mut s = String::new();
+    let _ = std::io::stdin().read_line(&mut s);
+    drop(b);
+}
+
 fn role_timeouts() {
     // The environment overrides the default, set_timeout overrides the environment.
     assert_eq!(bootstrap::timeout(), Duration::from_secs(7));
@@ -820,6 +1054,24 @@ fn role_timeouts() {
         }
     });
     assert!(res[0].is_err(), "{:?}", res[0]);
+
+    // A peer that never calls watch_peers: bounded by the timeout, naming the peer.
+    let addr = local_addr();
+    let res = with_ranks(&addr, 2, move |b| {
+        let t = Instant::now();
+        let r = if b.rank() == 0 {
+            b.watch_peers(&[1]).map_err(|e| e.to_string())
+        } else {
+            std::thread::sleep(Duration::from_millis(2500));
+            Ok(())
+        };
+        (r, t.elapsed())
+    });
+    let (r0, el) = &res[0];
+    println!("unwatched peer: {el:?}: {r0:?}");
+    let e = r0.as_ref().unwrap_err();
+    assert!(e.contains("rank 1") && e.contains("timed out"), "{e}");
+    assert!(*el < limit);
 }
 
 fn role_env_timeout() {
@@ -906,6 +1158,9 @@ fn child_entry() {
         "ifname_none" => role_ifname_none(),
         "leaks" => role_leaks(),
         "rank2" => role_rank2(),
+        "watch_abort" => role_watch_abort(),
+        "watch_wait" => role_watch_wait(),
+        "watch_bye" => role_watch_bye(),
         other => panic!("unknown role {other}"),
     }
     println!("CHILD {role} OK");

@@ -44,6 +44,12 @@ pub enum Kind {
     P2p = 5,
     /// One step of a collective (all-gather, barrier); tag = sequence << 32 | step.
     Coll = 6,
+    /// Rank -> rank, no payload: "watch this connection": the sender keeps it open for the
+    /// communicator's lifetime, so the receiver learns of the sender's death by its closing.
+    Watch = 7,
+    /// Rank -> rank, no payload, the last frame on a connection: the sender is closing it on
+    /// purpose (communicator destroyed), so its closing is not a loss.
+    Bye = 8,
 }
 
 impl Kind {
@@ -55,6 +61,8 @@ impl Kind {
             4 => Kind::Open,
             5 => Kind::P2p,
             6 => Kind::Coll,
+            7 => Kind::Watch,
+            8 => Kind::Bye,
             _ => return None,
         })
     }
@@ -68,7 +76,7 @@ impl Kind {
                 (n, n)
             }
             Kind::Abort => (0, MAX_ABORT_LEN),
-            Kind::Open => (0, 0),
+            Kind::Open | Kind::Watch | Kind::Bye => (0, 0),
             Kind::P2p | Kind::Coll => (0, MAX_PAYLOAD),
         }
     }
@@ -408,6 +416,8 @@ mod tests {
         Kind::Open,
         Kind::P2p,
         Kind::Coll,
+        Kind::Watch,
+        Kind::Bye,
     ];
 
     fn expect(magic: u64, nranks: usize) -> Expect<'static> {
@@ -430,6 +440,8 @@ mod tests {
             (Kind::Open, vec![]),
             (Kind::P2p, vec![9; 1000]),
             (Kind::Coll, vec![]),
+            (Kind::Watch, vec![]),
+            (Kind::Bye, vec![]),
         ];
         for (k, p) in cases {
             let f = encode_frame(77, k, 2, 0xdead_beef_0000_0001, &p);
@@ -481,6 +493,20 @@ mod tests {
         assert!(decode_header(&encode_raw(5, 1, 0, 0, 3), &all).is_err());
         assert!(decode_header(&encode_raw(5, 2, 0, 0, 3 * ADDR_LEN as u64), &all).is_err());
         assert!(decode_header(&encode_raw(5, 2, 0, 0, 4 * ADDR_LEN as u64), &all).is_ok());
+        // Watch and Bye carry nothing: any declared payload is rejected, as for Open.
+        for k in [Kind::Watch, Kind::Bye] {
+            assert!(decode_header(&encode_raw(5, k as u32, 0, 0, 0), &all).is_ok());
+            for len in [1, 8, MAX_PAYLOAD as u64, u64::MAX] {
+                assert!(matches!(
+                    decode_header(&encode_raw(5, k as u32, 0, 0, len), &all),
+                    Err(FrameError::BadLength { kind, .. }) if kind == k
+                ));
+            }
+        }
+        assert_eq!(
+            decode_header(&encode_raw(5, 9, 0, 0, 0), &all),
+            Err(FrameError::UnknownKind(9))
+        );
     }
 
     #[test]
@@ -578,7 +604,7 @@ mod tests {
 
         #[test]
         fn mutated_valid_frames_never_panic_or_overallocate(
-            kind in 1u32..7,
+            kind in 1u32..10,
             sender in 0u32..4,
             tag in any::<u64>(),
             payload in proptest::collection::vec(any::<u8>(), 0..200),
@@ -606,6 +632,26 @@ mod tests {
                     prop_assert_eq!(h.len, p.len());
                 }
             }
+        }
+
+        #[test]
+        fn empty_kinds_reject_any_payload(
+            kind in prop_oneof![Just(Kind::Open), Just(Kind::Watch), Just(Kind::Bye)],
+            len in 1u64..,
+            payload in proptest::collection::vec(any::<u8>(), 0..64),
+            chunks in proptest::collection::vec(1usize..64, 0..20),
+        ) {
+            // Open, Watch and Bye are bare headers; a length is a confused or hostile sender.
+            let e = expect(3, 4);
+            let mut f = encode_raw(3, kind as u32, 1, 0, len).to_vec();
+            f.extend_from_slice(&payload);
+            let is_bad_len = matches!(
+                decode_header(&f, &e),
+                Err(FrameError::BadLength { kind: k, .. }) if k == kind
+            );
+            prop_assert!(is_bad_len);
+            prop_assert!(decode_all(&f, &e).is_err());
+            feed_in_chunks(&f, &chunks, &e);
         }
 
         #[test]

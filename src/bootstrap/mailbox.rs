@@ -5,6 +5,11 @@
 //!
 //! It also watches the rank's outgoing connections: a peer never writes on those, so when one
 //! becomes readable the peer has closed it (exited, or dropped its communicator).
+//!
+//! Peer loss: a peer that destroys its communicator sends `Bye` before closing its connection
+//! to us; an incoming connection that ends any other way (EOF without `Bye`, an error, a
+//! malformed frame) is recorded as a loss. The owner reads losses of the peers it watches with
+//! [`Mailbox::lost_peer`], which costs one atomic load while nothing was lost.
 
 use super::frame::{Assembler, Expect, Kind};
 use super::net;
@@ -13,6 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -32,6 +38,12 @@ struct State {
     gone: Vec<Option<String>>,
     /// A peer gave up on the whole communicator (its Abort), or the reader failed.
     aborted: Option<String>,
+    /// Per peer: a `Watch` frame arrived from it, so its connection to us exists.
+    watch_in: Vec<bool>,
+    /// Per peer: the owner asked to hear of its loss ([`Mailbox::watch_mark`]).
+    watched: Vec<bool>,
+    /// Peers whose incoming connection ended without a `Bye`, in the order seen, with why.
+    lost: Vec<(usize, String)>,
     new_watches: Vec<(usize, TcpStream)>,
     stop: bool,
     close_all: bool,
@@ -39,8 +51,11 @@ struct State {
 
 struct Shared {
     st: Mutex<State>,
-    /// Signalled (notify_all) whenever `msgs`, `gone` or `aborted` change.
+    /// Signalled (notify_all) whenever `msgs`, `gone`, `aborted` or `watch_in` change.
     cv: Condvar,
+    /// Set (Release) once `st.lost` is non-empty, so that the frequent "anything lost?" check
+    /// of a proxy thread is one atomic load (Acquire) and never waits on the reader's lock.
+    lost_any: AtomicBool,
 }
 
 pub(crate) struct Mailbox {
@@ -69,9 +84,12 @@ impl Mailbox {
         let shared = Arc::new(Shared {
             st: Mutex::new(State {
                 gone: vec![None; nranks],
+                watch_in: vec![false; nranks],
+                watched: vec![false; nranks],
                 ..State::default()
             }),
             cv: Condvar::new(),
+            lost_any: AtomicBool::new(false),
         });
         let reader = Reader {
             shared: shared.clone(),
@@ -165,6 +183,71 @@ impl Mailbox {
         }
     }
 
+    /// Waits until `peer`'s `Watch` frame has arrived (its connection to us exists and is
+    /// authenticated), until the deadline. Fails at once when the peer is gone or the
+    /// communicator was aborted.
+    pub(crate) fn wait_watch(
+        &self,
+        peer: usize,
+        deadline: Instant,
+        timeout: Duration,
+        what: &dyn Fn() -> String,
+    ) -> Result<()> {
+        let mut st = lock(&self.shared.st);
+        // Ends: the Watch arrives, the peer is gone, the communicator aborted, the reader
+        // stopped, or the deadline passes (wait_timeout is bounded by it).
+        loop {
+            if st.watch_in[peer] {
+                return Ok(());
+            }
+            if let Some(a) = &st.aborted {
+                return Err(Error::remote(format!("{}: {a}", what())));
+            }
+            if let Some(g) = &st.gone[peer] {
+                return Err(Error::remote(format!("{}: rank {peer} {g}", what())));
+            }
+            if st.stop {
+                return Err(Error::internal(format!(
+                    "{}: bootstrap reader stopped",
+                    what()
+                )));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::timeout(
+                    format!(
+                        "{}: rank {peer} did not open its connection to this rank (did it call watch_peers with this rank?)",
+                        what()
+                    ),
+                    timeout,
+                ));
+            }
+            st = self
+                .shared
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Adds peers to the set whose loss [`Mailbox::lost_peer`] reports.
+    pub(crate) fn watch_mark(&self, peers: &[usize]) {
+        let mut st = lock(&self.shared.st);
+        for &p in peers {
+            st.watched[p] = true;
+        }
+    }
+
+    /// The first watched peer whose incoming connection ended without a `Bye`, and why.
+    pub(crate) fn lost_peer(&self) -> Option<(usize, String)> {
+        if !self.shared.lost_any.load(Ordering::Acquire) {
+            return None;
+        }
+        let st = lock(&self.shared.st);
+        st.lost.iter().find(|(p, _)| st.watched[*p]).cloned()
+    }
+
     /// Asks the reader to watch an outgoing connection to `peer` for closure.
     pub(crate) fn watch(&self, peer: usize, s: TcpStream) {
         lock(&self.shared.st).new_watches.push((peer, s));
@@ -201,6 +284,10 @@ struct Conn {
     asm: Assembler,
     /// An unauthenticated connection is dropped at this time.
     auth_by: Instant,
+    /// The peer said `Bye`: its closing is deliberate, and nothing more may come.
+    bye: bool,
+    /// The peer sent `Abort` on it (its closing follows from that failure).
+    aborted: bool,
 }
 
 struct Reader {
@@ -347,6 +434,8 @@ impl Reader {
                         peer: None,
                         asm: Assembler::new(),
                         auth_by: Instant::now() + self.timeout,
+                        bye: false,
+                        aborted: false,
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -371,28 +460,27 @@ impl Reader {
                 Ok(0) => {
                     let c = &self.conns[i];
                     let why = if c.asm.is_idle() {
-                        "closed its connection".to_string()
+                        "closed its connection"
                     } else {
                         crate::warn!(
                             "rank {}: bootstrap connection from {} ended in the middle of a frame",
                             self.rank,
                             c.from
                         );
-                        "closed its connection in the middle of a frame".to_string()
+                        "closed its connection in the middle of a frame"
                     };
-                    if let Some(p) = c.peer {
-                        self.in_closed[p] = Some(why);
-                    }
+                    self.ended(i, why.to_string(), true);
                     return false;
                 }
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
                 Err(e) => {
-                    let c = &self.conns[i];
-                    crate::trace!("rank {}: reading from {}: {e}", self.rank, c.from);
-                    if let Some(p) = c.peer {
-                        self.in_closed[p] = Some(format!("connection failed: {e}"));
-                    }
+                    crate::trace!(
+                        "rank {}: reading from {}: {e}",
+                        self.rank,
+                        self.conns[i].from
+                    );
+                    self.ended(i, format!("connection failed: {e}"), true);
                     return false;
                 }
             };
@@ -408,11 +496,16 @@ impl Reader {
                         from: None,
                         kinds: &[Kind::Open],
                     },
+                    // After Bye nothing may follow: any frame is a protocol error.
                     Some(p) => Expect {
                         magic: self.magic,
                         nranks: self.nranks,
                         from: Some(p),
-                        kinds: &[Kind::P2p, Kind::Coll, Kind::Abort],
+                        kinds: if c.bye {
+                            &[]
+                        } else {
+                            &[Kind::P2p, Kind::Coll, Kind::Abort, Kind::Watch, Kind::Bye]
+                        },
                     },
                 };
                 let (used, f) = match c.asm.feed(&self.buf[at..n], &expect) {
@@ -424,9 +517,7 @@ impl Reader {
                             c.from,
                             c.peer.map(|p| format!(" (rank {p})")).unwrap_or_default()
                         );
-                        if let Some(p) = c.peer {
-                            self.in_closed[p] = Some(format!("sent a malformed frame ({e})"));
-                        }
+                        self.ended(i, format!("sent a malformed frame ({e})"), false);
                         return false;
                     }
                 };
@@ -445,7 +536,16 @@ impl Reader {
                         crate::trace!("rank {}: {} is rank {sender}", self.rank, c.from);
                         c.peer = Some(sender);
                     }
+                    Kind::Watch => {
+                        lock(&self.shared.st).watch_in[sender] = true;
+                        self.shared.cv.notify_all();
+                    }
+                    Kind::Bye => {
+                        crate::trace!("rank {}: rank {sender} said goodbye", self.rank);
+                        c.bye = true;
+                    }
                     Kind::Abort => {
+                        c.aborted = true;
                         let why = String::from_utf8_lossy(&payload).into_owned();
                         let mut st = lock(&self.shared.st);
                         if st.aborted.is_none() {
@@ -466,6 +566,40 @@ impl Reader {
             }
         }
         true
+    }
+
+    /// Records the end of connection `i` (about to be dropped by the caller): why nothing more
+    /// comes from its peer, and, without a prior `Bye`, the peer's loss. `by_peer`: the
+    /// connection ended from the peer's side (EOF, reset), rather than by this reader.
+    fn ended(&mut self, i: usize, why: String, by_peer: bool) {
+        let c = &self.conns[i];
+        let Some(p) = c.peer else { return };
+        if c.bye {
+            self.in_closed[p] = Some(if why == "closed its connection" {
+                "said goodbye and closed its connection (communicator destroyed)".into()
+            } else {
+                format!("said goodbye (communicator destroyed), then {why}")
+            });
+            return;
+        }
+        let lost = if c.aborted {
+            format!("rank {p} aborted its bootstrap and {why}")
+        } else if why == "closed its connection" {
+            format!(
+                "rank {p} closed its bootstrap connection without saying goodbye (process exited or crashed?)"
+            )
+        } else if by_peer {
+            format!("rank {p}'s bootstrap connection ended without a goodbye: {why} (process exited or crashed?)")
+        } else {
+            format!("rank {p} {why}; its bootstrap connection was dropped")
+        };
+        crate::warn!("rank {}: {lost}", self.rank);
+        self.in_closed[p] = Some(why);
+        let mut st = lock(&self.shared.st);
+        if !st.lost.iter().any(|(q, _)| *q == p) {
+            st.lost.push((p, lost));
+            self.shared.lost_any.store(true, Ordering::Release);
+        }
     }
 
     /// Declares peers gone whose messages can no longer arrive: their connection to us ended,

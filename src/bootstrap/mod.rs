@@ -14,6 +14,12 @@
 //! Every connect, send and receive is bounded by [`timeout`]. A collective that fails makes
 //! the communicator's bootstrap fail for good (sticky), tells the ring neighbours (an `Abort`
 //! frame) and closes its connections, so that ranks waiting on it fail promptly too.
+//!
+//! Peer loss while data moves: [`Bootstrap::watch_peers`] makes each listed peer open its
+//! connection to us (a `Watch` frame) and keep it for the communicator's lifetime; a
+//! [`Bootstrap`] that is dropped sends `Bye` on its connections before closing them. So a
+//! watched connection that closes without `Bye` means the peer process died (the kernel closed
+//! its sockets), and [`Bootstrap::lost_peer`] reports it within milliseconds.
 
 mod addr;
 pub mod frame;
@@ -130,8 +136,10 @@ enum Out {
 }
 
 /// One rank's membership in a communicator's bootstrap. `Send + Sync`: every method takes
-/// `&self`; collectives are serialised internally, sends to one peer are serialised per peer.
-/// Dropping it closes its connections and joins its thread.
+/// `&self`; collectives are serialised internally, sends to one peer are serialised per peer,
+/// and [`Bootstrap::lost_peer`] may be polled from another thread (e.g. through an `Arc`)
+/// while the API thread uses it. Dropping it says goodbye to the peers it has connections to,
+/// closes its connections and joins its thread.
 pub struct Bootstrap {
     rank: usize,
     nranks: usize,
@@ -440,6 +448,45 @@ impl Bootstrap {
             .take((Kind::P2p, peer, tag), deadline, self.timeout, &what)
     }
 
+    /// Makes sure each listed peer has a connection to this rank that stays open while both
+    /// live, and remembers them as watched: from then on [`Bootstrap::lost_peer`] reports a
+    /// listed peer whose connection closes without a goodbye (its process died).
+    ///
+    /// Collective between the pairs: every listed peer must call it with this rank in its
+    /// list (each side sends a `Watch` frame on its connection to the other, then waits for
+    /// the other's). Bounded by the bootstrap timeout. Calling it again with the same peers is
+    /// harmless. This rank itself, if listed, is ignored.
+    pub fn watch_peers(&self, peers: &[usize]) -> Result<()> {
+        for &p in peers {
+            self.check_peer(p, "watch_peers")?;
+        }
+        self.check_sticky("watch_peers")?;
+        let mut others: Vec<usize> = peers.iter().copied().filter(|&p| p != self.rank).collect();
+        others.sort_unstable();
+        others.dedup();
+        // Marked before the sends and waits: if one of them fails because a peer died, that
+        // loss is still reported by lost_peer.
+        self.mailbox.watch_mark(&others);
+        let deadline = Instant::now() + self.timeout;
+        // All sends first: they never wait for the peer, so the pairs cannot deadlock.
+        for &p in &others {
+            self.send_frame(p, Kind::Watch, 0, &[], deadline, "watch_peers")?;
+        }
+        for &p in &others {
+            let what = || format!("rank {}: watch_peers: waiting for rank {p}", self.rank);
+            self.mailbox.wait_watch(p, deadline, self.timeout, &what)?;
+        }
+        crate::trace!("rank {}: watching ranks {others:?}", self.rank);
+        Ok(())
+    }
+
+    /// The first watched peer (see [`Bootstrap::watch_peers`]) whose connection to this rank
+    /// closed or failed without a goodbye, with a message saying so; None while all are fine.
+    /// One atomic load while nothing was lost, so a proxy thread may poll it often.
+    pub fn lost_peer(&self) -> Option<(usize, String)> {
+        self.mailbox.lost_peer()
+    }
+
     fn send_frame(
         &self,
         peer: usize,
@@ -572,6 +619,43 @@ impl Bootstrap {
             *g = Out::Broken(why.to_string());
         }
         self.mailbox.close_all();
+    }
+}
+
+/// Longest that dropping a [`Bootstrap`] spends saying goodbye to all its peers together.
+const BYE_BUDGET: Duration = Duration::from_secs(1);
+
+impl Drop for Bootstrap {
+    /// Says goodbye on every open connection, so that the peers do not take this rank's
+    /// closing for a crash, then closes them. Bounded: a Bye is one 32-byte frame that fits
+    /// in the socket buffer, so it is handed to the kernel at once; only a peer that stopped
+    /// reading can make it wait, and then at most [`BYE_BUDGET`] in all (plus a few ms per
+    /// connection), after which that peer sees a close without goodbye, as for a crash.
+    fn drop(&mut self) {
+        let t0 = Instant::now();
+        let shared = t0 + self.timeout.min(BYE_BUDGET);
+        let bye = frame::encode_raw(self.magic, Kind::Bye as u32, self.rank as u32, 0, 0);
+        let mut said = 0;
+        for (p, o) in self.out.iter_mut().enumerate() {
+            let o = o.get_mut().unwrap_or_else(|e| e.into_inner());
+            if let Out::Open(s) = &*o {
+                // Every connection gets at least one try, even after the shared budget.
+                let deadline = shared.max(Instant::now() + Duration::from_millis(5));
+                match net::write_all_by(s, &bye, deadline) {
+                    Ok(()) => said += 1,
+                    Err(e) => crate::trace!("rank {}: goodbye to rank {p}: {e}", self.rank),
+                }
+                // Sends FIN behind the Bye. The peer never writes on this connection, so no
+                // unread data can turn the later close into a reset that would discard it.
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            *o = Out::Broken("the bootstrap was dropped".into());
+        }
+        crate::trace!(
+            "rank {}: said goodbye to {said} peers in {:?}",
+            self.rank,
+            t0.elapsed()
+        );
     }
 }
 

@@ -206,3 +206,141 @@ fn self_messages_and_single_rank() {
     assert_eq!(d, [7; 5]);
     b.barrier().unwrap();
 }
+
+/// Polls `b.lost_peer()` until it reports something or 10 s pass.
+fn wait_lost(b: &Bootstrap) -> Option<(usize, String)> {
+    let t = Instant::now();
+    // Ends: a loss is reported, or after 10 s.
+    loop {
+        if let Some(l) = b.lost_peer() {
+            return Some(l);
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A pair that watches each other, with a hand-made "rank 0" connection to rank 1 that sends
+/// `frames` (each built by `f(magic)`) and then closes. Returns rank 1 after the closing, and
+/// rank 0.
+fn fake_rank0_then_close(frames: impl Fn(u64) -> Vec<u8>) -> (Bootstrap, Bootstrap) {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (b0, b1) = pair(&format!("127.0.0.1:{port}"));
+    std::thread::scope(|s| {
+        let h = s.spawn(|| b0.watch_peers(&[1, 0]).unwrap());
+        b1.watch_peers(&[0]).unwrap();
+        h.join().unwrap();
+    });
+    assert_eq!(b1.lost_peer(), None);
+    let mut s = TcpStream::connect(b1.peers[1]).unwrap();
+    s.write_all(&frames(b1.magic)).unwrap();
+    drop(s);
+    (b1, b0)
+}
+
+/// A named case: what to look for, and the bytes (given the magic) a fake rank 0 sends.
+type Case = (&'static str, fn(u64) -> Vec<u8>);
+
+fn open0(magic: u64) -> Vec<u8> {
+    frame::encode_raw(magic, Kind::Open as u32, 0, 0, 0).to_vec()
+}
+
+#[test]
+fn watched_peer_closing_without_goodbye_is_lost() {
+    let cases: [Case; 4] = [
+        ("without saying goodbye", |m| {
+            let mut f = open0(m);
+            f.extend(frame::encode_raw(m, Kind::Watch as u32, 0, 0, 0));
+            f
+        }),
+        ("middle of a frame", |m| {
+            let mut f = open0(m);
+            f.extend(frame::encode_raw(m, Kind::P2p as u32, 0, 1, 10));
+            f.extend([1, 2, 3]);
+            f
+        }),
+        ("malformed", |m| {
+            let mut f = open0(m);
+            f.extend(frame::encode_raw(m, Kind::Watch as u32, 0, 0, 4));
+            f.extend([0; 4]);
+            f
+        }),
+        ("aborted its bootstrap", |m| {
+            let mut f = open0(m);
+            f.extend(encode_frame(m, Kind::Abort, 0, 0, b"test abort"));
+            f
+        }),
+    ];
+    for (want, frames) in cases {
+        let (b1, _b0) = fake_rank0_then_close(frames);
+        let (p, why) = wait_lost(&b1).unwrap_or_else(|| panic!("{want}: no loss reported"));
+        assert_eq!(p, 0, "{want}: {why}");
+        assert!(
+            why.contains("rank 0") && why.contains(want),
+            "{want}: {why}"
+        );
+    }
+}
+
+#[test]
+fn goodbye_or_strangers_are_not_losses() {
+    let cases: [Case; 3] = [
+        ("bye", |m| {
+            let mut f = open0(m);
+            f.extend(encode_frame(m, Kind::P2p, 0, 77, b"sync"));
+            f.extend(frame::encode_raw(m, Kind::Bye as u32, 0, 0, 0));
+            f
+        }),
+        ("a frame after bye", |m| {
+            let mut f = open0(m);
+            f.extend(encode_frame(m, Kind::P2p, 0, 77, b"sync"));
+            f.extend(frame::encode_raw(m, Kind::Bye as u32, 0, 0, 0));
+            f.extend(encode_frame(m, Kind::P2p, 0, 78, b"late"));
+            f
+        }),
+        ("stranger", |m| {
+            frame::encode_raw(m ^ 1, Kind::Open as u32, 0, 0, 0).to_vec()
+        }),
+    ];
+    for (what, frames) in cases {
+        let (b1, b0) = fake_rank0_then_close(frames);
+        if what != "stranger" {
+            // The reader has reached the fake's frames; its close follows at once.
+            assert_eq!(b1.recv(0, 77).unwrap(), b"sync", "{what}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(b1.lost_peer(), None, "{what}");
+        // The real rank 0 still works.
+        b0.send(1, 5, b"still here").unwrap();
+        assert_eq!(b1.recv(0, 5).unwrap(), b"still here", "{what}");
+    }
+}
+
+#[test]
+fn losses_of_unwatched_peers_are_kept_until_watched() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (_b0, b1) = pair(&format!("127.0.0.1:{port}"));
+    let mut s = TcpStream::connect(b1.peers[1]).unwrap();
+    let mut f = open0(b1.magic);
+    f.extend(encode_frame(b1.magic, Kind::P2p, 0, 9, b"x"));
+    s.write_all(&f).unwrap();
+    assert_eq!(b1.recv(0, 9).unwrap(), b"x");
+    drop(s);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(b1.lost_peer(), None, "rank 0 is not watched yet");
+    // Watching it now reports the earlier loss (the real rank 0 is not asked to take part:
+    // its Watch is not needed for the loss to show).
+    b1.mailbox.watch_mark(&[0]);
+    let (p, why) = wait_lost(&b1).expect("the earlier loss is reported once watched");
+    assert_eq!(p, 0, "{why}");
+}
