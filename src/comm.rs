@@ -5,7 +5,6 @@ use crate::abi::*;
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
 use crate::fifo::{AbortWord, Fifo};
-use crate::mem::HostBlock;
 use crate::proxy::{self, ProxyConn, ProxyWork, Running, SharedEndpoint, Sticky};
 use crate::transport::{self, EndpointKey, MemKind, MrId, PeerId, Region, RemoteId};
 use crate::wire::{Reader, Writer};
@@ -58,8 +57,9 @@ struct Conn {
     remote_rank: usize,
     tag: i32,
     peer: PeerId,
-    /// Epoch block: `mscclppDevConnSignalEpochId` (16 bytes) then `waitEpochId` (8 bytes).
-    _epoch: HostBlock,
+    /// Epoch block: `mscclppDevConnSignalEpochId` (16 bytes) then `waitEpochId` (8 bytes);
+    /// host memory for host buffers, device memory for CUDA buffers.
+    _epoch: crate::cuda::EpochMem,
 }
 
 struct Registered {
@@ -68,7 +68,8 @@ struct Registered {
 }
 
 pub struct Comm {
-    boot: Bootstrap,
+    /// Shared with the proxies, which poll it for peers that vanish.
+    boot: Arc<Bootstrap>,
     phase: Phase,
     requests: Vec<Request>,
     conns: Vec<Conn>,
@@ -86,7 +87,7 @@ unsafe impl Send for Comm {}
 impl Comm {
     pub fn new(boot: Bootstrap) -> Self {
         Comm {
-            boot,
+            boot: Arc::new(boot),
             phase: Phase::Declaring,
             requests: Vec::new(),
             conns: Vec::new(),
@@ -406,6 +407,10 @@ impl Comm {
                 )));
             }
         }
+        // From now on a peer that dies (closes its bootstrap connection without a goodbye)
+        // is noticed by the proxies, which abort every wait on this communicator.
+        let peers: Vec<usize> = self.conns.iter().map(|c| c.remote_rank).collect();
+        self.boot.watch_peers(&peers)?;
         crate::info!(
             "rank {}: {} connections set up over {} endpoints",
             self.rank(),
@@ -462,6 +467,7 @@ impl Comm {
                     fifo,
                     conns,
                     endpoint: s.ep.clone(),
+                    boot: self.boot.clone(),
                 },
                 self.sticky.clone(),
             )?);

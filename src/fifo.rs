@@ -70,6 +70,10 @@ pub struct Fifo {
     head: *mut u64,
     /// The consumer's own tail; `ctrl[0]` lags it by at most FLUSH_COUNTER - 1.
     tail: u64,
+    /// The producers' addresses of `slots` and `ctrl` (device addresses for a CUDA FIFO, the
+    /// same as the consumer's for a host FIFO).
+    prod_slots: *mut mscclppTrigger,
+    prod_ctrl: *mut u64,
     _mem: FifoMem,
 }
 
@@ -83,7 +87,21 @@ enum FifoMem {
         _ctrl: HostBlock,
         _head: HostBlock,
     },
+    /// Producers are kernels on `device`. Slots and `[tail, abort]` sit in one pinned, mapped
+    /// host block: a kernel's trigger store is a posted PCIe write and the proxy polls its own
+    /// memory. `[head, tail cache]` sits in device memory: the ticket atomic and the room check
+    /// stay on the GPU; a kernel reads the host tail (a PCIe round trip) only when the cached
+    /// tail says the FIFO looks full, and refreshes the cache (include/mscclpp/fifo_methods.inc).
+    Cuda {
+        device: i32,
+        _host: crate::cuda::PinnedHost,
+        _head: crate::cuda::DeviceMem,
+    },
 }
+
+/// Byte offset of `[tail, abort]` inside a CUDA FIFO's pinned block (after the slots, on its
+/// own cache line so that tail publications don't disturb slot polling).
+const CUDA_CTRL_OFFSET: usize = SIZE as usize * 16;
 
 /// Shared handle to a FIFO's abort word, for the API thread (valid while the comm lives).
 #[derive(Clone, Copy)]
@@ -116,6 +134,8 @@ impl Fifo {
             ctrl: ctrl.ptr().cast(),
             head: head.ptr().cast(),
             tail: 0,
+            prod_slots: slots.ptr().cast(),
+            prod_ctrl: ctrl.ptr().cast(),
             _mem: FifoMem::Host {
                 _slots: slots,
                 _ctrl: ctrl,
@@ -124,11 +144,46 @@ impl Fifo {
         })
     }
 
+    /// A FIFO whose producers are kernels on CUDA `device` (layout: see `FifoMem::Cuda`).
+    pub fn new_cuda(device: i32) -> Result<Self> {
+        let host = crate::cuda::PinnedHost::zeroed(device, CUDA_CTRL_OFFSET + 64)?;
+        // [head, tail cache]: both start at 0, the cache may only lag the real tail.
+        let head = crate::cuda::DeviceMem::zeroed(device, 16)?;
+        // SAFETY: the block is CUDA_CTRL_OFFSET + 64 bytes; slots come first, ctrl after.
+        let (ctrl, prod_ctrl) = unsafe {
+            (
+                host.host().add(CUDA_CTRL_OFFSET),
+                (host.dev() + CUDA_CTRL_OFFSET as u64) as usize as *mut u64,
+            )
+        };
+        Ok(Fifo {
+            slots: host.host().cast(),
+            ctrl: ctrl.cast(),
+            head: head.ptr() as usize as *mut u64,
+            tail: 0,
+            prod_slots: host.dev() as usize as *mut mscclppTrigger,
+            prod_ctrl,
+            _mem: FifoMem::Cuda {
+                device,
+                _host: host,
+                _head: head,
+            },
+        })
+    }
+
+    /// The CUDA device whose kernels produce into this FIFO (None: host producers).
+    pub fn device(&self) -> Option<i32> {
+        match &self._mem {
+            FifoMem::Host { .. } => None,
+            FifoMem::Cuda { device, .. } => Some(*device),
+        }
+    }
+
     /// The producer view that goes into a `mscclppDevConn`.
     pub fn producer_view(&self, conn_id: usize) -> mscclppConcurrentFifo {
         mscclppConcurrentFifo {
-            triggerFifo: self.slots,
-            triggerFifoTail: self.ctrl,
+            triggerFifo: self.prod_slots,
+            triggerFifoTail: self.prod_ctrl,
             triggerFifoHead: self.head,
             connId: conn_id as i32,
         }
@@ -192,7 +247,9 @@ impl Fifo {
 
 impl Drop for Fifo {
     fn drop(&mut self) {
-        let FifoMem::Host { .. } = &self._mem;
+        if !matches!(self._mem, FifoMem::Host { .. }) {
+            return;
+        }
         HOST_FIFOS
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -211,8 +268,10 @@ pub fn wait_timeout() -> Duration {
         .unwrap_or_else(crate::bootstrap::timeout)
 }
 
-/// A spin that ends on the abort word, or the deadline. Spins, then yields, then naps, so that
-/// oversubscribed machines (CI: 2 cores, 4 ranks) still make progress.
+/// A spin that ends on the abort word, or the deadline. It spins briefly, then yields, and
+/// only after a long quiet period naps: on an oversubscribed machine (CI: 2 cores running 4
+/// ranks and their proxies) yielding hands the core to the thread we wait for at once, while
+/// a sleep costs at least the kernel's timer slack (~50 us) per round trip.
 pub(crate) struct Spin {
     abort: *const u64,
     start: Instant,
@@ -220,14 +279,13 @@ pub(crate) struct Spin {
     n: u32,
 }
 
+/// Spin iterations before yielding, and how long to keep yielding before napping.
+const SPIN_ITERS: u32 = 256;
+const YIELD_FOR: Duration = Duration::from_millis(20);
+
 impl Spin {
     pub(crate) fn new(abort: *const u64, deadline: Duration) -> Self {
-        Spin {
-            abort,
-            start: Instant::now(),
-            deadline,
-            n: 0,
-        }
+        Spin { abort, start: Instant::now(), deadline, n: 0 }
     }
     /// One step of waiting: Ok while the caller should keep waiting, Err when it must stop.
     pub(crate) fn step(&mut self, what: &str) -> Result<()> {
@@ -236,15 +294,18 @@ impl Spin {
         if a != 0 {
             return Err(Error::remote(format!("{what}: the communicator was aborted (error code {a}); see mscclppCommGetAsyncError")));
         }
-        self.n = self.n.wrapping_add(1);
-        if self.n < 2000 {
+        self.n = self.n.saturating_add(1);
+        if self.n < SPIN_ITERS {
             std::hint::spin_loop();
-        } else if self.n < 4000 {
+            return Ok(());
+        }
+        let waited = self.start.elapsed();
+        if waited > self.deadline {
+            return Err(Error::timeout(what.to_string(), self.deadline));
+        }
+        if waited < YIELD_FOR {
             std::thread::yield_now();
         } else {
-            if self.start.elapsed() > self.deadline {
-                return Err(Error::timeout(what.to_string(), self.deadline));
-            }
             std::thread::sleep(Duration::from_micros(50));
         }
         Ok(())

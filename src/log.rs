@@ -85,7 +85,7 @@ pub fn emit(level: Level, args: std::fmt::Arguments<'_>) {
     let c = CString::new(line.replace('\0', "\\0")).unwrap_or_default();
     let h = HANDLER.load(Ordering::Acquire);
     if h.is_null() {
-        default_handler(c.as_ptr());
+        default_handler(&c);
     } else {
         // SAFETY: only `set_handler` stores into HANDLER, always from a valid `Handler`.
         let f: Handler = unsafe { std::mem::transmute::<*mut (), Handler>(h) };
@@ -94,13 +94,8 @@ pub fn emit(level: Level, args: std::fmt::Arguments<'_>) {
     }
 }
 
-/// Writes one line to stderr. `msg` must be NULL or a NUL-terminated string.
-pub fn default_handler(msg: *const c_char) {
-    if msg.is_null() {
-        return;
-    }
-    // SAFETY: the caller promises a NUL-terminated string.
-    let s = unsafe { std::ffi::CStr::from_ptr(msg) };
+/// Writes one line to stderr.
+pub fn default_handler(s: &std::ffi::CStr) {
     use std::io::Write;
     let mut err = std::io::stderr().lock();
     let _ = err.write_all(s.to_bytes());

@@ -29,7 +29,8 @@ pub extern "C" fn mscclppRegisterBuffer(
 /// Writes `size` bytes from `srcBuff + srcOffset` to offset `dstOffset` of every connected
 /// peer's buffer of the registration `regMem`, and returns once the bytes have arrived. With
 /// CUDA memory, work already queued on `stream` (a `cudaStream_t`, 0 for the legacy stream)
-/// completes first.
+/// completes first. The peers' proxies must be running (`mscclppProxyLaunch`): software
+/// libfabric providers move data only while the target progresses its endpoint.
 #[no_mangle]
 pub extern "C" fn mscclppRegisteredBufferWrite(
     comm: mscclppComm_t,

@@ -7,7 +7,11 @@ use std::ffi::c_char;
 /// Writes `msg` and a newline to stderr. NULL is ignored.
 #[no_mangle]
 pub extern "C" fn mscclppDefaultLogHandler(msg: *const c_char) {
-    crate::log::default_handler(msg)
+    if msg.is_null() {
+        return;
+    }
+    // SAFETY: non-NULL; the caller passes a NUL-terminated string (API contract).
+    crate::log::default_handler(unsafe { std::ffi::CStr::from_ptr(msg) })
 }
 
 /// Sends every later log line of this process to `handler` (NULL restores the default). The

@@ -61,6 +61,8 @@ pub struct ProxyWork {
     pub fifo: Fifo,
     pub conns: Vec<ProxyConn>,
     pub endpoint: SharedEndpoint,
+    /// Polled for peers that died: their loss aborts every wait on this FIFO.
+    pub boot: Arc<crate::bootstrap::Bootstrap>,
 }
 
 pub struct Running {
@@ -75,7 +77,9 @@ pub fn launch(name: String, work: ProxyWork, sticky: Arc<Sticky>) -> Result<Runn
     let handle = std::thread::Builder::new()
         .name(name.clone())
         .spawn(move || {
-            crate::cuda::bind_proxy_thread();
+            // The FIFO's device is the endpoint's: its copies and streams live in that
+            // device's primary context.
+            crate::cuda::bind_proxy_thread(work.fifo.device());
             let mut work = work;
             let r = run(&mut work, &stop2);
             if let Err(e) = &r {
@@ -103,8 +107,14 @@ impl Running {
 
 fn run(w: &mut ProxyWork, stop: &AtomicBool) -> Result<()> {
     let mut idle: u32 = 0;
+    let mut idle_since = Instant::now();
     let mut stop_seen: Option<Instant> = None;
+    let mut last_watch = Instant::now();
     loop {
+        if last_watch.elapsed() > PEER_WATCH_PERIOD {
+            last_watch = Instant::now();
+            check_peers(w)?;
+        }
         match w.fifo.peek() {
             Some(words) => {
                 idle = 0;
@@ -130,18 +140,35 @@ fn run(w: &mut ProxyWork, stop: &AtomicBool) -> Result<()> {
                     }
                 }
                 lock(&w.endpoint).progress()?;
+                if idle == 0 {
+                    idle_since = Instant::now();
+                }
                 idle = idle.saturating_add(1);
-                backoff(idle);
+                backoff(idle, idle_since);
             }
         }
     }
 }
 
-/// Idle policy: spin, then yield, then short sleeps (bounded by 50 us of added latency).
-fn backoff(idle: u32) {
-    if idle < 1000 {
+/// How often the proxy asks the bootstrap whether a connected peer vanished.
+const PEER_WATCH_PERIOD: Duration = Duration::from_millis(10);
+
+/// Fails when a peer of one of this proxy's connections died (no goodbye on its bootstrap
+/// connection): the caller turns that into the sticky error and the abort word.
+fn check_peers(w: &ProxyWork) -> Result<()> {
+    match w.boot.lost_peer() {
+        Some((rank, why)) if w.conns.iter().any(|c| c.remote_rank == rank) => Err(Error::remote(format!("peer lost: {why}"))),
+        _ => Ok(()),
+    }
+}
+
+/// Idle policy: spin, then yield for a while (hands the core to producers and peers on an
+/// oversubscribed machine without a sleep's timer slack), then short naps so that an idle
+/// communicator does not hold a core; the first trigger after a long idle pays <= ~70 us.
+fn backoff(idle: u32, idle_since: Instant) {
+    if idle < 128 {
         std::hint::spin_loop();
-    } else if idle < 20_000 {
+    } else if idle_since.elapsed() < Duration::from_millis(20) {
         std::thread::yield_now();
     } else {
         std::thread::sleep(Duration::from_micros(20));

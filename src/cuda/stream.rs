@@ -1,0 +1,154 @@
+//! CUDA streams this library creates, and bounded waits on any stream.
+//!
+//! Data-path methods (`copy`, `write_value64`, `query`, `wait`) expect the stream's context to be
+//! current on the calling thread (a proxy thread bound with `bind_proxy_thread`, or a
+//! [`super::CtxGuard`]): entering it on every call would cost the hot path a driver call.
+
+use super::{check, describe, CtxGuard};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::time::Instant;
+
+/// An owned, non-blocking stream of one device (it does not synchronise with the legacy default
+/// stream, so user work on stream 0 never delays the proxy's copies).
+pub struct Stream {
+    raw: sys::CUstream,
+    device: i32,
+}
+
+// SAFETY: CUDA stream handles may be used from any thread whose current context is the
+// stream's; `Stream` only hands the handle to the driver.
+unsafe impl Send for Stream {}
+// SAFETY: as above; every method takes `&self` and the driver serialises per stream.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    pub fn new(device: i32) -> Result<Self> {
+        let _g = CtxGuard::enter(device)?;
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: out-pointer valid; context current (guard).
+        check(
+            unsafe {
+                sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+            },
+            || format!("cuStreamCreate(device {device})"),
+        )?;
+        Ok(Stream { raw, device })
+    }
+
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+
+    /// Queues a copy of `len` bytes; both addresses are unified (device, mapped peer or pinned
+    /// host) addresses valid until the copy completes.
+    pub fn copy(&self, dst: u64, src: u64, len: u64, device_to_device: bool) -> Result<()> {
+        // SAFETY: the caller guarantees both ranges are valid for the copy's duration and the
+        // stream's context is current (module doc).
+        let r = unsafe {
+            if device_to_device {
+                sys::cuMemcpyDtoDAsync_v2(dst, src, len as usize, self.raw)
+            } else {
+                sys::cuMemcpyAsync(dst, src, len as usize, self.raw)
+            }
+        };
+        check(r, || {
+            format!("cuMemcpyAsync({dst:#x} <- {src:#x}, {len} bytes)")
+        })
+    }
+
+    /// Queues an 8-byte store of `value` at `addr`, after all earlier work of the stream. The
+    /// default flag puts a memory barrier before the store, so a reader that sees the value also
+    /// sees every earlier copy of this stream. Only if `super::has_write_value64()`.
+    pub fn write_value64(&self, addr: u64, value: u64) -> Result<()> {
+        debug_assert!(super::has_write_value64());
+        // SAFETY: the symbol was probed at detection (callers check has_write_value64); `addr` is
+        // an 8-byte aligned device address valid for the write; context current (module doc).
+        let r = unsafe {
+            sys::cuStreamWriteValue64_v2(
+                self.raw,
+                addr,
+                value,
+                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+            )
+        };
+        check(r, || format!("cuStreamWriteValue64({addr:#x})"))
+    }
+
+    /// Queues a zero fill of `len` bytes at device address `addr`.
+    pub fn memset0(&self, addr: u64, len: u64) -> Result<()> {
+        // SAFETY: `addr..addr+len` is device memory owned by the caller; context current.
+        check(
+            unsafe { sys::cuMemsetD8Async(addr, 0, len as usize, self.raw) },
+            || format!("cuMemsetD8Async({addr:#x}, {len})"),
+        )
+    }
+
+    /// True once every queued operation has completed; an error if one failed.
+    pub fn query(&self) -> Result<bool> {
+        query_raw(self.raw)
+    }
+
+    /// Waits until the stream is idle, bounded by `MSCCLPP_WAIT_TIMEOUT`; `what` names the
+    /// work in the timeout error (built only then: this is on the proxy's hot path).
+    pub fn wait(&self, what: impl FnOnce() -> String) -> Result<()> {
+        wait_raw(self.raw, what)
+    }
+}
+
+fn query_raw(s: sys::CUstream) -> Result<bool> {
+    // SAFETY: `s` is a live stream handle (or a special handle) of the current context.
+    match unsafe { sys::cuStreamQuery(s) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(true),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        r => Err(Error::Cuda {
+            call: "cuStreamQuery".into(),
+            detail: describe(r),
+        }),
+    }
+}
+
+/// Polls a stream until idle. Spins first (a copy of a few KiB completes in microseconds and the
+/// proxy's latency is the product), then yields, then naps; ends at the deadline with an error.
+pub(crate) fn wait_raw(s: sys::CUstream, what: impl FnOnce() -> String) -> Result<()> {
+    let deadline = crate::fifo::wait_timeout();
+    let start = Instant::now();
+    let mut n: u32 = 0;
+    loop {
+        if query_raw(s)? {
+            return Ok(());
+        }
+        n = n.saturating_add(1);
+        if n < 20_000 {
+            std::hint::spin_loop();
+        } else if n < 40_000 {
+            std::thread::yield_now();
+        } else {
+            if start.elapsed() > deadline {
+                return Err(Error::timeout(
+                    format!("waiting for {} to complete", what()),
+                    deadline,
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // Destroying a busy stream is allowed (the driver finishes its work first); the owners
+        // wait for their streams before freeing what the work touches.
+        let g = CtxGuard::enter(self.device);
+        // SAFETY: `raw` was created by cuStreamCreate and is destroyed once.
+        let r = unsafe { sys::cuStreamDestroy_v2(self.raw) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            crate::warn!(
+                "cuStreamDestroy(device {}) failed: {}",
+                self.device,
+                describe(r)
+            );
+        }
+        drop(g);
+    }
+}
