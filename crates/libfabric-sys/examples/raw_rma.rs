@@ -1,0 +1,530 @@
+//! Raw libfabric RMA baseline: what the provider itself delivers, without libmscclpp.
+//!
+//! Two processes (this program re-executes itself as the target) on one host, one RDM endpoint
+//! each. Measures
+//!   - `fi_write` bandwidth, 4 KiB .. 64 MiB: a window of writes in flight, then an 8-byte flag
+//!     write ordered after them (WAW) that the target echoes back; the clock stops at the echo,
+//!     so every byte has arrived;
+//!   - the 8-byte put half round trip: ping-pong of flag writes, each side polling its memory.
+//!
+//! Usage: cargo run --release -p libfabric-sys --example raw_rma -- [--provider tcp|shm|net|...]
+//!        [--domain NAME] [--dc] [--iters N]
+//! `--provider` matches the provider name or its core (tcp = tcp;ofi_rxm); socket providers
+//! use the loopback domain unless `--domain` says otherwise. `--dc` adds FI_DELIVERY_COMPLETE
+//! to every write (what libmscclpp does where the provider accepts it).
+
+use libfabric_sys::*;
+use std::ffi::{c_void, CStr};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::ptr;
+use std::time::{Duration, Instant};
+
+const MAX_SIZE: usize = 64 << 20;
+const WINDOW: usize = 16;
+const DEADLINE: Duration = Duration::from_secs(60);
+
+#[derive(Clone)]
+struct Opts {
+    provider: String,
+    domain: Option<String>,
+    dc: bool,
+    iters: usize,
+    child: bool,
+}
+
+fn opts() -> Opts {
+    let mut o = Opts {
+        provider: "tcp".into(),
+        domain: None,
+        dc: false,
+        iters: 10_000,
+        child: false,
+    };
+    let mut a = std::env::args().skip(1);
+    while let Some(x) = a.next() {
+        match x.as_str() {
+            "--provider" => o.provider = a.next().expect("--provider NAME"),
+            "--domain" => o.domain = a.next(),
+            "--dc" => o.dc = true,
+            "--iters" => o.iters = a.next().and_then(|s| s.parse().ok()).expect("--iters N"),
+            "--child" => o.child = true,
+            "-h" | "--help" => {
+                println!("raw_rma [--provider NAME] [--domain NAME] [--dc] [--iters N]");
+                std::process::exit(0);
+            }
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    o
+}
+
+fn cstr(p: *const std::ffi::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: libfabric strings are NUL-terminated and live as long as their info.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+fn ck(what: &str, rc: i64) {
+    if rc != 0 {
+        // SAFETY: fi_strerror returns a static string.
+        let s = cstr(unsafe { fi_strerror((-rc) as i32) });
+        panic!("{what} failed: {s} ({rc})");
+    }
+}
+
+/// One side: endpoint, registered buffer (data, then an 8-byte flag, then 8-byte staging).
+struct Side {
+    info: *mut fi_info,
+    ep: *mut fid_ep,
+    cq: *mut fid_cq,
+    av: *mut fid_av,
+    mr: *mut fid_mr,
+    domain: *mut fid_domain,
+    fabric: *mut fid_fabric,
+    buf: Vec<u64>,
+    desc: *mut c_void,
+    virt: bool,
+    key: u64,
+    peer: fi_addr_t,
+    peer_base: u64,
+    peer_key: u64,
+    dc: bool,
+    outstanding: usize,
+    ctx: Box<[fi_context2; 64]>,
+}
+
+const FLAG_OFF: usize = MAX_SIZE;
+const STAGE_OFF: usize = MAX_SIZE + 8;
+
+impl Side {
+    fn open(o: &Opts) -> Side {
+        // SAFETY (whole function): plain libfabric setup; every out-pointer is a local or a
+        // field, every struct passed is initialised, and the info list outlives its use.
+        unsafe {
+            let h = fi_allocinfo();
+            (*h).caps = (FI_RMA | FI_WRITE | FI_REMOTE_WRITE) as u64;
+            (*h).mode = FI_CONTEXT | FI_CONTEXT2;
+            (*(*h).ep_attr).type_ = FI_EP_RDM;
+            (*(*h).domain_attr).mr_mode =
+                (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY) as i32;
+            (*(*h).domain_attr).threading = FI_THREAD_DOMAIN;
+            (*(*h).tx_attr).msg_order = FI_ORDER_RMA_WAW | FI_ORDER_WAW as u64;
+            if o.dc {
+                (*(*h).tx_attr).op_flags = FI_DELIVERY_COMPLETE as u64;
+            }
+            let mut list = ptr::null_mut();
+            ck(
+                "fi_getinfo",
+                fi_getinfo(FI_VERSION(1, 17), ptr::null(), ptr::null(), 0, h, &mut list) as i64,
+            );
+            fi_freeinfo(h);
+            // First info whose provider (or its core) matches and whose domain fits; socket
+            // providers default to loopback IPv4.
+            let mut pick = ptr::null_mut();
+            let mut p = list;
+            while !p.is_null() {
+                let i = &*p;
+                let prov = cstr((*i.fabric_attr).prov_name);
+                let dom = cstr((*i.domain_attr).name);
+                let fab = cstr((*i.fabric_attr).name);
+                let prov_ok = prov == o.provider || prov.split(';').next() == Some(&o.provider);
+                let dom_ok = match &o.domain {
+                    Some(d) => *d == dom || *d == fab,
+                    None => {
+                        i.addr_format != FI_SOCKADDR_IN && i.addr_format != FI_SOCKADDR_IN6
+                            || (i.addr_format == FI_SOCKADDR_IN && fab.starts_with("127."))
+                    }
+                };
+                if prov_ok && dom_ok {
+                    pick = p;
+                    break;
+                }
+                p = i.next;
+            }
+            assert!(
+                !pick.is_null(),
+                "no RDM+RMA info for provider {} domain {:?}",
+                o.provider,
+                o.domain
+            );
+            let info = fi_dupinfo(pick);
+            fi_freeinfo(list);
+            let mut s = Side {
+                info,
+                ep: ptr::null_mut(),
+                cq: ptr::null_mut(),
+                av: ptr::null_mut(),
+                mr: ptr::null_mut(),
+                domain: ptr::null_mut(),
+                fabric: ptr::null_mut(),
+                buf: vec![0u64; (MAX_SIZE + 64) / 8],
+                desc: ptr::null_mut(),
+                virt: (*(*info).domain_attr).mr_mode as u32 & FI_MR_VIRT_ADDR != 0,
+                key: 0,
+                peer: 0,
+                peer_base: 0,
+                peer_key: 0,
+                dc: o.dc,
+                outstanding: 0,
+                ctx: Box::new([fi_context2::default(); 64]),
+            };
+            ck(
+                "fi_fabric",
+                fi_fabric((*info).fabric_attr, &mut s.fabric, ptr::null_mut()) as i64,
+            );
+            ck(
+                "fi_domain",
+                fi_domain(s.fabric, info, &mut s.domain, ptr::null_mut()) as i64,
+            );
+            let mut av_attr = fi_av_attr {
+                type_: FI_AV_TABLE,
+                ..Default::default()
+            };
+            ck(
+                "fi_av_open",
+                fi_av_open(s.domain, &mut av_attr, &mut s.av, ptr::null_mut()) as i64,
+            );
+            let mut cq_attr = fi_cq_attr {
+                size: 1024,
+                format: FI_CQ_FORMAT_CONTEXT,
+                wait_obj: FI_WAIT_NONE,
+                ..Default::default()
+            };
+            ck(
+                "fi_cq_open",
+                fi_cq_open(s.domain, &mut cq_attr, &mut s.cq, ptr::null_mut()) as i64,
+            );
+            ck(
+                "fi_endpoint",
+                fi_endpoint(s.domain, info, &mut s.ep, ptr::null_mut()) as i64,
+            );
+            ck(
+                "fi_ep_bind av",
+                fi_ep_bind(s.ep, &mut (*s.av).fid, 0) as i64,
+            );
+            ck(
+                "fi_ep_bind cq",
+                fi_ep_bind(s.ep, &mut (*s.cq).fid, (FI_TRANSMIT | FI_RECV) as u64) as i64,
+            );
+            ck("fi_enable", fi_enable(s.ep) as i64);
+            let bytes = s.buf.len() * 8;
+            ck(
+                "fi_mr_reg",
+                fi_mr_reg(
+                    s.domain,
+                    s.buf.as_ptr().cast(),
+                    bytes,
+                    (FI_WRITE | FI_REMOTE_WRITE) as u64,
+                    0,
+                    1 + o.child as u64,
+                    0,
+                    &mut s.mr,
+                    ptr::null_mut(),
+                ) as i64,
+            );
+            s.key = fi_mr_key(s.mr);
+            s.desc = fi_mr_desc(s.mr);
+            s
+        }
+    }
+
+    fn describe(&self) -> String {
+        // SAFETY: info is valid for the life of self.
+        unsafe {
+            format!(
+                "{} domain {} ({})",
+                cstr((*(*self.info).fabric_attr).prov_name),
+                cstr((*(*self.info).domain_attr).name),
+                cstr((*(*self.info).fabric_attr).name)
+            )
+        }
+    }
+
+    /// "hexaddr base key" for the peer.
+    fn card(&self) -> String {
+        let mut buf = vec![0u8; 256];
+        let mut len = buf.len();
+        // SAFETY: ep open; buf writable for len bytes.
+        ck("fi_getname", unsafe {
+            fi_getname(&mut (*self.ep).fid, buf.as_mut_ptr().cast(), &mut len)
+        } as i64);
+        buf.truncate(len);
+        let hex: String = buf.iter().map(|b| format!("{b:02x}")).collect();
+        let base = if self.virt {
+            self.buf.as_ptr() as u64
+        } else {
+            0
+        };
+        format!("{hex} {base} {}", self.key)
+    }
+
+    fn connect(&mut self, card: &str) {
+        let mut it = card.split_whitespace();
+        let hex = it.next().expect("address");
+        let raw: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        self.peer_base = it.next().unwrap().parse().unwrap();
+        self.peer_key = it.next().unwrap().parse().unwrap();
+        // SAFETY: av open; raw is one address of this provider's format.
+        let n = unsafe {
+            fi_av_insert(
+                self.av,
+                raw.as_ptr().cast(),
+                1,
+                &mut self.peer,
+                0,
+                ptr::null_mut(),
+            )
+        };
+        assert_eq!(n, 1, "fi_av_insert");
+    }
+
+    /// Reads completions; returns how many.
+    fn poll(&mut self) -> usize {
+        let mut e = [fi_cq_entry::default(); 16];
+        // SAFETY: cq open, room for 16 context entries.
+        let rc = unsafe { fi_cq_read(self.cq, e.as_mut_ptr().cast(), 16) } as i64;
+        if rc > 0 {
+            self.outstanding -= rc as usize;
+            return rc as usize;
+        }
+        if rc == -(FI_EAGAIN as i64) {
+            return 0;
+        }
+        let mut err = fi_cq_err_entry::default();
+        // SAFETY: cq open.
+        unsafe { fi_cq_readerr(self.cq, &mut err, 0) };
+        // SAFETY: static string.
+        panic!(
+            "completion error: {}",
+            cstr(unsafe { fi_strerror(err.err) })
+        );
+    }
+
+    /// Posts a write of `len` bytes at local offset `loff` to remote offset `roff`, retrying
+    /// on -FI_EAGAIN after progressing.
+    fn write(&mut self, loff: usize, roff: usize, len: usize) {
+        let t0 = Instant::now();
+        let iov = iovec {
+            iov_base: (self.buf.as_ptr() as usize + loff) as *mut c_void,
+            iov_len: len,
+        };
+        let rma = fi_rma_iov {
+            addr: self.peer_base + roff as u64,
+            len,
+            key: self.peer_key,
+        };
+        let mut desc = self.desc;
+        let slot = self.outstanding % self.ctx.len();
+        let msg = fi_msg_rma {
+            msg_iov: &iov,
+            desc: &mut desc,
+            iov_count: 1,
+            addr: self.peer,
+            rma_iov: &rma,
+            rma_iov_count: 1,
+            context: (&mut self.ctx[slot] as *mut fi_context2).cast(),
+            data: 0,
+        };
+        let flags = FI_COMPLETION as u64
+            | if self.dc {
+                FI_DELIVERY_COMPLETE as u64
+            } else {
+                0
+            };
+        loop {
+            // SAFETY: msg and what it points to live through the call; the source is in the
+            // registered buffer, which outlives the operation.
+            let rc = unsafe { fi_writemsg(self.ep, &msg, flags) } as i64;
+            if rc == 0 {
+                break;
+            }
+            assert_eq!(rc, -(FI_EAGAIN as i64), "fi_writemsg: {rc}");
+            self.poll();
+            assert!(t0.elapsed() < DEADLINE, "write stuck on -FI_EAGAIN");
+        }
+        self.outstanding += 1;
+    }
+
+    fn flag(&self) -> u64 {
+        // SAFETY: in bounds, aligned; written by the peer through RMA.
+        unsafe {
+            std::sync::atomic::AtomicU64::from_ptr(self.buf.as_ptr().add(FLAG_OFF / 8) as *mut u64)
+        }
+        .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Sends `v` to the peer's flag word (from our staging word: one flag in flight at a time
+    /// in this protocol, each preceded by waiting for the previous flag's echo).
+    fn send_flag(&mut self, v: u64) {
+        self.buf[STAGE_OFF / 8] = v;
+        self.write(STAGE_OFF, FLAG_OFF, 8);
+    }
+
+    /// Waits until our flag reaches `v`, progressing.
+    fn wait_flag(&mut self, v: u64) {
+        let t0 = Instant::now();
+        while self.flag() < v {
+            self.poll();
+            assert!(t0.elapsed() < DEADLINE, "flag {v} never arrived");
+        }
+    }
+
+    fn drain(&mut self) {
+        let t0 = Instant::now();
+        while self.outstanding > 0 {
+            self.poll();
+            assert!(t0.elapsed() < DEADLINE, "completions never arrived");
+        }
+    }
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        // SAFETY: each object is open and closed once, in dependency order.
+        unsafe {
+            fi_close(&mut (*self.mr).fid);
+            fi_close(&mut (*self.ep).fid);
+            fi_close(&mut (*self.cq).fid);
+            fi_close(&mut (*self.av).fid);
+            fi_close(&mut (*self.domain).fid);
+            fi_close(&mut (*self.fabric).fid);
+            fi_freeinfo(self.info);
+        }
+    }
+}
+
+/// Target: echo every new flag value back until u64::MAX.
+fn child(o: &Opts) {
+    let mut s = Side::open(o);
+    println!("{}", s.card());
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    s.connect(line.trim());
+    let mut last = 0;
+    let mut t0 = Instant::now();
+    // Ends on the u64::MAX flag, or when nothing arrives for DEADLINE.
+    loop {
+        s.poll();
+        let v = s.flag();
+        if v != last {
+            last = v;
+            s.drain();
+            s.send_flag(v);
+            t0 = Instant::now();
+            if v == u64::MAX {
+                s.drain();
+                break;
+            }
+        }
+        assert!(t0.elapsed() < DEADLINE, "target idle too long");
+    }
+}
+
+fn main() {
+    let o = opts();
+    if o.child {
+        return child(&o);
+    }
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    args.push("--child".into());
+    let mut kid = Command::new(std::env::current_exe().unwrap())
+        .args(&args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawning the target process");
+    let mut s = Side::open(&o);
+    let mut out = BufReader::new(kid.stdout.take().unwrap());
+    let mut card = String::new();
+    out.read_line(&mut card).unwrap();
+    s.connect(card.trim());
+    writeln!(kid.stdin.as_mut().unwrap(), "{}", s.card()).unwrap();
+
+    println!(
+        "raw libfabric RMA baseline: {}, 2 processes, delivery-complete {}",
+        s.describe(),
+        if o.dc { "on" } else { "off" }
+    );
+    let mut v = 0u64;
+    // Warm-up (connection setup) and the 8-byte half round trip.
+    for _ in 0..100 {
+        v += 1;
+        s.send_flag(v);
+        s.wait_flag(v);
+        s.drain();
+    }
+    let mut lat: Vec<f64> = Vec::with_capacity(o.iters);
+    for _ in 0..o.iters {
+        v += 1;
+        let t = Instant::now();
+        s.send_flag(v);
+        s.wait_flag(v);
+        lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+        s.drain();
+    }
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let pct = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize];
+
+    println!(
+        "{:>10} {:>7} {:>10} {:>8}",
+        "size", "iters", "time_ms", "GB/s"
+    );
+    let mut size = 4 << 10;
+    while size <= MAX_SIZE {
+        let iters = ((256 << 20) / size).clamp(8, 4000);
+        for timed in [false, true] {
+            let n = if timed { iters } else { iters.min(8) };
+            let t = Instant::now();
+            for k in 0..n {
+                // Keep at most WINDOW writes in flight.
+                while s.outstanding >= WINDOW {
+                    s.poll();
+                }
+                let off = if size * 2 <= MAX_SIZE {
+                    (k % 2) * size
+                } else {
+                    0
+                };
+                s.write(off, off, size);
+            }
+            // The flag is ordered after the data (WAW); its echo means all data arrived.
+            v += 1;
+            s.send_flag(v);
+            s.wait_flag(v);
+            s.drain();
+            if timed {
+                let secs = t.elapsed().as_secs_f64();
+                let label = if size >= 1 << 20 {
+                    format!("{} MiB", size >> 20)
+                } else {
+                    format!("{} KiB", size >> 10)
+                };
+                println!(
+                    "{label:>10} {n:>7} {:>10.2} {:>8.2}",
+                    secs * 1e3,
+                    (size * n) as f64 / secs / 1e9
+                );
+            }
+        }
+        size *= 4;
+    }
+    println!(
+        "8 B put half round trip: median {:.2} us, p10 {:.2} us, p99 {:.2} us ({} round trips)",
+        pct(0.5),
+        pct(0.1),
+        pct(0.99),
+        lat.len()
+    );
+    s.send_flag(u64::MAX);
+    s.wait_flag(u64::MAX);
+    s.drain();
+    let st = kid.wait().unwrap();
+    assert!(st.success(), "target process failed: {st}");
+}

@@ -1,0 +1,126 @@
+//! A proxy thread driving the network transport: triggers pushed by a host producer move data
+//! and flags over tcp;ofi_rxm (loopback), and an out-of-range trigger is refused by the proxy
+//! before it reaches the transport, as a sticky error.
+
+use mscclpp::abi::{mscclppData, mscclppFlag, mscclppSync, trigger_encode};
+use mscclpp::bootstrap::Bootstrap;
+use mscclpp::error::Error;
+use mscclpp::fifo::{host_push, host_wait_retired, Fifo};
+use mscclpp::proxy::{self, ProxyConn, ProxyWork, SharedEndpoint, Sticky};
+use mscclpp::transport::net;
+use mscclpp::transport::{Endpoint, MemKind, Region};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn region(v: &[u64]) -> Region {
+    Region {
+        addr: v.as_ptr() as u64,
+        len: (v.len() * 8) as u64,
+        kind: MemKind::Host,
+    }
+}
+
+fn word(v: &[u64], i: usize) -> u64 {
+    // SAFETY: in bounds and aligned; written by the peer, hence atomic.
+    unsafe { AtomicU64::from_ptr(v.as_ptr().add(i) as *mut u64) }.load(Ordering::Acquire)
+}
+
+#[test]
+fn proxy_moves_data_and_refuses_out_of_range_triggers() {
+    let a: Box<dyn Endpoint> = net::open(Some("lo"), false, None).unwrap();
+    let b: Box<dyn Endpoint> = net::open(Some("lo"), false, None).unwrap();
+    let (a, b): (SharedEndpoint, SharedEndpoint) =
+        (Arc::new(Mutex::new(a)), Arc::new(Mutex::new(b)));
+    let peer = {
+        let (mut a, mut b) = (a.lock().unwrap(), b.lock().unwrap());
+        let pa = a.add_peer(1, &b.address().unwrap()).unwrap();
+        b.add_peer(0, &a.address().unwrap()).unwrap();
+        pa
+    };
+    let n = 1 << 16; // words
+    let src: Vec<u64> = (0..n as u64).map(|i| i ^ 0x5a5a).collect();
+    let dst = vec![0u64; n];
+    let epoch = vec![0u64; 2];
+    let (s, d, e) = {
+        let (mut a, mut b) = (a.lock().unwrap(), b.lock().unwrap());
+        let s = a.register(region(&src)).unwrap().0;
+        let d = a
+            .import(peer, &b.register(region(&dst)).unwrap().1)
+            .unwrap();
+        let e = a
+            .import(peer, &b.register(region(&epoch)).unwrap().1)
+            .unwrap();
+        (s, d, e)
+    };
+    // The target's proxy: only progress.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (b2, s2) = (b.clone(), stop.clone());
+    let target = std::thread::spawn(move || {
+        // Ends when the test sets `stop` (Release below).
+        while !s2.load(Ordering::Acquire) {
+            b2.lock().unwrap().progress().unwrap();
+            std::thread::yield_now();
+        }
+    });
+    let fifo = Fifo::new_host().unwrap();
+    let view = fifo.producer_view(0);
+    let conn = ProxyConn {
+        remote_rank: 1,
+        peer,
+        src: s,
+        local_size: (n * 8) as u64,
+        dst: d,
+        remote_size: (n * 8) as u64,
+        remote_epoch: e,
+        signals: 0,
+    };
+    let sticky = Arc::new(Sticky::default());
+    // The proxy watches its bootstrap for lost peers: a one-rank communicator on a free port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let boot = Arc::new(Bootstrap::from_addr(&format!("127.0.0.1:{port}"), 0, 1).unwrap());
+    let running = proxy::launch(
+        "net-proxy-test".into(),
+        ProxyWork {
+            fifo,
+            conns: vec![conn],
+            endpoint: a.clone(),
+            boot,
+        },
+        sticky.clone(),
+    )
+    .unwrap();
+    // Data + Flag + Sync: half the buffer at an offset.
+    let half = (n * 8 / 2) as u64;
+    let w = trigger_encode(mscclppData | mscclppFlag | mscclppSync, half, half, half, 0);
+    // SAFETY: `view` belongs to a live host FIFO owned by the running proxy.
+    let h = unsafe { host_push(&view, w) }.unwrap();
+    // SAFETY: as above.
+    unsafe { host_wait_retired(&view, h) }.unwrap();
+    let t0 = Instant::now();
+    // Ends when the flag arrives or after 20 s.
+    while word(&epoch, 1) != 1 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "flag never arrived");
+        std::thread::yield_now();
+    }
+    for (i, want) in src.iter().enumerate().skip(n / 2) {
+        assert_eq!(word(&dst, i), *want, "word {i}");
+    }
+    assert_eq!(word(&dst, n / 2 - 1), 0, "nothing before the offset");
+    // One byte past the peer's buffer: refused by the proxy, nothing sent.
+    let bad = trigger_encode(mscclppData, half + 1, 0, half, 0);
+    // SAFETY: as above.
+    let _ = unsafe { host_push(&view, bad) };
+    let (_, r) = running.stop();
+    match r {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("outside"), "{m}"),
+        other => panic!("expected the proxy to refuse the trigger, got {other:?}"),
+    }
+    assert!(sticky.get().is_some(), "the refusal is sticky");
+    stop.store(true, Ordering::Release);
+    target.join().unwrap();
+}

@@ -1,0 +1,271 @@
+//! The network transport between two processes (tcp;ofi_rxm on loopback, and shm): the test
+//! re-executes its own binary as the peer (`NET_TP_ROLE=child`), and the two exchange their
+//! address and region blobs through files in a private directory. Each round the parent writes
+//! 1 MiB and a flag; the child waits for the flag, checks every byte, and acknowledges with a
+//! flag write back; so both directions, ordering and flush are exercised across processes.
+
+use mscclpp::transport::net;
+use mscclpp::transport::{Endpoint, MemKind, Region};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const WORDS: usize = (1 << 20) / 8;
+const ROUNDS: u64 = 20;
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn region(v: &[u64]) -> Region {
+    Region {
+        addr: v.as_ptr() as u64,
+        len: (v.len() * 8) as u64,
+        kind: MemKind::Host,
+    }
+}
+
+fn word(v: &[u64], i: usize) -> u64 {
+    // SAFETY: in bounds and aligned; written by the other process through RMA, hence atomic.
+    unsafe { AtomicU64::from_ptr(v.as_ptr().add(i) as *mut u64) }.load(Ordering::Acquire)
+}
+
+fn pattern(round: u64, i: usize) -> u64 {
+    round.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i as u64
+}
+
+/// Writes blobs to `name` atomically (temp file + rename): u32 count, then u32 len + bytes.
+fn publish(dir: &Path, name: &str, blobs: &[Vec<u8>]) {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(blobs.len() as u32).to_le_bytes());
+    for b in blobs {
+        out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+        out.extend_from_slice(b);
+    }
+    let tmp = dir.join(format!("{name}.tmp"));
+    std::fs::write(&tmp, out).unwrap();
+    std::fs::rename(tmp, dir.join(name)).unwrap();
+}
+
+/// Waits (bounded) for `name` and parses it.
+fn fetch(dir: &Path, name: &str) -> Vec<Vec<u8>> {
+    let t0 = Instant::now();
+    let data = loop {
+        if let Ok(d) = std::fs::read(dir.join(name)) {
+            break d;
+        }
+        assert!(t0.elapsed() < DEADLINE, "peer never published {name}");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let take = |p: &mut usize, n: usize| {
+        let s = &data[*p..*p + n];
+        *p += n;
+        s
+    };
+    let mut p = 0;
+    let count = u32::from_le_bytes(take(&mut p, 4).try_into().unwrap());
+    (0..count)
+        .map(|_| {
+            let n = u32::from_le_bytes(take(&mut p, 4).try_into().unwrap()) as usize;
+            take(&mut p, n).to_vec()
+        })
+        .collect()
+}
+
+fn open(shm: bool) -> Box<dyn Endpoint> {
+    if shm {
+        net::open(None, true, None)
+    } else {
+        net::open(Some("lo"), false, None)
+    }
+    .unwrap()
+}
+
+/// Waits until word `i` of `v` reaches `want`, progressing `ep` (its CQ must be polled for
+/// anything to move). Bounded by DEADLINE.
+fn wait_for(ep: &mut dyn Endpoint, v: &[u64], i: usize, want: u64, what: &str) {
+    let t0 = Instant::now();
+    while word(v, i) < want {
+        ep.progress().unwrap();
+        assert!(
+            t0.elapsed() < DEADLINE,
+            "{what}: timed out at {} < {want}",
+            word(v, i)
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// The peer process: target of the data, initiator of the acknowledgements.
+fn child(dir: &Path, shm: bool) {
+    let mut ep = open(shm);
+    let dst = vec![0u64; WORDS];
+    let epoch = vec![0u64; 2];
+    let (_, dblob) = ep.register(region(&dst)).unwrap();
+    let (_, eblob) = ep.register(region(&epoch)).unwrap();
+    publish(dir, "child", &[ep.address().unwrap(), dblob, eblob]);
+    let parent = fetch(dir, "parent");
+    let peer = ep.add_peer(0, &parent[0]).unwrap();
+    let ack = ep.import(peer, &parent[1]).unwrap();
+    for r in 1..=ROUNDS {
+        wait_for(&mut *ep, &epoch, 1, r, "child waiting for the flag");
+        for i in 0..WORDS {
+            assert_eq!(
+                word(&dst, i),
+                pattern(r, i),
+                "round {r} word {i}: data behind the flag"
+            );
+        }
+        ep.write_value(peer, ack, 0, r).unwrap();
+        ep.flush(peer).unwrap();
+    }
+    // Keep progressing briefly so the parent's last completions can be acknowledged.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(200) {
+        ep.progress().unwrap();
+        std::thread::yield_now();
+    }
+}
+
+fn parent(shm: bool) {
+    let dir: PathBuf = std::env::temp_dir().join(format!(
+        "mscclpp-net-tp-{}-{}",
+        std::process::id(),
+        if shm { "shm" } else { "tcp" }
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut kid = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+        .env("NET_TP_ROLE", "child")
+        .env("NET_TP_DIR", &dir)
+        .env("NET_TP_SHM", if shm { "1" } else { "0" })
+        .spawn()
+        .unwrap();
+    let mut ep = open(shm);
+    let mut src = vec![0u64; WORDS];
+    let ackw = vec![0u64; 1];
+    let (_, ablob) = ep.register(region(&ackw)).unwrap();
+    publish(&dir, "parent", &[ep.address().unwrap(), ablob]);
+    let c = fetch(&dir, "child");
+    let peer = ep.add_peer(1, &c[0]).unwrap();
+    let d = ep.import(peer, &c[1]).unwrap();
+    let e = ep.import(peer, &c[2]).unwrap();
+    let s = ep.register(region(&src)).unwrap().0;
+    let t0 = Instant::now();
+    for r in 1..=ROUNDS {
+        for (i, w) in src.iter_mut().enumerate() {
+            *w = pattern(r, i);
+        }
+        ep.write(peer, s, 0, d, 0, (WORDS * 8) as u64).unwrap();
+        ep.write_value(peer, e, 8, r).unwrap();
+        ep.flush(peer).unwrap();
+        wait_for(&mut *ep, &ackw, 0, r, "parent waiting for the ack");
+    }
+    let per_round = t0.elapsed() / ROUNDS as u32;
+    eprintln!(
+        "net two-process {}: {ROUNDS} rounds of 1 MiB + flag + ack, {per_round:?} per round",
+        ep.describe()
+    );
+    let status = kid.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(status.success(), "child failed: {status}");
+}
+
+/// The child's entry point; a no-op unless started by `parent` or `latency`.
+#[test]
+fn child_entry() {
+    let dir = || PathBuf::from(std::env::var("NET_TP_DIR").unwrap());
+    let shm = std::env::var("NET_TP_SHM").as_deref() == Ok("1");
+    match std::env::var("NET_TP_ROLE").as_deref() {
+        Ok("child") => child(&dir(), shm),
+        Ok("pp_child") => pingpong(&dir(), shm, false),
+        _ => {}
+    }
+}
+
+const PP_ROUNDS: u64 = 20_000;
+
+/// 8-byte put + flag, answered by the same: the transport's own half round trip (no proxy
+/// threads). `parent` side measures; both sides poll their memory and progress their CQ.
+fn pingpong(dir: &Path, shm: bool, parent: bool) {
+    let mut ep = open(shm);
+    let mine = vec![0u64; 16];
+    let (_, blob) = ep.register(region(&mine)).unwrap();
+    let (me, other) = if parent {
+        ("pp_parent", "pp_child")
+    } else {
+        ("pp_child", "pp_parent")
+    };
+    publish(dir, me, &[ep.address().unwrap(), blob]);
+    let o = fetch(dir, other);
+    let peer = ep.add_peer(usize::from(parent), &o[0]).unwrap();
+    let theirs = ep.import(peer, &o[1]).unwrap();
+    let src = vec![0u64; 1];
+    let s = ep.register(region(&src)).unwrap().0;
+    let mut lat = Vec::with_capacity(PP_ROUNDS as usize);
+    for r in 1..=PP_ROUNDS {
+        let t = Instant::now();
+        if parent {
+            ep.write(peer, s, 0, theirs, 0, 8).unwrap();
+            ep.write_value(peer, theirs, 64, r).unwrap();
+        }
+        wait_for(&mut *ep, &mine, 8, r, "ping-pong");
+        if !parent {
+            ep.write(peer, s, 0, theirs, 0, 8).unwrap();
+            ep.write_value(peer, theirs, 64, r).unwrap();
+        }
+        lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+    }
+    ep.flush(peer).unwrap();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(200) {
+        ep.progress().unwrap();
+    }
+    if parent {
+        lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        eprintln!(
+            "{}: 8 B put + flag half round trip through the Endpoint: median {:.2} us, p10 {:.2} us, p99 {:.2} us ({PP_ROUNDS} rounds)",
+            ep.describe(),
+            lat[lat.len() / 2],
+            lat[lat.len() / 10],
+            lat[lat.len() * 99 / 100]
+        );
+    }
+}
+
+/// Latency measurement, not a correctness test: `cargo test --release --test net_two_process
+/// -- --ignored --nocapture` (MSCCLPP_NET_DELIVERY_COMPLETE=0 to compare without it).
+#[test]
+#[ignore]
+fn latency() {
+    for shm in [false, true] {
+        let dir = std::env::temp_dir().join(format!("mscclpp-net-pp-{}-{shm}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut kid = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_entry", "--nocapture", "--test-threads=1"])
+            .env("NET_TP_ROLE", "pp_child")
+            .env("NET_TP_DIR", &dir)
+            .env("NET_TP_SHM", if shm { "1" } else { "0" })
+            .spawn()
+            .unwrap();
+        pingpong(&dir, shm, true);
+        assert!(kid.wait().unwrap().success());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn two_processes_tcp() {
+    if std::env::var("NET_TP_ROLE").is_ok() {
+        return;
+    }
+    parent(false);
+}
+
+#[test]
+fn two_processes_shm() {
+    if std::env::var("NET_TP_ROLE").is_ok() {
+        return;
+    }
+    parent(true);
+}
