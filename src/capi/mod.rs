@@ -20,14 +20,17 @@ use std::collections::HashMap;
 use std::ffi::{c_char, CString};
 use std::sync::{Arc, LazyLock, Mutex};
 
-/// Opaque communicator handle. C sees `struct mscclppComm*`; the pointer is a token looked up
-/// in [`COMMS`], so a destroyed or foreign handle is an error rather than a crash.
+/// Opaque communicator. C holds only `mscclppComm_t` pointers, made by `mscclppCommInitRank` /
+/// `mscclppCommInitRankFromId` and released by `mscclppCommDestroy`; a destroyed or foreign
+/// handle is `mscclppInvalidArgument`, not a crash.
+// (The pointer is a token looked up in `COMMS`.)
 pub struct mscclppComm {
     _private: [u8; 0],
 }
 
-/// 2023 names.
+/// A communicator handle (2023 name).
 pub type mscclppComm_t = *mut mscclppComm;
+/// A connection as kernels see it (2023 name); arrays of it come from `mscclppGetAllDeviceConnections`.
 pub type mscclppDevConn_t = crate::abi::mscclppDevConn;
 
 /// The one mapping from core errors to C result codes.

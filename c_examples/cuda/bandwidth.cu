@@ -1,0 +1,96 @@
+/*
+ * One-way put bandwidth from rank 0 to rank 1 over a P2P connection, swept over sizes.
+ *
+ *   bandwidth [-r R -n 2 -a IP:PORT] [--max 1G]
+ *
+ * Per size: rank 0 runs one kernel of `iters` putWithSignal()s of the same range and one
+ * flush(); rank 1 wait()s for each signal. Timed on rank 0 with CUDA events; the received
+ * range is checked on rank 1 against rank 0's pattern.
+ */
+#include "common.cuh"
+
+__global__ void sendKernel(uint64_t bytes, int iters)
+{
+  mscclppDevConn_t conn = gConns[0];
+  for (int i = 0; i < iters; i++) conn.putWithSignal(0, bytes);
+  conn.flush();
+}
+
+__global__ void recvKernel(int iters)
+{
+  mscclppDevConn_t conn = gConns[0];
+  for (int i = 0; i < iters; i++) conn.wait();
+}
+
+int main(int argc, char** argv)
+{
+  Ctx c;
+  setupRank(c, &argc, argv);
+  if (c.nranks != 2) {
+    fprintf(stderr, "bandwidth runs on exactly 2 ranks\n");
+    return 2;
+  }
+  uint64_t maxBytes = 1ull << 30;
+  if (const char* v = flagValue(argc, argv, "--max")) maxBytes = parseBytes(v);
+  uint32_t* buf = nullptr;
+  CUDACHECK(cudaMalloc(&buf, maxBytes));
+  cudaStream_t s;
+  CUDACHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  /* One "slice" of maxBytes owned by rank 0: rank 0 holds the pattern, rank 1 its complement. */
+  const uint32_t seed = 77;
+  fillKernel<<<264, 512, 0, s>>>(buf, maxBytes / 4, c.rank == 0 ? 0 : -1, 1, seed);
+  KERNELCHECK();
+  CUDACHECK(cudaStreamSynchronize(s));
+  connectPeers(c, buf, maxBytes, {1 - c.rank});
+
+  cudaEvent_t t0, t1;
+  CUDACHECK(cudaEventCreate(&t0));
+  CUDACHECK(cudaEventCreate(&t1));
+  int failures = 0;
+  if (c.rank == 0) printf("%-12s %-8s %-12s %-10s\n", "bytes", "iters", "us/put", "GB/s");
+  for (uint64_t bytes = 4096; bytes <= maxBytes; bytes *= 4) {
+    int iters = (int)((4ull << 30) / bytes);
+    iters = iters < 5 ? 5 : (iters > 200 ? 200 : iters);
+    for (int pass = 0; pass < 2; pass++) { /* pass 0 warms up */
+      MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+      if (c.rank == 0) {
+        CUDACHECK(cudaEventRecord(t0, s));
+        sendKernel<<<1, 1, 0, s>>>(bytes, pass ? iters : 2);
+        KERNELCHECK();
+        CUDACHECK(cudaEventRecord(t1, s));
+      } else {
+        recvKernel<<<1, 1, 0, s>>>(pass ? iters : 2);
+        KERNELCHECK();
+      }
+      CUDACHECK(cudaStreamSynchronize(s));
+    }
+    /* Rank 1 checks the first `bytes` (the rest must still be its complement pattern). */
+    double bad = 0;
+    if (c.rank == 1) bad = (double)countBad(buf, bytes / 4, 0, 1, seed, s);
+    bad = maxOverRanks(c, bad);
+    if (bad > 0) failures++;
+    if (c.rank == 0) {
+      float ms = 0;
+      CUDACHECK(cudaEventElapsedTime(&ms, t0, t1));
+      const double us = ms * 1e3 / iters;
+      printf("%-12llu %-8d %-12.2f %-10.2f%s\n", (unsigned long long)bytes, iters, us,
+             bytes / us / 1e3, bad > 0 ? "  DATA MISMATCH" : "");
+      printf("RESULT bandwidth bytes=%llu us=%.3f GBps=%.2f check=%s\n", (unsigned long long)bytes,
+             us, bytes / us / 1e3, bad > 0 ? "FAIL" : "ok");
+      fflush(stdout);
+    }
+  }
+  enum mscclppResult_t async = mscclppSuccess;
+  MSCCLPPCHECK(mscclppCommGetAsyncError(c.comm, &async));
+  if (async != mscclppSuccess) {
+    fprintf(stderr, "rank %d: asynchronous error %d: %s\n", c.rank, (int)async,
+            mscclppGetLastError());
+    failures++;
+  }
+  teardown(c);
+  CUDACHECK(cudaEventDestroy(t0));
+  CUDACHECK(cudaEventDestroy(t1));
+  CUDACHECK(cudaStreamDestroy(s));
+  CUDACHECK(cudaFree(buf));
+  return failures ? 1 : 0;
+}

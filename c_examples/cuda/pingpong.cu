@@ -1,0 +1,182 @@
+/*
+ * Latency between two GPUs through the proxy, and what the FIFO's placement costs a kernel.
+ *
+ *   pingpong [-r R -n 2 -a IP:PORT] [--iters N]
+ *
+ * Prints (rank 0):
+ *   signal one-way      signal()/wait() ping-pong, half the round trip
+ *   put8 one-way        putWithSignal() of 8 bytes, ping-pong, half the round trip
+ *   flush round trip    flush() with nothing queued: GPU -> proxy thread -> GPU
+ *   load host tail      one volatile load of the FIFO tail (pinned host memory, over PCIe)
+ *   load tail cache     one volatile load of the tail cache (device memory)
+ *   push                one signal() trigger pushed (no waiting), averaged over 64
+ * Each kernel checks its result; the program exits 1 on any failure.
+ */
+#include "common.cuh"
+
+enum Mode { kSignal = 0, kPut8 = 1 };
+
+__global__ void pingpongKernel(int rank, int iters, int mode, unsigned long long* ns)
+{
+  mscclppDevConn_t conn = gConns[0];
+  const uint64_t t0 = globalTimerNs();
+  for (int i = 0; i < iters; i++) {
+    if (rank == 0) {
+      if (mode == kSignal) conn.signal(); else conn.putWithSignal(0, 0, 8);
+      conn.wait();
+    } else {
+      conn.wait();
+      if (mode == kSignal) conn.signal(); else conn.putWithSignal(8, 8, 8);
+    }
+  }
+  conn.flush();
+  *ns = globalTimerNs() - t0;
+}
+
+__global__ void flushKernel(int iters, unsigned long long* ns)
+{
+  mscclppDevConn_t conn = gConns[0];
+  const uint64_t t0 = globalTimerNs();
+  for (int i = 0; i < iters; i++) conn.flush();
+  *ns = globalTimerNs() - t0;
+}
+
+/* A chain of dependent volatile loads: the next address depends on the value just read. */
+__global__ void loadKernel(const uint64_t* p, int iters, unsigned long long* out)
+{
+  uint64_t v = 0;
+  const uint64_t t0 = globalTimerNs();
+  for (int i = 0; i < iters; i++) v = mscclpp::device::loadVolatile(p + (v >> 62));
+  out[0] = globalTimerNs() - t0;
+  out[1] = v;
+}
+
+__global__ void pushKernel(int n, unsigned long long* ns)
+{
+  mscclppDevConn_t conn = gConns[0];
+  const uint64_t t0 = globalTimerNs();
+  for (int i = 0; i < n; i++) conn.signal();
+  const uint64_t t1 = globalTimerNs();
+  conn.flush();
+  *ns = t1 - t0;
+}
+
+__global__ void waitKernel(int n)
+{
+  mscclppDevConn_t conn = gConns[0];
+  for (int i = 0; i < n; i++) conn.wait();
+}
+
+int main(int argc, char** argv)
+{
+  Ctx c;
+  setupRank(c, &argc, argv);
+  if (c.nranks != 2) {
+    fprintf(stderr, "pingpong runs on exactly 2 ranks\n");
+    return 2;
+  }
+  int iters = 2000;
+  if (const char* v = flagValue(argc, argv, "--iters")) iters = atoi(v);
+  const uint64_t bytes = 1 << 20;
+  void* buf = nullptr;
+  CUDACHECK(cudaMalloc(&buf, bytes));
+  /* Rank r's bytes are r + 1; put8 sends rank 0's [0,8) and rank 1's [8,16) across. */
+  CUDACHECK(cudaMemset(buf, c.rank + 1, bytes));
+  connectPeers(c, buf, bytes, {1 - c.rank});
+  cudaStream_t s;
+  CUDACHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  unsigned long long* d = nullptr;
+  CUDACHECK(cudaMalloc(&d, 4 * sizeof(unsigned long long)));
+  unsigned long long h[2] = {0, 0};
+
+  const char* names[] = {"signal one-way", "put8 one-way"};
+  for (int mode = kSignal; mode <= kPut8; mode++) {
+    for (int pass = 0; pass < 2; pass++) { /* pass 0 warms up */
+      const int n = pass ? iters : 100;
+      MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+      pingpongKernel<<<1, 1, 0, s>>>(c.rank, n, mode, d);
+      KERNELCHECK();
+      CUDACHECK(cudaStreamSynchronize(s));
+      CUDACHECK(cudaMemcpy(h, d, sizeof h[0], cudaMemcpyDeviceToHost));
+      if (pass && c.rank == 0) {
+        const double us = h[0] / 1e3 / (2.0 * n);
+        printf("%-20s %8.2f us\n", names[mode], us);
+        printf("RESULT pingpong %s us=%.3f\n", mode == kSignal ? "signal" : "put8", us);
+      }
+    }
+  }
+
+  /* Rank 0 alone from here; rank 1 only serves the signals of the push test. */
+  MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+  if (c.rank == 0) {
+    for (int pass = 0; pass < 2; pass++) {
+      const int n = pass ? iters : 100;
+      flushKernel<<<1, 1, 0, s>>>(n, d);
+      KERNELCHECK();
+      CUDACHECK(cudaStreamSynchronize(s));
+      CUDACHECK(cudaMemcpy(h, d, sizeof h[0], cudaMemcpyDeviceToHost));
+    }
+    const double us = h[0] / 1e3 / iters;
+    printf("%-20s %8.2f us\n", "flush round trip", us);
+    printf("RESULT fifo flush_rtt_us=%.3f\n", us);
+
+    mscclppDevConn_t* conn = nullptr;
+    MSCCLPPCHECK(mscclppGetDeviceConnection(c.comm, 1, 0, &conn));
+    const uint64_t* where[] = {conn->fifo.triggerFifoTail, conn->fifo.triggerFifoHead + 1};
+    const char* what[] = {"load host tail", "load tail cache"};
+    const char* key[] = {"host_tail_load_ns", "dev_cache_load_ns"};
+    const int loads = 1000;
+    for (int k = 0; k < 2; k++) {
+      loadKernel<<<1, 1, 0, s>>>(where[k], loads, d);
+      KERNELCHECK();
+      CUDACHECK(cudaStreamSynchronize(s));
+      CUDACHECK(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
+      const double ns = (double)h[0] / loads;
+      printf("%-20s %8.0f ns\n", what[k], ns);
+      printf("RESULT fifo %s=%.1f\n", key[k], ns);
+    }
+  }
+  MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+  const int pushes = 64;
+  for (int pass = 0; pass < 2; pass++) {
+    if (c.rank == 0)
+      pushKernel<<<1, 1, 0, s>>>(pushes, d);
+    else
+      waitKernel<<<1, 1, 0, s>>>(pushes);
+    KERNELCHECK();
+    CUDACHECK(cudaStreamSynchronize(s));
+    MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+  }
+  if (c.rank == 0) {
+    CUDACHECK(cudaMemcpy(h, d, sizeof h[0], cudaMemcpyDeviceToHost));
+    const double ns = (double)h[0] / pushes;
+    printf("%-20s %8.0f ns\n", "push", ns);
+    printf("RESULT fifo push_ns=%.1f\n", ns);
+  }
+
+  /* After put8 both ranks hold rank 0's bytes in [0,8) and rank 1's in [8,16). */
+  unsigned char got[16];
+  CUDACHECK(cudaMemcpy(got, buf, 16, cudaMemcpyDeviceToHost));
+  int failures = 0;
+  for (int i = 0; i < 16; i++) {
+    if (got[i] != (i < 8 ? 1 : 2)) {
+      fprintf(stderr, "rank %d: byte %d is %d after put8, expected %d\n", c.rank, i, got[i],
+              i < 8 ? 1 : 2);
+      failures++;
+      break;
+    }
+  }
+  enum mscclppResult_t async = mscclppSuccess;
+  MSCCLPPCHECK(mscclppCommGetAsyncError(c.comm, &async));
+  if (async != mscclppSuccess) {
+    fprintf(stderr, "rank %d: asynchronous error %d: %s\n", c.rank, (int)async,
+            mscclppGetLastError());
+    failures++;
+  }
+  teardown(c);
+  CUDACHECK(cudaFree(d));
+  CUDACHECK(cudaFree(buf));
+  CUDACHECK(cudaStreamDestroy(s));
+  if (c.rank == 0) printf("pingpong: %s\n", failures ? "FAILED" : "PASSED");
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# GPU check of libmscclpp: ONE script for ONE call on the device machine (kind nvidia-h200-x2:
+# two H200s on NVLink, CUDA 13, CMake, OpenMPI, python3 + PyTorch + NCCL, no Rust).
+#
+# Here (with Rust), first:
+#   cargo build --release && mkdir -p .carry && cp target/release/libmscclpp.{so,a} .carry/
+#   strip --strip-debug .carry/*            # the carried tree is limited to 64 MiB
+# Then run `scripts/gpu-check.sh` there with `.carry` carried. It
+#   1. installs the CMake package from the prebuilt library (-DMSCCLPP_PREBUILT_LIB_DIR),
+#   2. builds the CUDA examples (c_examples/cuda) against it with nvcc (-arch=sm_90), through
+#      c_examples/CMakeLists.txt and find_package(mscclpp),
+#   3. runs the GPU tests: all-gather over P2P with 2 ranks on 2 GPUs, 4 ranks on 2 GPUs (two
+#      processes per GPU), both Flag paths, and once under mpirun (OMPI_* environment),
+#   4. runs the benchmarks: signal latency and FIFO costs, put bandwidth, all-gather (CUDA
+#      graph timing), and a profile (time in put/flush/wait inside the kernel; the proxy's
+#      driver calls, MSCCLPP_P2P_STATS=1),
+#   5. runs NCCL's all-gather through PyTorch (2 processes, same sizes and timing), while the
+#      examples build,
+#   6. prints the table: size | ours | NCCL | 2023 anchor | target.
+# Everything is bounded by `timeout`, the whole by GPU_CHECK_BUDGET seconds (default 470).
+# Logs and results go to $OUT (gpu-check.log, results.txt).
+#
+# NVLink multicast stays off (it can take the host's GPUs down for others): never unset these.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+set -u -o pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=${OUT:-$ROOT/build/gpu-check}
+CARRY=${MSCCLPP_CARRY:-$ROOT/.carry}
+WORK=${GPU_CHECK_WORK:-/tmp/mscclpp-gpu-check}
+PREFIX=$WORK/install
+BIN=$WORK/examples
+BUDGET=${GPU_CHECK_BUDGET:-470}
+mkdir -p "$OUT" "$WORK"
+LOG=$OUT/gpu-check.log
+RES=$OUT/results.txt
+: >"$LOG"
+: >"$RES"
+exec > >(tee -a "$LOG") 2>&1
+START=$SECONDS
+FAILED=()
+
+say() { printf '\n=== [%3ds] %s\n' $((SECONDS - START)) "$*"; }
+left() { echo $((BUDGET - (SECONDS - START))); }
+
+# run_step NAME SECONDS CMD...: runs CMD under timeout (capped by the budget left) with its
+# output in $WORK/NAME.out (then shown), records a failure by NAME. Returns CMD's status.
+run_step() {
+  local name=$1 t=$2
+  shift 2
+  local l out="$WORK/${1##*/}.$RANDOM.out"
+  l=$(left)
+  if ((l < 20)); then
+    echo "SKIPPED $name: budget exhausted"
+    FAILED+=("$name(skipped)")
+    return 99
+  fi
+  ((t > l - 10)) && t=$((l - 10))
+  say "$name (timeout ${t}s)"
+  timeout -k 5 "$t" "$@" >"$out" 2>&1
+  local rc=$?
+  cat "$out"
+  LAST_OUT=$out
+  if ((rc != 0)); then
+    echo "FAILED $name: exit $rc$( ((rc == 124 || rc == 137)) && echo ' (timed out)')"
+    FAILED+=("$name")
+  fi
+  return $rc
+}
+
+# ranks NP PROGRAM ARGS...: NP processes of PROGRAM with the launcher arguments of
+# launch_env.h (-r/-n/-a) on a fresh port; fails if any rank fails. Run it under run_step
+# (which bounds it): a rank killed by the timeout takes the others down with their own
+# bootstrap timeout (MSCCLPP_BOOTSTRAP_TIMEOUT below).
+ranks() {
+  local np=$1
+  shift
+  local port=$((20000 + RANDOM % 20000)) pids=() rc=0 r
+  for ((r = 0; r < np; r++)); do
+    "$@" -r $r -n "$np" -a "127.0.0.1:$port" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do
+    wait "$p" || rc=$?
+  done
+  return $rc
+}
+export -f ranks
+export ROOT CARRY WORK PREFIX BIN
+# A rank whose peer died must not wait for the default 30 s.
+export MSCCLPP_BOOTSTRAP_TIMEOUT=20 MSCCLPP_WAIT_TIMEOUT=20
+
+# bench NAME SECONDS TAG CMD...: run_step, then keep its RESULT lines, renamed `RESULT TAG...`
+# when TAG is not "-" (the Flag-by-copy variants).
+bench() {
+  local name=$1 t=$2 tag=$3
+  shift 3
+  run_step "$name" "$t" "$@"
+  if [[ $tag == - ]]; then
+    grep -h '^RESULT' "$LAST_OUT" >>"$RES"
+  else
+    grep -h '^RESULT' "$LAST_OUT" | sed -E "s/^RESULT ([a-z0-9]+) /RESULT \1_$tag /" >>"$RES"
+  fi
+  return 0
+}
+
+say "machine"
+nvidia-smi -L
+nvidia-smi topo -m 2>&1 | head -8
+nvcc --version | tail -2
+cmake --version | head -1
+python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())'
+ls -la "$CARRY"
+
+# NCCL first, in the background: it needs nothing of ours, and the examples build meanwhile
+# (CPU only; the GPUs are NCCL's alone until it finishes).
+say "NCCL all-gather through PyTorch (background)"
+NCCL_LOG=$WORK/nccl.log
+(timeout -k 10 200 python3 -m torch.distributed.run --standalone --nproc_per_node=2 \
+  "$ROOT/tests/gpu/nccl_allgather.py" >"$NCCL_LOG" 2>&1; echo "nccl exit $?" >>"$NCCL_LOG") &
+NCCL_PID=$!
+
+# 1. The package, from the prebuilt library.
+install_package() {
+  rm -rf "$WORK/pkg" "$PREFIX"
+  cmake -S "$ROOT" -B "$WORK/pkg" -DMSCCLPP_PREBUILT_LIB_DIR="$CARRY" \
+    -DCMAKE_INSTALL_PREFIX="$PREFIX" -DMSCCLPP_BUILD_TESTS=OFF &&
+    cmake --build "$WORK/pkg" && cmake --install "$WORK/pkg"
+}
+export -f install_package
+run_step install-package 90 bash -c install_package
+export LD_LIBRARY_PATH=$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+# 2. The CUDA examples, through find_package(mscclpp) and CMake's CUDA language (only their
+#    targets: a C example's problem must not cost the GPU run). Plain nvcc if CMake fails.
+export PATH=$PATH:/usr/local/cuda/bin
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+export NVCC
+build_examples() {
+  rm -rf "$WORK/ex" && mkdir -p "$BIN" &&
+    cmake -S "$ROOT/c_examples" -B "$WORK/ex" -DCMAKE_PREFIX_PATH="$PREFIX" \
+      -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90 \
+      -DCMAKE_BUILD_TYPE=Release -DMSCCLPP_EXAMPLES_STATIC=OFF &&
+    cmake --build "$WORK/ex" -j 8 --target allgather pingpong bandwidth &&
+    cp "$WORK/ex/allgather" "$WORK/ex/pingpong" "$WORK/ex/bandwidth" "$BIN/"
+}
+build_examples_nvcc() {
+  mkdir -p "$BIN" && for ex in allgather pingpong bandwidth; do
+    "$NVCC" -O2 -std=c++17 -arch=sm_90 -I"$PREFIX/include" -I"$ROOT/c_examples/common" \
+      -o "$BIN/$ex" "$ROOT/c_examples/cuda/$ex.cu" -L"$PREFIX/lib" -lmscclpp \
+      -Xlinker -rpath -Xlinker "$PREFIX/lib" || return 1
+  done
+}
+export -f build_examples build_examples_nvcc
+run_step build-examples 200 bash -c build_examples ||
+  run_step build-examples-nvcc 200 bash -c build_examples_nvcc
+
+say "waiting for NCCL"
+wait $NCCL_PID
+grep -v '^\s*$' "$NCCL_LOG" | tail -15
+grep '^RESULT' "$NCCL_LOG" >>"$RES"
+grep -q "nccl exit 0" "$NCCL_LOG" || FAILED+=("nccl")
+
+if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
+  # 3. Tests. INFO logs once, to record what the library detected (driver, Flag path).
+  MSCCLPP_DEBUG=INFO run_step "test allgather 2 ranks / 2 GPUs" 90 bash -c 'ranks 2 "$BIN/allgather"'
+  run_step "test allgather 4 ranks / 2 GPUs" 150 bash -c 'ranks 4 "$BIN/allgather"'
+  MSCCLPP_P2P_FLAG=copy run_step "test allgather 2 ranks, flags by copy" 90 \
+    bash -c 'ranks 2 "$BIN/allgather"'
+  # The OMPI_COMM_WORLD_* path of launch_env.h (the root address still given with -a).
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 run_step "test allgather under mpirun" 60 \
+    mpirun --allow-run-as-root -np 2 --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE \
+    -x LD_LIBRARY_PATH -x MSCCLPP_BOOTSTRAP_TIMEOUT -x MSCCLPP_WAIT_TIMEOUT \
+    "$BIN/allgather" -a "127.0.0.1:$((20000 + RANDOM % 20000))"
+
+  # Scaling (issue 6): 8 ranks on the GPUs there are (4 per GPU on 2 GPUs); with 8 GPUs also
+  # 16 ranks (two per GPU). NCCL refuses two ranks on one GPU, so it is measured only at one
+  # rank per GPU.
+  NGPU=$(nvidia-smi -L | wc -l)
+  export NGPU
+  run_step "test allgather 8 ranks / $NGPU GPUs" 240 bash -c 'ranks 8 "$BIN/allgather"'
+  if ((NGPU >= 8)); then
+    run_step "test allgather 16 ranks / $NGPU GPUs" 300 bash -c 'ranks 16 "$BIN/allgather"'
+  fi
+
+  # 4. Benchmarks (RESULT lines go to results.txt).
+  bench "bench pingpong" 60 - bash -c 'ranks 2 "$BIN/pingpong"'
+  MSCCLPP_P2P_FLAG=copy bench "bench pingpong, flags by copy" 60 copy bash -c 'ranks 2 "$BIN/pingpong"'
+  bench "bench bandwidth" 90 - bash -c 'ranks 2 "$BIN/bandwidth"'
+  bench "bench allgather" 90 - bash -c 'ranks 2 "$BIN/allgather" --bench'
+  MSCCLPP_P2P_FLAG=copy bench "bench allgather, flags by copy" 90 copy \
+    bash -c 'ranks 2 "$BIN/allgather" --bench'
+  bench "bench allgather 8 ranks / $NGPU GPUs" 240 r8 bash -c 'ranks 8 "$BIN/allgather" --bench'
+  # Where the time goes: inside the kernel (put / flush / wait) and in the proxy's driver calls.
+  MSCCLPP_P2P_STATS=1 MSCCLPP_DEBUG=INFO bench "profile allgather" 60 - \
+    bash -c 'ranks 2 "$BIN/allgather" --profile --sizes 1M,64M'
+  grep -h "stats:" "$LAST_OUT" | sed 's/^/STATS /' >>"$RES"
+else
+  FAILED+=("examples missing")
+fi
+
+# 6. The table.
+say "results"
+python3 - "$RES" <<'EOF'
+import re, sys
+res = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"RESULT (\S+) (.*)", line.strip())
+    if not m:
+        continue
+    kv = dict(x.split("=", 1) for x in m.group(2).split() if "=" in x)
+    res.setdefault(m.group(1), []).append(kv)
+def ag(kind, n):
+    for kv in res.get(kind, []):
+        if kv.get("bytes") == str(n) and kv.get("nranks", "2") == "2":
+            return kv
+    for kv in res.get(kind, []):
+        if kv.get("bytes") == str(n):
+            return kv
+    return None
+def fmt(kv):
+    if not kv:
+        return "n/a"
+    return kv["us"] + ("" if kv.get("check", "ok") == "ok" else " (BAD DATA)")
+rows = [("1 MiB", 1 << 20, "17.3", "10"), ("64 MiB", 64 << 20, "103", "95"),
+        ("1 GiB", 1 << 30, "1393", "1380")]
+print("all-gather, 2 ranks on 2 H200s, time per all-gather in us (10 x 10 CUDA-graph launches)")
+print("| size   | ours    | ours, flags by copy | NCCL    | 2023 anchor | target |")
+print("|--------|---------|---------------------|---------|-------------|--------|")
+for name, n, anchor, target in rows:
+    print(f"| {name:6} | {fmt(ag('allgather', n)):7} | {fmt(ag('allgather_copy', n)):19} | "
+          f"{fmt(ag('nccl', n)):7} | {anchor:11} | {target:6} |")
+r8 = res.get("allgather_r8", [])
+if r8:
+    print("all-gather, 8 ranks on the machine's GPUs (4 per GPU on 2 GPUs), us per all-gather: " +
+          ", ".join(f"{int(kv['bytes']) >> 20} MiB {fmt(kv)}" for kv in r8))
+for k in ("pingpong", "pingpong_copy", "fifo", "fifo_copy", "profile"):
+    for kv in res.get(k, []):
+        print(k, " ".join(f"{a}={b}" for a, b in kv.items()))
+bw = res.get("bandwidth", [])
+if bw:
+    print("put bandwidth rank 0 -> rank 1: " + ", ".join(
+        f"{int(kv['bytes']) >> 10} KiB {kv['GBps']} GB/s" for kv in bw))
+for line in open(sys.argv[1]):
+    if line.startswith("STATS "):
+        print(line.strip())
+EOF
+if ((${#FAILED[@]})); then
+  echo "FAILED STEPS: ${FAILED[*]}"
+  status=1
+else
+  echo "ALL STEPS PASSED"
+  status=0
+fi
+echo "total ${SECONDS}s"
+cp "$NCCL_LOG" "$OUT/" 2>/dev/null || true
+exit $status

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Every test of the repository, one step after the other, with a summary table at the end:
+#
+#   scripts/test.sh
+#
+# Steps: system packages; cargo fmt; cargo clippy; cargo test (workspace); header regeneration
+# check; ctest ABI layout checks; header compile matrix (gcc/clang, C11..C++20, nvcc if any);
+# CMake build + install; CTest (C/C++ header tests); c_examples built against the installed
+# package (find_package) and through pkg-config; bootstrap_demo run with 3 local ranks (shared
+# and static library).
+#
+# Needs Debian/Ubuntu (missing packages are installed with apt-get) and a Rust toolchain.
+# Environment: CARGO_TARGET_DIR (default ./target), MSCCLPP_TEST_BUILD_DIR (default
+# ./build/test), MSCCLPP_TEST_SKIP="step step..." (names as in the summary) to skip steps.
+# The last line is "N passed, M failed" (steps); the exit status is non-zero if any failed.
+set -uo pipefail
+
+MSCCLPP_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$MSCCLPP_ROOT"
+# shellcheck source=scripts/common.sh
+source scripts/common.sh
+
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$MSCCLPP_ROOT/target}
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+build=${MSCCLPP_TEST_BUILD_DIR:-$MSCCLPP_ROOT/build/test}
+prefix=$build/install
+skip=" ${MSCCLPP_TEST_SKIP:-} "
+
+names=() results=() times=()
+
+# step NAME [needs=OTHER_STEP] -- COMMAND...: runs COMMAND, records PASS/FAIL and its seconds;
+# SKIP when listed in MSCCLPP_TEST_SKIP or when the step it needs did not pass.
+step() {
+  local name=$1 needs="" start rc result i
+  shift
+  [[ $1 == needs=* ]] && { needs=${1#needs=}; shift; }
+  [[ $1 == -- ]] && shift
+  names+=("$name")
+  if [[ $skip == *" $name "* ]]; then
+    results+=("SKIP (MSCCLPP_TEST_SKIP)") times+=(0)
+    return
+  fi
+  if [[ -n $needs ]]; then
+    for i in "${!names[@]}"; do
+      if [[ ${names[$i]} == "$needs" && ${results[$i]:-} != PASS ]]; then
+        results+=("SKIP ($needs did not pass)") times+=(0)
+        return
+      fi
+    done
+  fi
+  printf '\n=== %s: %s\n' "$name" "$*"
+  start=$SECONDS
+  "$@"
+  rc=$?
+  if ((rc == 0)); then result=PASS; else result=FAIL; fi
+  results+=("$result") times+=($((SECONDS - start)))
+  printf '=== %s: %s (%ss)\n' "$name" "$result" "$((SECONDS - start))"
+}
+
+deps() { ensure_apt_packages && ensure_cargo rustfmt clippy; }
+
+cmake_install() {
+  rm -rf "$prefix"
+  build_and_install "$build/cmake" "$prefix" -DMSCCLPP_CARGO_TARGET_DIR="$CARGO_TARGET_DIR"
+}
+
+examples_build() {
+  build_examples "$build/c_examples" "$prefix" -DCMAKE_C_FLAGS=-Werror
+}
+
+# A consumer that knows only pkg-config: compile and run one example with its flags.
+pkgconfig_build() {
+  local flags
+  flags=$(PKG_CONFIG_PATH=$prefix/lib/pkgconfig pkg-config --cflags --libs mscclpp) || return 1
+  # shellcheck disable=SC2086
+  "${CC:-cc}" -std=c11 -Wall -Wextra -Wpedantic -Werror -I"$MSCCLPP_ROOT/c_examples/common" \
+    "$MSCCLPP_ROOT/c_examples/bootstrap_demo.c" -o "$build/bootstrap_demo_pkgconfig" $flags \
+    -Wl,-rpath,"$prefix/lib" || return 1
+  # -h prints the usage and exits 2: the program was linked and libmscclpp.so.0 was loaded.
+  "$build/bootstrap_demo_pkgconfig" -h 2>/dev/null
+  [[ $? -eq 2 ]]
+}
+
+run_examples() {
+  scripts/run-local-ranks.sh 3 "$build/c_examples/bootstrap_demo" &&
+    scripts/run-local-ranks.sh 3 "$build/c_examples/bootstrap_demo_static" &&
+    scripts/run-local-ranks.sh 3 "$build/c_examples/allgather_host" -s 1048576 -i 5 &&
+    scripts/run-local-ranks.sh 3 "$build/c_examples/allgather_host_static" -t shm -s 1048576 -i 5
+}
+
+total_start=$SECONDS
+if ! deps; then
+  echo "test.sh: cannot set up the build environment (see above)" >&2
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+names+=(deps) results+=(PASS) times+=($((SECONDS - total_start)))
+
+step fmt -- cargo fmt --all --check
+step clippy -- cargo clippy --all-targets --workspace -- -D warnings
+step "cargo test" -- cargo test --workspace --no-fail-fast
+step header -- cargo test -p mscclpp --test header
+step "abi (ctest)" -- cargo test -p mscclpp-abi-test --no-fail-fast
+step "header compile" -- scripts/check-header-compile.sh
+step "cmake install" -- cmake_install
+step "ctest (C/C++)" needs="cmake install" -- ctest --test-dir "$build/cmake" --output-on-failure
+step "c_examples build" needs="cmake install" -- examples_build
+step "pkg-config build" needs="cmake install" -- pkgconfig_build
+step "c_examples run" needs="c_examples build" -- run_examples
+
+passed=0 failed=0
+printf '\n%-20s %-28s %8s\n' step result seconds
+printf '%-20s %-28s %8s\n' -------------------- ---------------------------- -------
+for i in "${!names[@]}"; do
+  printf '%-20s %-28s %8s\n' "${names[$i]}" "${results[$i]}" "${times[$i]}"
+  case ${results[$i]} in
+    PASS) passed=$((passed + 1)) ;;
+    FAIL) failed=$((failed + 1)) ;;
+  esac
+done
+printf '%-20s %-28s %8s\n\n' total "" "$((SECONDS - total_start))"
+echo "$passed passed, $failed failed"
+((failed == 0))
