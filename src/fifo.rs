@@ -285,7 +285,12 @@ const YIELD_FOR: Duration = Duration::from_millis(20);
 
 impl Spin {
     pub(crate) fn new(abort: *const u64, deadline: Duration) -> Self {
-        Spin { abort, start: Instant::now(), deadline, n: 0 }
+        Spin {
+            abort,
+            start: Instant::now(),
+            deadline,
+            n: 0,
+        }
     }
     /// One step of waiting: Ok while the caller should keep waiting, Err when it must stop.
     pub(crate) fn step(&mut self, what: &str) -> Result<()> {

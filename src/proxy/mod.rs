@@ -157,7 +157,9 @@ const PEER_WATCH_PERIOD: Duration = Duration::from_millis(10);
 /// connection): the caller turns that into the sticky error and the abort word.
 fn check_peers(w: &ProxyWork) -> Result<()> {
     match w.boot.lost_peer() {
-        Some((rank, why)) if w.conns.iter().any(|c| c.remote_rank == rank) => Err(Error::remote(format!("peer lost: {why}"))),
+        Some((rank, why)) if w.conns.iter().any(|c| c.remote_rank == rank) => {
+            Err(Error::remote(format!("peer lost: {why}")))
+        }
         _ => Ok(()),
     }
 }

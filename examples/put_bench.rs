@@ -1,0 +1,146 @@
+//! Put bandwidth and signal latency through the C API over host memory (two local processes).
+//!
+//! `cargo run --release --example put_bench -- [--provider tcp|net|shm] [--max-mib 64]`
+//!
+//! Bandwidth: rank 0 issues `iters` back-to-back `put`s of one size, then `signal` + `flush`;
+//! rank 1 `wait`s. Time from the first put to the flush's return, bytes / time.
+//! Latency: 8-byte `putWithSignal` ping-pong, half the round trip, median of many rounds.
+
+use mscclpp::abi::mscclppResult_t::{self, *};
+use mscclpp::abi::*;
+use mscclpp::capi::comm::*;
+use mscclpp::capi::conn::*;
+use mscclpp::capi::devconn::*;
+use std::ffi::{CStr, CString};
+use std::process::Command;
+use std::time::Instant;
+
+fn ok(r: mscclppResult_t, what: &str) {
+    if r != mscclppSuccess {
+        let e = unsafe { CStr::from_ptr(mscclppGetLastError()) }.to_string_lossy();
+        eprintln!("{what} failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn arg(name: &str, default: &str) -> String {
+    let a: Vec<String> = std::env::args().collect();
+    a.iter()
+        .position(|x| x == name)
+        .and_then(|i| a.get(i + 1).cloned())
+        .unwrap_or_else(|| default.to_string())
+}
+
+fn main() {
+    let provider = arg("--provider", "tcp");
+    let max_mib: usize = arg("--max-mib", "64").parse().unwrap();
+    let Ok(rank) = std::env::var("PUT_BENCH_RANK") else {
+        // Parent: start two ranks and wait.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let exe = std::env::current_exe().unwrap();
+        let kids: Vec<_> = (0..2)
+            .map(|r| {
+                let mut c = Command::new(&exe);
+                c.args(std::env::args().skip(1))
+                    .env("PUT_BENCH_RANK", r.to_string())
+                    .env("PUT_BENCH_ROOT", format!("127.0.0.1:{port}"));
+                if provider != "shm" {
+                    c.env("MSCCLPP_NET_PROVIDER", &provider);
+                }
+                c.spawn().unwrap()
+            })
+            .collect();
+        let mut fail = false;
+        for mut k in kids {
+            fail |= !k.wait().unwrap().success();
+        }
+        std::process::exit(fail as i32);
+    };
+    let rank: usize = rank.parse().unwrap();
+    let root = CString::new(std::env::var("PUT_BENCH_ROOT").unwrap()).unwrap();
+    let mut comm = std::ptr::null_mut();
+    ok(
+        mscclppCommInitRank(&mut comm, 2, root.as_ptr(), rank as i32),
+        "init",
+    );
+    let max = max_mib << 20;
+    let mut buf = vec![1u8; max + 4096];
+    let tr = if provider == "shm" {
+        mscclppTransport_t::mscclppTransportSHM
+    } else {
+        mscclppTransport_t::mscclppTransportIB
+    };
+    ok(
+        mscclppConnect(
+            comm,
+            1 - rank as i32,
+            0,
+            buf.as_mut_ptr().cast(),
+            buf.len() as u64,
+            tr as i32,
+            std::ptr::null(),
+        ),
+        "connect",
+    );
+    ok(mscclppConnectionSetup(comm), "setup");
+    ok(mscclppProxyLaunch(comm), "proxy");
+    let mut d: *mut mscclppDevConn = std::ptr::null_mut();
+    ok(
+        mscclppGetDeviceConnection(comm, 1 - rank as i32, 0, &mut d),
+        "conn",
+    );
+
+    // Latency: 8-byte putWithSignal ping-pong.
+    let rounds = 2000;
+    let mut samples = Vec::with_capacity(rounds);
+    ok(mscclppBootstrapBarrier(comm), "barrier");
+    for i in 0..rounds + 100 {
+        let t = Instant::now();
+        if rank == 0 {
+            ok(mscclppDevConnPutWithSignal(d, 0, 0, 8), "put");
+            ok(mscclppDevConnWait(d), "wait");
+        } else {
+            ok(mscclppDevConnWait(d), "wait");
+            ok(mscclppDevConnPutWithSignal(d, 0, 0, 8), "put");
+        }
+        if i >= 100 {
+            samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+        }
+    }
+    samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if rank == 0 {
+        println!("provider {provider}: 8-byte putWithSignal half round trip: median {:.2} us, p10 {:.2} us", samples[rounds / 2], samples[rounds / 10]);
+        println!("{:>10} {:>12} {:>10}", "bytes", "GB/s", "iters");
+    }
+    // Bandwidth sweep.
+    let mut size = 4096;
+    while size <= max {
+        let iters = ((256usize << 20) / size).clamp(4, 1000);
+        ok(mscclppBootstrapBarrier(comm), "barrier");
+        if rank == 0 {
+            let t = Instant::now();
+            for _ in 0..iters {
+                ok(mscclppDevConnPut(d, 0, 0, size as u64), "put");
+            }
+            ok(mscclppDevConnSignal(d), "signal");
+            ok(mscclppDevConnFlush(d), "flush");
+            let s = t.elapsed().as_secs_f64();
+            println!(
+                "{:>10} {:>12.3} {:>10}",
+                size,
+                (size * iters) as f64 / s / 1e9,
+                iters
+            );
+        } else {
+            ok(mscclppDevConnWait(d), "wait");
+        }
+        size *= 4;
+    }
+    ok(mscclppBootstrapBarrier(comm), "barrier");
+    ok(mscclppProxyStop(comm), "stop");
+    ok(mscclppCommDestroy(comm), "destroy");
+}

@@ -1,0 +1,117 @@
+//! Multi-rank tests as processes: the test binary re-executes itself once per rank with
+//! `MSCCLPP_TEST_ROLE=<test name>` and the rank's environment; the parent waits for all with a
+//! deadline and kills the rest when one fails or hangs.
+#![allow(dead_code)]
+
+pub mod api;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// True in a child process started for `test`.
+pub fn is_rank(test: &str) -> bool {
+    std::env::var("MSCCLPP_TEST_ROLE").is_ok_and(|r| r == test)
+}
+
+pub fn env_usize(k: &str) -> usize {
+    std::env::var(k)
+        .unwrap_or_else(|_| panic!("{k} not set"))
+        .parse()
+        .unwrap()
+}
+
+/// A free TCP port on 127.0.0.1 (bound then released; good enough for tests run serially on
+/// distinct ports).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct Ranks {
+    pub children: Vec<(usize, Child)>,
+}
+
+/// Starts `n` ranks of test `test` (its full path as libtest prints it, e.g.
+/// `alltoall_tcp_2`), each with MSCCLPP_TEST_RANK/NRANKS/ROOT and `extra` env.
+pub fn spawn(test: &str, n: usize, extra: &[(&str, String)]) -> Ranks {
+    let root = format!("127.0.0.1:{}", free_port());
+    spawn_wrapped(test, n, &root, extra, |_| Vec::new())
+}
+
+/// As [`spawn`], with the root address given and each rank's command prefixed by
+/// `wrap(rank)` (e.g. `ip netns exec ns0`).
+pub fn spawn_wrapped(
+    test: &str,
+    n: usize,
+    root: &str,
+    extra: &[(&str, String)],
+    wrap: impl Fn(usize) -> Vec<String>,
+) -> Ranks {
+    let exe = std::env::current_exe().unwrap();
+    let mut children = Vec::new();
+    for r in 0..n {
+        let prefix = wrap(r);
+        let mut c = match prefix.split_first() {
+            Some((prog, args)) => {
+                let mut c = Command::new(prog);
+                c.args(args).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        c.args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env("MSCCLPP_TEST_ROLE", test)
+            .env("MSCCLPP_TEST_RANK", r.to_string())
+            .env("MSCCLPP_TEST_NRANKS", n.to_string())
+            .env("MSCCLPP_TEST_ROOT", root)
+            .stdin(Stdio::null());
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        children.push((r, c.spawn().expect("spawning a rank")));
+    }
+    Ranks { children }
+}
+
+impl Ranks {
+    /// Waits for every rank; returns each rank's exit status code (None: killed by signal or
+    /// by the deadline).
+    pub fn wait(mut self, deadline: Duration) -> Vec<Option<i32>> {
+        let t0 = Instant::now();
+        let mut codes: Vec<Option<Option<i32>>> = vec![None; self.children.len()];
+        // Polls until every child has exited or the deadline passes, then kills the rest.
+        while codes.iter().any(|c| c.is_none()) {
+            for (i, (_, ch)) in self.children.iter_mut().enumerate() {
+                if codes[i].is_none() {
+                    if let Some(st) = ch.try_wait().unwrap() {
+                        codes[i] = Some(st.code());
+                    }
+                }
+            }
+            if t0.elapsed() > deadline {
+                for (i, (_, ch)) in self.children.iter_mut().enumerate() {
+                    if codes[i].is_none() {
+                        let _ = ch.kill();
+                        let _ = ch.wait();
+                        codes[i] = Some(None);
+                    }
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        codes.into_iter().map(|c| c.flatten()).collect()
+    }
+
+    /// Waits and asserts every rank exited 0.
+    pub fn expect_success(self, deadline: Duration) {
+        let codes = self.wait(deadline);
+        assert!(
+            codes.iter().all(|c| *c == Some(0)),
+            "rank exit codes: {codes:?} (None = killed or timed out)"
+        );
+    }
+}

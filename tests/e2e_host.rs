@@ -1,0 +1,595 @@
+//! End-to-end tests through the C API with host memory: ranks as processes, connections over
+//! libfabric (tcp, net, shm), the host-driven device API, every byte verified.
+
+mod common;
+
+use common::api::*;
+use common::*;
+use mscclpp::abi::mscclppResult_t::*;
+use mscclpp::capi::buffer::*;
+use mscclpp::capi::comm::*;
+use mscclpp::capi::conn::*;
+use mscclpp::capi::devconn::*;
+use std::time::Duration;
+
+const DEADLINE: Duration = Duration::from_secs(120);
+
+struct Env {
+    rank: usize,
+    n: usize,
+    root: String,
+}
+
+fn env() -> Env {
+    Env {
+        rank: env_usize("MSCCLPP_TEST_RANK"),
+        n: env_usize("MSCCLPP_TEST_NRANKS"),
+        root: std::env::var("MSCCLPP_TEST_ROOT").unwrap(),
+    }
+}
+
+/// Transport settings for a provider name: `shm` is mscclppTransportSHM, anything else is
+/// mscclppTransportIB over that libfabric provider.
+fn transport_env(provider: &str) -> Vec<(&'static str, String)> {
+    let mut v = vec![
+        ("MSCCLPP_TEST_TRANSPORT", provider.to_string()),
+        ("MSCCLPP_WAIT_TIMEOUT", "30".into()),
+        ("MSCCLPP_BOOTSTRAP_TIMEOUT", "30".into()),
+    ];
+    if provider != "shm" {
+        v.push(("MSCCLPP_NET_PROVIDER", provider.to_string()));
+    }
+    v
+}
+
+/// `env` with `key` set to `val` (replacing an earlier value).
+fn with(
+    mut env: Vec<(&'static str, String)>,
+    key: &'static str,
+    val: &str,
+) -> Vec<(&'static str, String)> {
+    env.retain(|(k, _)| *k != key);
+    env.push((key, val.to_string()));
+    env
+}
+
+/// Runs `body` as every rank of test `name` (in children), or launches the ranks (in the parent).
+fn ranks(name: &str, n: usize, provider: &str, body: fn(Env)) {
+    if is_rank(name) {
+        body(env());
+        return;
+    }
+    spawn(name, n, &transport_env(provider)).expect_success(DEADLINE);
+}
+
+// ---- all-to-all exchange -------------------------------------------------------------------
+
+const CHUNK: usize = 256 * 1024 + 3;
+
+fn alltoall(e: Env) {
+    let c = init(&e.root, e.rank, e.n);
+    let mut buf = vec![0u8; e.n * CHUNK];
+    for i in 0..CHUNK {
+        buf[e.rank * CHUNK + i] = pattern(e.rank, i);
+    }
+    for p in (0..e.n).filter(|&p| p != e.rank) {
+        ok(connect(c, p, 0, &mut buf));
+    }
+    ok(mscclppConnectionSetup(c));
+    ok(mscclppProxyLaunch(c));
+    let conns = dev_conns(c);
+    assert_eq!(conns.len(), e.n - 1);
+    let off = (e.rank * CHUNK) as u64;
+    for d in conns.iter_mut() {
+        put_signal(d, off, off, CHUNK as u64);
+    }
+    for d in conns.iter_mut() {
+        flush(d);
+    }
+    for d in conns.iter_mut() {
+        wait(d);
+    }
+    for p in 0..e.n {
+        for i in 0..CHUNK {
+            assert_eq!(
+                buf[p * CHUNK + i],
+                pattern(p, i),
+                "rank {} byte {i} of rank {p}'s chunk",
+                e.rank
+            );
+        }
+    }
+    ok(mscclppBootstrapBarrier(c));
+    ok(mscclppProxyStop(c));
+    ok(mscclppCommDestroy(c));
+}
+
+#[test]
+fn alltoall_tcp_2() {
+    ranks("alltoall_tcp_2", 2, "tcp", alltoall);
+}
+#[test]
+fn alltoall_tcp_4() {
+    ranks("alltoall_tcp_4", 4, "tcp", alltoall);
+}
+#[test]
+fn alltoall_net_2() {
+    ranks("alltoall_net_2", 2, "net", alltoall);
+}
+#[test]
+fn alltoall_net_4() {
+    ranks("alltoall_net_4", 4, "net", alltoall);
+}
+#[test]
+fn alltoall_shm_2() {
+    ranks("alltoall_shm_2", 2, "shm", alltoall);
+}
+#[test]
+fn alltoall_shm_4() {
+    ranks("alltoall_shm_4", 4, "shm", alltoall);
+}
+
+// ---- many puts, one signal ----------------------------------------------------------------
+
+const PIECES: usize = 64;
+const PIECE: usize = 4096;
+
+fn many_puts_one_signal(e: Env) {
+    let c = init(&e.root, e.rank, e.n);
+    let mut buf = vec![0u8; PIECES * PIECE];
+    let peer = 1 - e.rank;
+    if e.rank == 0 {
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = pattern(7, i);
+        }
+    }
+    ok(connect(c, peer, 5, &mut buf));
+    ok(mscclppConnectionSetup(c));
+    ok(mscclppProxyLaunch(c));
+    let d = &mut dev_conns(c)[0];
+    if e.rank == 0 {
+        // Reverse order, so nothing depends on the puts arriving in address order.
+        for k in (0..PIECES).rev() {
+            let o = (k * PIECE) as u64;
+            put(d, o, o, PIECE as u64);
+        }
+        signal(d);
+        flush(d);
+    } else {
+        wait(d);
+        for (i, b) in buf.iter().enumerate() {
+            assert_eq!(*b, pattern(7, i), "byte {i}");
+        }
+    }
+    ok(mscclppBootstrapBarrier(c));
+    ok(mscclppProxyStop(c));
+    ok(mscclppCommDestroy(c));
+}
+
+#[test]
+fn many_puts_one_signal_tcp() {
+    ranks("many_puts_one_signal_tcp", 2, "tcp", many_puts_one_signal);
+}
+#[test]
+fn many_puts_one_signal_shm() {
+    ranks("many_puts_one_signal_shm", 2, "shm", many_puts_one_signal);
+}
+
+// ---- 100,000 ping-pong rounds -----------------------------------------------------------
+
+const ROUNDS: u64 = 100_000;
+const SLOTS: usize = 16;
+
+/// Rank 0 sends round numbers in slots 0..16, rank 1 answers in slots 16..32; each side checks
+/// every value, so a lost, duplicated or reordered put or signal fails the test.
+fn pingpong(e: Env) {
+    let c = init(&e.root, e.rank, e.n);
+    let mut buf = vec![0u8; 2 * SLOTS * 8];
+    let peer = 1 - e.rank;
+    ok(connect(c, peer, 1, &mut buf));
+    ok(mscclppConnectionSetup(c));
+    ok(mscclppProxyLaunch(c));
+    let d = &mut dev_conns(c)[0];
+    let base = |r: usize| if r == 0 { 0 } else { SLOTS * 8 };
+    let bp = buf.as_mut_ptr();
+    let send = |d: &mut _, round: u64, rank: usize| {
+        let off = base(rank) + (round as usize % SLOTS) * 8;
+        // SAFETY: within buf; the peer only reads this slot after our signal.
+        unsafe { (bp.add(off) as *mut u64).write_volatile(round) };
+        put_signal(d, off as u64, off as u64, 8);
+    };
+    let recv = |d: &mut _, round: u64, from: usize| {
+        wait(d);
+        let off = base(from) + (round as usize % SLOTS) * 8;
+        // SAFETY: within buf; written by the peer before its signal.
+        let v = unsafe { (bp.add(off) as *const u64).read_volatile() };
+        assert_eq!(v, round, "round {round}: slot holds {v}");
+    };
+    for round in 0..ROUNDS {
+        if e.rank == 0 {
+            send(d, round, 0);
+            recv(d, round, 1);
+        } else {
+            recv(d, round, 0);
+            send(d, round, 1);
+        }
+    }
+    flush(d);
+    ok(mscclppBootstrapBarrier(c));
+    ok(mscclppProxyStop(c));
+    ok(mscclppCommDestroy(c));
+}
+
+#[test]
+fn pingpong_100k_tcp() {
+    ranks("pingpong_100k_tcp", 2, "tcp", pingpong);
+}
+#[test]
+fn pingpong_100k_shm() {
+    ranks("pingpong_100k_shm", 2, "shm", pingpong);
+}
+
+// ---- registered buffers --------------------------------------------------------------------
+
+fn registered_write(e: Env) {
+    let c = init(&e.root, e.rank, e.n);
+    let mut conn_buf = vec![0u8; 64];
+    for p in (0..e.n).filter(|&p| p != e.rank) {
+        ok(connect(c, p, 9, &mut conn_buf));
+    }
+    ok(mscclppConnectionSetup(c));
+    // The peers' proxies progress their endpoints (software providers move data only then).
+    ok(mscclppProxyLaunch(c));
+    let mut target = vec![0u8; e.n * 1000];
+    let mut reg = register(c, &mut target);
+    let mut src: Vec<u8> = (0..1100).map(|i| pattern(e.rank, i)).collect();
+    // Bytes 100..1100 of src land at [rank*1000, rank*1000+1000) of every peer's target.
+    ok(mscclppRegisteredBufferWrite(
+        c,
+        &mut reg,
+        src.as_mut_ptr().cast(),
+        1000,
+        100,
+        (e.rank * 1000) as u32,
+        0,
+    ));
+    // Beyond the peer's registration: refused before anything is written.
+    assert_eq!(
+        mscclppRegisteredBufferWrite(
+            c,
+            &mut reg,
+            src.as_mut_ptr().cast(),
+            1000,
+            0,
+            (e.n * 1000 - 999) as u32,
+            0
+        ),
+        mscclppInvalidArgument
+    );
+    let mut bogus = mscclpp::abi::mscclppRegisteredMemory { handle: 77 };
+    assert_eq!(
+        mscclppRegisteredBufferWrite(c, &mut bogus, src.as_mut_ptr().cast(), 1, 0, 0, 0),
+        mscclppInvalidArgument
+    );
+    ok(mscclppBootstrapBarrier(c));
+    for p in (0..e.n).filter(|&p| p != e.rank) {
+        for i in 0..1000 {
+            assert_eq!(
+                target[p * 1000 + i],
+                pattern(p, i + 100),
+                "from rank {p} byte {i}"
+            );
+        }
+    }
+    assert!(
+        target[e.rank * 1000..(e.rank + 1) * 1000]
+            .iter()
+            .all(|&b| b == 0),
+        "nobody writes our own slot"
+    );
+    ok(mscclppBootstrapBarrier(c));
+    ok(mscclppProxyStop(c));
+    ok(mscclppCommDestroy(c));
+}
+
+#[test]
+fn registered_buffer_write_tcp_3() {
+    ranks("registered_buffer_write_tcp_3", 3, "tcp", registered_write);
+}
+#[test]
+fn registered_buffer_write_shm_2() {
+    ranks("registered_buffer_write_shm_2", 2, "shm", registered_write);
+}
+
+// ---- faults ---------------------------------------------------------------------------------
+
+/// A put beyond the peer's buffer is refused by the sender's proxy: nothing is written, the
+/// error is sticky and reported by flush, mscclppCommGetAsyncError and mscclppProxyStop.
+fn out_of_range_trigger(e: Env) {
+    let c = init(&e.root, e.rank, e.n);
+    let mut buf = vec![0u8; 4096];
+    let peer = 1 - e.rank;
+    ok(connect(c, peer, 0, &mut buf));
+    ok(mscclppConnectionSetup(c));
+    ok(mscclppProxyLaunch(c));
+    let d = &mut dev_conns(c)[0];
+    if e.rank == 0 {
+        buf.fill(0xAB);
+        ok(mscclppDevConnPut(d, 4000, 0, 200));
+        assert_eq!(
+            mscclppDevConnFlush(d),
+            mscclppRemoteError,
+            "flush must fail once the proxy refused a trigger"
+        );
+        assert_eq!(async_error(c), mscclppInvalidArgument);
+        assert!(last_error().contains("aborted"), "{}", last_error());
+    }
+    ok(mscclppBootstrapBarrier(c));
+    if e.rank == 1 {
+        assert!(
+            buf.iter().all(|&b| b == 0),
+            "a refused put must not write a byte"
+        );
+        assert_eq!(async_error(c), mscclppSuccess);
+        ok(mscclppProxyStop(c));
+    } else {
+        assert_eq!(mscclppProxyStop(c), mscclppRemoteError);
+        // Sticky: later calls that need the proxies report it too.
+        assert_eq!(mscclppProxyLaunch(c), mscclppRemoteError);
+    }
+    ok(mscclppCommDestroy(c));
+}
+
+#[test]
+fn out_of_range_trigger_is_refused_tcp() {
+    ranks(
+        "out_of_range_trigger_is_refused_tcp",
+        2,
+        "tcp",
+        out_of_range_trigger,
+    );
+}
+
+/// Calls out of order and bad sizes: clear errors, nothing changes.
+fn bad_usage(e: Env) {
+    let c = init(&e.root, e.rank, e.n);
+    let peer = 1 - e.rank;
+    let mut buf = vec![0u8; 1024];
+    assert_eq!(
+        mscclppProxyLaunch(c),
+        mscclppInvalidUsage,
+        "proxy before setup"
+    );
+    assert_eq!(
+        mscclppProxyStop(c),
+        mscclppInvalidUsage,
+        "proxy stop before setup"
+    );
+    let mut p = std::ptr::null_mut();
+    let mut n = 0;
+    assert_eq!(
+        mscclppGetAllDeviceConnections(c, &mut p, &mut n),
+        mscclppInvalidUsage
+    );
+    let (t, _) = transport();
+    assert_eq!(
+        mscclppConnect(
+            c,
+            peer as i32,
+            0,
+            buf.as_mut_ptr().cast(),
+            0,
+            t,
+            std::ptr::null()
+        ),
+        mscclppInvalidArgument,
+        "zero size"
+    );
+    assert_eq!(
+        mscclppConnect(
+            c,
+            peer as i32,
+            0,
+            std::ptr::null_mut(),
+            8,
+            t,
+            std::ptr::null()
+        ),
+        mscclppInvalidArgument,
+        "NULL buffer"
+    );
+    assert_eq!(
+        mscclppConnect(c, 5, 0, buf.as_mut_ptr().cast(), 8, t, std::ptr::null()),
+        mscclppInvalidArgument,
+        "bad rank"
+    );
+    assert_eq!(
+        mscclppConnect(
+            c,
+            e.rank as i32,
+            0,
+            buf.as_mut_ptr().cast(),
+            8,
+            t,
+            std::ptr::null()
+        ),
+        mscclppInvalidArgument,
+        "self"
+    );
+    assert_eq!(
+        mscclppConnect(
+            c,
+            peer as i32,
+            0,
+            buf.as_mut_ptr().cast(),
+            8,
+            17,
+            std::ptr::null()
+        ),
+        mscclppInvalidArgument,
+        "bad transport"
+    );
+    assert_eq!(
+        mscclppConnect(
+            c,
+            peer as i32,
+            0,
+            buf.as_mut_ptr().cast(),
+            8,
+            0,
+            std::ptr::null()
+        ),
+        mscclppInvalidArgument,
+        "P2P with host memory"
+    );
+    ok(connect(c, peer, 0, &mut buf));
+    assert_eq!(
+        connect(c, peer, 0, &mut buf),
+        mscclppInvalidArgument,
+        "duplicate (rank, tag)"
+    );
+    ok(mscclppConnectionSetup(c));
+    assert_eq!(
+        connect(c, peer, 1, &mut buf),
+        mscclppInvalidUsage,
+        "connect after setup"
+    );
+    assert_eq!(
+        mscclppConnectionSetup(c),
+        mscclppInvalidUsage,
+        "setup twice"
+    );
+    assert_eq!(
+        mscclppProxyStop(c),
+        mscclppInvalidUsage,
+        "stop before launch"
+    );
+    ok(mscclppProxyLaunch(c));
+    assert_eq!(mscclppProxyLaunch(c), mscclppInvalidUsage, "launch twice");
+    let d = &mut dev_conns(c)[0];
+    assert_eq!(
+        mscclppDevConnPut(d, 0, 0, 0),
+        mscclppInvalidArgument,
+        "zero-size put"
+    );
+    assert_eq!(
+        mscclppDevConnPut(d, 0, 0, 1 << 33),
+        mscclppInvalidArgument,
+        "size beyond 32 bits"
+    );
+    assert_eq!(
+        mscclppDevConnPut(std::ptr::null_mut(), 0, 0, 1),
+        mscclppInvalidArgument,
+        "NULL conn"
+    );
+    let mut fake = *d;
+    fake.fifo.triggerFifoHead = 0x1000 as *mut u64;
+    assert_eq!(
+        mscclppDevConnPut(&mut fake, 0, 0, 1),
+        mscclppInvalidUsage,
+        "foreign conn"
+    );
+    let mut one: *mut mscclpp::abi::mscclppDevConn = std::ptr::null_mut();
+    assert_eq!(
+        mscclppGetDeviceConnection(c, peer as i32, 99, &mut one),
+        mscclppInvalidArgument,
+        "unknown tag"
+    );
+    assert!(one.is_null(), "outputs untouched on failure");
+    ok(mscclppGetDeviceConnection(c, peer as i32, 0, &mut one));
+    assert!(!one.is_null());
+    // Still fully usable: one clean exchange.
+    ok(mscclppBootstrapBarrier(c));
+    ok(mscclppProxyStop(c));
+    ok(mscclppCommDestroy(c));
+    assert_eq!(
+        mscclppCommDestroy(c),
+        mscclppInvalidArgument,
+        "double destroy detected"
+    );
+    ok(mscclppCommDestroy(std::ptr::null_mut()));
+}
+
+#[test]
+fn bad_usage_tcp() {
+    ranks("bad_usage_tcp", 2, "tcp", bad_usage);
+}
+
+/// A rank that never calls its counterpart mscclppConnect: setup fails within the timeout,
+/// naming the connection.
+fn missing_counterpart(e: Env) {
+    let c = init(&e.root, e.rank, e.n);
+    let mut buf = vec![0u8; 64];
+    if e.rank == 0 {
+        ok(connect(c, 1, 42, &mut buf));
+        let t0 = std::time::Instant::now();
+        assert_eq!(mscclppConnectionSetup(c), mscclppRemoteError);
+        assert!(last_error().contains("tag 42"), "{}", last_error());
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "took {:?}",
+            t0.elapsed()
+        );
+    } else {
+        ok(mscclppConnectionSetup(c));
+    }
+    ok(mscclppCommDestroy(c));
+}
+
+#[test]
+fn missing_counterpart_times_out() {
+    let name = "missing_counterpart_times_out";
+    if is_rank(name) {
+        return missing_counterpart(env());
+    }
+    let e = with(transport_env("tcp"), "MSCCLPP_BOOTSTRAP_TIMEOUT", "3");
+    spawn(name, 2, &e).expect_success(DEADLINE);
+}
+
+/// A peer that dies while we wait for its signal: wait() fails within the timeout instead of
+/// hanging, and the communicator can still be destroyed.
+fn peer_dies_during_transfer(e: Env) {
+    let c = init(&e.root, e.rank, e.n);
+    let mut buf = vec![0u8; 4096];
+    ok(connect(c, 1 - e.rank, 0, &mut buf));
+    ok(mscclppConnectionSetup(c));
+    ok(mscclppProxyLaunch(c));
+    let d = &mut dev_conns(c)[0];
+    if e.rank == 1 {
+        put_signal(d, 0, 0, 64);
+        flush(d);
+        // Die abruptly (no goodbye, no unwinding), with the proxy running and the peer about
+        // to wait for a second signal.
+        // SAFETY: signals this process only.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+    wait(d);
+    let t0 = std::time::Instant::now();
+    let r = mscclppDevConnWait(d);
+    assert_ne!(r, mscclppSuccess, "a wait on a dead peer must fail");
+    // The wait timeout is 60 s: failing well before it shows the peer watch noticed the death.
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(async_error(c), mscclppRemoteError);
+    let _ = mscclppProxyStop(c);
+    ok(mscclppCommDestroy(c));
+}
+
+#[test]
+fn peer_dies_during_transfer_tcp() {
+    let name = "peer_dies_during_transfer_tcp";
+    if is_rank(name) {
+        return peer_dies_during_transfer(env());
+    }
+    let e = with(transport_env("tcp"), "MSCCLPP_WAIT_TIMEOUT", "60");
+    let codes = spawn(name, 2, &e).wait(DEADLINE);
+    assert_eq!(
+        codes[0],
+        Some(0),
+        "the survivor must finish cleanly: {codes:?}"
+    );
+    assert_ne!(codes[1], Some(0), "rank 1 aborts by design");
+}
