@@ -1,7 +1,7 @@
 # Helpers shared by scripts/demo.sh and scripts/test.sh (sourced, not run).
 
 # The Debian packages the build, the tests and the examples need.
-MSCCLPP_APT_PACKAGES=(cmake make pkg-config g++ clang libclang-dev libfabric-dev libfabric-bin
+MSCCLPP_APT_PACKAGES=(cmake make pkg-config g++ clang libclang-dev libfabric-dev libfabric-bin valgrind
   iproute2)
 
 # Installs those of MSCCLPP_APT_PACKAGES that dpkg does not list as installed.

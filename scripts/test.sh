@@ -6,8 +6,9 @@
 # Steps: system packages; cargo fmt; cargo clippy; cargo test (workspace); header regeneration
 # check; ctest ABI layout checks; header compile matrix (gcc/clang, C11..C++20, nvcc if any);
 # CMake build + install; CTest (C/C++ header tests); c_examples built against the installed
-# package (find_package) and through pkg-config; bootstrap_demo run with 3 local ranks (shared
-# and static library).
+# package (find_package) and through pkg-config; bootstrap_demo and allgather_host run with 3
+# local ranks (shared and static library); ASan/UBSan and valgrind runs (scripts/sanitize.sh);
+# a bounded soak of 4 ranks over tcp and shm (examples/soak.rs).
 #
 # Needs Debian/Ubuntu (missing packages are installed with apt-get) and a Rust toolchain.
 # Environment: CARGO_TARGET_DIR (default ./target), MSCCLPP_TEST_BUILD_DIR (default
@@ -88,6 +89,16 @@ run_examples() {
     scripts/run-local-ranks.sh 3 "$build/c_examples/allgather_host_static" -t shm -s 1048576 -i 5
 }
 
+# Bounded soak: 4 ranks over tcp, then shm, checksums on every transfer, RSS flat after warm-up
+# (examples/soak.rs; MSCCLPP_SOAK_SECONDS per provider, default 30).
+soak() {
+  local p
+  for p in tcp shm; do
+    timeout 300 cargo run -q --example soak -- --provider "$p" --ranks 4 \
+      --seconds "${MSCCLPP_SOAK_SECONDS:-30}" || return 1
+  done
+}
+
 total_start=$SECONDS
 if ! deps; then
   echo "test.sh: cannot set up the build environment (see above)" >&2
@@ -107,6 +118,8 @@ step "ctest (C/C++)" needs="cmake install" -- ctest --test-dir "$build/cmake" --
 step "c_examples build" needs="cmake install" -- examples_build
 step "pkg-config build" needs="cmake install" -- pkgconfig_build
 step "c_examples run" needs="c_examples build" -- run_examples
+step sanitize needs="cmake install" -- scripts/sanitize.sh "$prefix" "$build/sanitize"
+step soak -- soak
 
 passed=0 failed=0
 printf '\n%-20s %-28s %8s\n' step result seconds

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Memory checks (run by scripts/test.sh after the CMake install; also on its own):
+#
+#   scripts/sanitize.sh PREFIX BUILD_DIR
+#
+#   1. the C examples built with ASan + UBSan (-fno-sanitize-recover: any finding fails) against
+#      the installed package at PREFIX, run with 3 local ranks (bootstrap and host all-gather
+#      over tcp and shm);
+#   2. the C host all-gather with 2 ranks under valgrind: no invalid access, no definite leak
+#      after mscclppCommDestroy;
+#   3. the Rust test binary of tests/leaks.rs (create/connect/exchange/destroy cycles over tcp
+#      and shm, ranks as threads) under valgrind, same criteria.
+# Exit status non-zero on the first failure.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+prefix=${1:?usage: sanitize.sh PREFIX BUILD_DIR}
+build=${2:?usage: sanitize.sh PREFIX BUILD_DIR}
+cd "$ROOT"
+
+echo "== ASan + UBSan: C examples"
+san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g"
+cmake -S c_examples -B "$build/asan" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_PREFIX_PATH="$prefix" \
+  -DMSCCLPP_EXAMPLES_STATIC=OFF -DCMAKE_C_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" >/dev/null
+cmake --build "$build/asan" --parallel "$(nproc)" >/dev/null
+# libfabric keeps provider tables for the life of the process (freed by no API): not ours.
+export LSAN_OPTIONS="suppressions=$ROOT/scripts/lsan.supp:print_suppressions=0"
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=23"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+scripts/run-local-ranks.sh 3 "$build/asan/bootstrap_demo"
+scripts/run-local-ranks.sh 3 "$build/asan/allgather_host" -s 262144 -i 3
+scripts/run-local-ranks.sh 3 "$build/asan/allgather_host" -t shm -s 262144 -i 3
+unset LSAN_OPTIONS ASAN_OPTIONS UBSAN_OPTIONS
+
+vg=(valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite
+  --show-leak-kinds=definite --suppressions="$ROOT/scripts/valgrind.supp")
+echo "== valgrind: C host all-gather, 2 ranks"
+cmake -S c_examples -B "$build/plain" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_PREFIX_PATH="$prefix" \
+  -DMSCCLPP_EXAMPLES_STATIC=OFF >/dev/null
+cmake --build "$build/plain" --parallel "$(nproc)" >/dev/null
+MSCCLPP_RUN_TIMEOUT=300 MSCCLPP_BOOTSTRAP_TIMEOUT=120 \
+  scripts/run-local-ranks.sh 2 "${vg[@]}" "$build/plain/allgather_host" -s 65536 -i 2
+
+echo "== valgrind: Rust create/destroy cycles (tests/leaks.rs)"
+bin=$(cargo test -q --test leaks --no-run --message-format=json |
+  sed -n 's/.*"executable":"\([^"]*leaks[^"]*\)".*/\1/p' | tail -1)
+[[ -x $bin ]] || { echo "sanitize: cannot find the tests/leaks.rs binary" >&2; exit 1; }
+MSCCLPP_TEST_CYCLES=10 timeout 600 "${vg[@]}" "$bin" --test-threads=1
+echo "sanitize: all checks passed"
