@@ -5,7 +5,7 @@ use crate::abi::*;
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
 use crate::fifo::{AbortWord, Fifo};
-use crate::proxy::{self, ProxyConn, ProxyWork, Running, SharedEndpoint, Sticky};
+use crate::proxy::{self, ProxyConn, ProxyWork, Running, SharedEndpoint, SharedWork, Sticky};
 use crate::transport::{self, EndpointKey, MemKind, MrId, PeerId, Region, RemoteId};
 use crate::wire::{Reader, Writer};
 use std::collections::HashMap;
@@ -13,10 +13,90 @@ use std::sync::{Arc, Mutex};
 
 const CONN_MAGIC: u32 = 0x4d53_434e; // "MSCN"
 const WIRE_VERSION: u32 = 1;
-// Bootstrap tag spaces (top byte) for the messages of connection setup.
-const TAG_CONN: u64 = 1 << 56;
-const TAG_ACK: u64 = 2 << 56;
-const TAG_REG: u64 = 3 << 56;
+// Bootstrap tag spaces (top byte) for the messages of connection setup; the low 32 bits carry
+// the connection's tag. Public so that protocol tests can speak to a real rank.
+/// Tag space of the [`ConnBlob`]s (`TAG_CONN | tag as u32`).
+pub const TAG_CONN: u64 = 1 << 56;
+/// Tag space of the setup acknowledgements (`b"ok"`).
+pub const TAG_ACK: u64 = 2 << 56;
+/// Tag space of the registered-buffer blobs.
+pub const TAG_REG: u64 = 3 << 56;
+
+/// One rank's half of a connection, sent to the peer on `TAG_CONN | tag` during setup: magic,
+/// version, transport, tag, sender rank (u32 LE each), buffer size (u64 LE), then the
+/// transport's endpoint address, data-region blob and epoch-region blob (u32 LE length, at
+/// most `wire::MAX_FIELD` bytes each). The three blobs are the transport's to validate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnBlob<'a> {
+    pub transport: u32,
+    pub tag: i32,
+    pub rank: usize,
+    pub size: u64,
+    pub addr: &'a [u8],
+    pub data: &'a [u8],
+    pub epoch: &'a [u8],
+}
+
+impl<'a> ConnBlob<'a> {
+    pub fn encode(&self) -> Vec<u8> {
+        Writer::new()
+            .u32(CONN_MAGIC)
+            .u32(WIRE_VERSION)
+            .u32(self.transport)
+            .u32(self.tag as u32)
+            .u32(self.rank as u32)
+            .u64(self.size)
+            .bytes(self.addr)
+            .bytes(self.data)
+            .bytes(self.epoch)
+            .finish()
+    }
+
+    /// Parses the half that rank `from` sent for the connection this rank declared with `tag`
+    /// and `transport`, and checks it against that declaration. Pure: no I/O, no allocation
+    /// beyond the error text; the blobs it returns borrow from `msg`.
+    pub fn decode(
+        msg: &'a [u8],
+        from: usize,
+        tag: i32,
+        transport: mscclppTransport_t,
+    ) -> Result<Self> {
+        let mut rd = Reader::new(msg, "connection setup blob");
+        let (magic, ver) = (rd.u32()?, rd.u32()?);
+        if magic != CONN_MAGIC || ver != WIRE_VERSION {
+            return Err(Error::remote(format!(
+                "rank {from}: foreign connection blob (magic {magic:#x}, version {ver})"
+            )));
+        }
+        let (tr, rtag, rank, size) = (rd.u32()?, rd.u32()? as i32, rd.u32()? as usize, rd.u64()?);
+        let (addr, data, epoch) = (rd.bytes()?, rd.bytes()?, rd.bytes()?);
+        rd.finish()?;
+        if rank != from || rtag != tag {
+            return Err(Error::remote(format!(
+                "rank {from}: setup blob names rank {rank} tag {rtag}, expected rank {from} tag {tag}"
+            )));
+        }
+        if tr != transport as u32 {
+            return Err(Error::invalid_arg(format!(
+                "connection to rank {from} tag {tag}: transports differ (here {transport:?}, peer {tr})"
+            )));
+        }
+        if size == 0 {
+            return Err(Error::remote(format!(
+                "rank {from}: peer registered a 0-byte buffer"
+            )));
+        }
+        Ok(ConnBlob {
+            transport: tr,
+            tag: rtag,
+            rank,
+            size,
+            addr,
+            data,
+            epoch,
+        })
+    }
+}
 /// The most connections one proxy FIFO can address (connId has 10 bits).
 const MAX_CONNS_PER_PROXY: usize = 1 << MSCCLPP_BITS_CONNID;
 
@@ -45,8 +125,9 @@ struct Request {
 struct Slot {
     key: EndpointKey,
     ep: SharedEndpoint,
-    /// The FIFO and the connections' proxy state; `None` while the proxy thread holds them.
-    work: Option<(Fifo, Vec<ProxyConn>)>,
+    /// The FIFO and the connections' proxy state, shared with the proxy thread (and with host
+    /// producers, which may do its work).
+    work: SharedWork,
     abort: AbortWord,
     running: Option<Running>,
     peers: HashMap<usize, PeerId>,
@@ -219,10 +300,19 @@ impl Comm {
             EndpointKey::Net { device: None, .. } => Fifo::new_host()?,
         };
         let abort = fifo.abort_word();
+        let ep: SharedEndpoint = Arc::new(Mutex::new(ep));
+        let name = format!("mscclpp-proxy-{}.{}", self.rank(), self.slots.len());
+        let work = ProxyWork::new(
+            fifo,
+            ep.clone(),
+            self.boot.clone(),
+            self.sticky.clone(),
+            name,
+        );
         self.slots.push(Slot {
             key: key.clone(),
-            ep: Arc::new(Mutex::new(ep)),
-            work: Some((fifo, Vec::new())),
+            ep,
+            work,
             abort,
             running: None,
             peers: HashMap::new(),
@@ -262,7 +352,8 @@ impl Comm {
             let (addr, (src, data_blob), (_, epoch_blob)) = {
                 let mut ep = proxy::lock(&self.slots[s].ep);
                 (
-                    ep.address()?,
+                    // Per peer: the net transport puts this peer's staging channel in it.
+                    ep.address_for(r.remote_rank)?,
                     ep.register(Region {
                         addr: r.buff,
                         len: r.size,
@@ -275,17 +366,16 @@ impl Comm {
                     })?,
                 )
             };
-            let msg = Writer::new()
-                .u32(CONN_MAGIC)
-                .u32(WIRE_VERSION)
-                .u32(r.transport as u32)
-                .u32(r.tag as u32)
-                .u32(self.rank() as u32)
-                .u64(r.size)
-                .bytes(&addr)
-                .bytes(&data_blob)
-                .bytes(&epoch_blob)
-                .finish();
+            let msg = ConnBlob {
+                transport: r.transport as u32,
+                tag: r.tag,
+                rank: self.rank(),
+                size: r.size,
+                addr: &addr,
+                data: &data_blob,
+                epoch: &epoch_blob,
+            }
+            .encode();
             self.boot
                 .send(r.remote_rank, TAG_CONN | r.tag as u32 as u64, &msg)?;
             local.push((s, src, epoch));
@@ -295,41 +385,13 @@ impl Comm {
             let msg = self.boot.recv(r.remote_rank, TAG_CONN | r.tag as u32 as u64).map_err(|e| {
                 Error::remote(format!("connection to rank {} tag {}: no matching mscclppConnect on the peer ({e})", r.remote_rank, r.tag))
             })?;
-            let mut rd = Reader::new(&msg, "connection setup blob");
-            let (magic, ver, tr, tag, from, rsize) = (
-                rd.u32()?,
-                rd.u32()?,
-                rd.u32()?,
-                rd.u32()? as i32,
-                rd.u32()? as usize,
-                rd.u64()?,
-            );
-            let (addr, data_blob, epoch_blob) = (rd.bytes()?, rd.bytes()?, rd.bytes()?);
-            rd.finish()?;
-            if magic != CONN_MAGIC || ver != WIRE_VERSION {
-                return Err(Error::remote(format!(
-                    "rank {}: foreign connection blob (magic {magic:#x}, version {ver})",
-                    r.remote_rank
-                )));
-            }
-            if from != r.remote_rank || tag != r.tag {
-                return Err(Error::remote(format!(
-                    "rank {}: setup blob names rank {from} tag {tag}, expected rank {} tag {}",
-                    r.remote_rank, r.remote_rank, r.tag
-                )));
-            }
-            if tr != r.transport as u32 {
-                return Err(Error::invalid_arg(format!(
-                    "connection to rank {} tag {}: transports differ (here {:?}, peer {tr})",
-                    r.remote_rank, r.tag, r.transport
-                )));
-            }
-            if rsize == 0 {
-                return Err(Error::remote(format!(
-                    "rank {}: peer registered a 0-byte buffer",
-                    r.remote_rank
-                )));
-            }
+            let ConnBlob {
+                size: rsize,
+                addr,
+                data: data_blob,
+                epoch: epoch_blob,
+                ..
+            } = ConnBlob::decode(&msg, r.remote_rank, r.tag, r.transport)?;
             let slot = &mut self.slots[s];
             let mut ep = proxy::lock(&slot.ep);
             let peer = match slot.peers.get(&r.remote_rank) {
@@ -345,17 +407,14 @@ impl Comm {
             let remote_buff = ep.remote_ptr(dst).unwrap_or(0);
             let remote_epoch_ptr = ep.remote_ptr(remote_epoch).unwrap_or(0);
             drop(ep);
-            let (fifo, pconns) = slot
-                .work
-                .as_mut()
-                .ok_or_else(|| Error::internal("proxy state missing during setup"))?;
-            if pconns.len() >= MAX_CONNS_PER_PROXY {
+            let mut work = proxy::lock(&slot.work);
+            if work.conns.len() >= MAX_CONNS_PER_PROXY {
                 return Err(Error::invalid_arg(format!(
                     "more than {MAX_CONNS_PER_PROXY} connections on one endpoint"
                 )));
             }
-            let conn_id = pconns.len();
-            pconns.push(ProxyConn {
+            let conn_id = work.conns.len();
+            work.conns.push(ProxyConn {
                 remote_rank: r.remote_rank,
                 peer,
                 src,
@@ -375,8 +434,9 @@ impl Comm {
                 // SAFETY: the epoch block is 32 bytes: 16 of epoch ids, then waitEpochId.
                 waitEpochId: unsafe { ep_ptr.add(16) }.cast(),
                 remoteBuff: remote_buff as *mut _,
-                fifo: fifo.producer_view(conn_id),
+                fifo: work.fifo.producer_view(conn_id),
             });
+            drop(work);
             self.conns.push(Conn {
                 slot: s,
                 remote_rank: r.remote_rank,
@@ -455,24 +515,17 @@ impl Comm {
                 "mscclppProxyLaunch: proxies are already running",
             ));
         }
-        for s in self.slots.iter_mut() {
-            let (fifo, conns) = s
-                .work
-                .take()
-                .ok_or_else(|| Error::internal("proxy state missing at launch"))?;
-            let name = format!("mscclpp-proxy-{}", self.boot.rank());
-            s.running = Some(proxy::launch(
-                name,
-                ProxyWork {
-                    fifo,
-                    conns,
-                    endpoint: s.ep.clone(),
-                    boot: self.boot.clone(),
-                },
-                self.sticky.clone(),
-            )?);
-        }
         self.proxies_running = true;
+        for i in 0..self.slots.len() {
+            match proxy::launch(self.slots[i].work.clone()) {
+                Ok(r) => self.slots[i].running = Some(r),
+                Err(e) => {
+                    // Leave nothing half-started behind.
+                    self.stop_all();
+                    return Err(e);
+                }
+            }
+        }
         Ok(())
     }
 
@@ -491,13 +544,13 @@ impl Comm {
     fn stop_all(&mut self) {
         for s in self.slots.iter_mut() {
             if let Some(r) = s.running.take() {
-                let (work, res) = r.stop();
-                if let Err(e) = res {
+                // The thread records its own failure (sticky error, abort word); a panic is
+                // recorded here.
+                if let Err(e) = r.stop() {
                     let code = crate::capi::result_of(&e);
                     self.sticky.set(code, format!("proxy for {:?}: {e}", s.key));
                     s.abort.set(code);
                 }
-                s.work = work.map(|w| (w.fifo, w.conns));
             }
         }
         self.proxies_running = false;
@@ -586,6 +639,37 @@ impl Comm {
     }
 }
 
+/// How long a destroyed communicator keeps progressing its network endpoints before closing
+/// them. A peer that signalled us and then flushes confirms delivery with a marker write that
+/// our endpoint must still accept (software providers move it only while we progress); closing
+/// at once would cancel it and fail the peer's flush. The marker follows the signal by
+/// microseconds in the usual put-signal-flush sequence.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(50);
+
+impl Comm {
+    fn linger(&mut self) {
+        let net: Vec<&SharedEndpoint> = self
+            .slots
+            .iter()
+            .filter(|s| matches!(s.key, EndpointKey::Net { .. }))
+            .map(|s| &s.ep)
+            .collect();
+        if net.is_empty() || self.conns.is_empty() {
+            return;
+        }
+        let t0 = std::time::Instant::now();
+        // Ends after LINGER; errors (a peer already gone) do not matter any more.
+        while t0.elapsed() < LINGER {
+            for ep in &net {
+                let mut ep = proxy::lock(ep);
+                let _ = ep.progress();
+                let _ = ep.poll_incoming();
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
 impl Drop for Comm {
     fn drop(&mut self) {
         // Producers still spinning on our FIFOs must stop; proxies drain, then endpoints close
@@ -596,6 +680,7 @@ impl Drop for Comm {
             }
         }
         self.stop_all();
+        self.linger();
         self.registered.clear();
         self.dev_conns.clear();
         let slots = std::mem::take(&mut self.slots);

@@ -10,21 +10,51 @@
 use crate::abi::*;
 use crate::error::{Error, Result};
 use crate::mem::HostBlock;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{LazyLock, RwLock};
+use std::sync::{LazyLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-/// Head addresses of the live host-memory FIFOs: the host-driven API accepts a connection only
-/// if its FIFO is one of these, so a device-memory or foreign `mscclppDevConn` is an error.
-static HOST_FIFOS: LazyLock<RwLock<HashSet<usize>>> = LazyLock::new(Default::default);
+/// Whoever consumes a host FIFO, reachable from its producers (see `proxy::ProxyWork`).
+pub trait Assist: Send + Sync {
+    /// Does a round of the consumer's work if nobody else is doing it; never blocks on it.
+    fn assist(&self);
+}
+
+/// Head addresses of the live host-memory FIFOs, with their consumer once the communicator has
+/// one. The host-driven API accepts a connection only if its FIFO is here, so a device-memory or
+/// foreign `mscclppDevConn` is an error rather than a stray access.
+type HostFifos = HashMap<usize, Option<Weak<dyn Assist>>>;
+static HOST_FIFOS: LazyLock<RwLock<HostFifos>> = LazyLock::new(Default::default);
+
+fn host_fifos() -> std::sync::RwLockReadGuard<'static, HostFifos> {
+    HOST_FIFOS.read().unwrap_or_else(|p| p.into_inner())
+}
 
 /// True if `head` belongs to a live host-memory FIFO of this process.
 pub fn is_host_fifo(head: *const u64) -> bool {
-    HOST_FIFOS
-        .read()
+    host_fifos().contains_key(&(head as usize))
+}
+
+/// Names the consumer of the host FIFO whose head is `head`.
+pub fn set_assist(head: *const u64, consumer: Weak<dyn Assist>) {
+    if let Some(e) = HOST_FIFOS
+        .write()
         .unwrap_or_else(|p| p.into_inner())
-        .contains(&(head as usize))
+        .get_mut(&(head as usize))
+    {
+        *e = Some(consumer);
+    }
+}
+
+/// Lets the calling host thread do a round of the consumer's work for the FIFO at `head`.
+fn assist(head: *const u64) {
+    let consumer = host_fifos()
+        .get(&(head as usize))
+        .and_then(|c| c.as_ref()?.upgrade());
+    if let Some(c) = consumer {
+        c.assist();
+    }
 }
 
 pub const SIZE: u64 = MSCCLPP_PROXY_FIFO_SIZE;
@@ -128,7 +158,7 @@ impl Fifo {
         HOST_FIFOS
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(head.ptr() as usize);
+            .insert(head.ptr() as usize, None);
         Ok(Fifo {
             slots: slots.ptr().cast(),
             ctrl: ctrl.ptr().cast(),
@@ -274,6 +304,8 @@ pub fn wait_timeout() -> Duration {
 /// a sleep costs at least the kernel's timer slack (~50 us) per round trip.
 pub(crate) struct Spin {
     abort: *const u64,
+    /// The FIFO's head: identifies the consumer this waiter helps (`assist`).
+    head: *const u64,
     start: Instant,
     deadline: Duration,
     n: u32,
@@ -284,9 +316,12 @@ const SPIN_ITERS: u32 = 256;
 const YIELD_FOR: Duration = Duration::from_millis(20);
 
 impl Spin {
-    pub(crate) fn new(abort: *const u64, deadline: Duration) -> Self {
+    /// A wait on the host FIFO `fifo` (its abort word ends the wait).
+    pub(crate) fn new(fifo: &mscclppConcurrentFifo, deadline: Duration) -> Self {
         Spin {
-            abort,
+            // SAFETY: the abort word follows the tail in every FIFO's control block.
+            abort: unsafe { fifo.triggerFifoTail.add(1) },
+            head: fifo.triggerFifoHead,
             start: Instant::now(),
             deadline,
             n: 0,
@@ -300,6 +335,10 @@ impl Spin {
             return Err(Error::remote(format!("{what}: the communicator was aborted (error code {a}); see mscclppCommGetAsyncError")));
         }
         self.n = self.n.saturating_add(1);
+        // What we wait for may need the proxy's work (our trigger executed, the endpoint through
+        // which the peer's data comes progressed): do it here rather than wait for a thread
+        // that may not even have a core.
+        assist(self.head);
         if self.n < SPIN_ITERS {
             std::hint::spin_loop();
             return Ok(());
@@ -323,12 +362,11 @@ impl Spin {
 /// `fifo` must be the producer view of a live host-memory FIFO.
 pub unsafe fn host_push(fifo: &mscclppConcurrentFifo, w: [u64; 2]) -> Result<u64> {
     debug_assert!(w[0] != 0 && w[1] != 0);
-    let abort = fifo.triggerFifoTail.add(1) as *const u64;
     let head = AtomicU64::from_ptr(fifo.triggerFifoHead);
     let tail = AtomicU64::from_ptr(fifo.triggerFifoTail);
     // The ticket only has to be unique; ordering comes from the slot words.
     let h = head.fetch_add(1, Ordering::Relaxed);
-    let mut spin = Spin::new(abort, wait_timeout());
+    let mut spin = Spin::new(fifo, wait_timeout());
     // Acquire pairs with the proxy's Release publication of the tail; ends when the proxy has
     // retired ticket h - SIZE, on abort, or at the deadline.
     while h >= SIZE + tail.load(Ordering::Acquire) {
@@ -343,6 +381,8 @@ pub unsafe fn host_push(fifo: &mscclppConcurrentFifo, w: [u64; 2]) -> Result<u64
     w1.store(w[1], Ordering::Relaxed);
     // Release pairs with the proxy's Acquire load of word0 in `Fifo::peek`.
     w0.store(w[0], Ordering::Release);
+    // Execute it now, on this core, unless a consumer is already at work.
+    assist(fifo.triggerFifoHead);
     Ok(h)
 }
 
@@ -352,10 +392,9 @@ pub unsafe fn host_push(fifo: &mscclppConcurrentFifo, w: [u64; 2]) -> Result<u64
 /// # Safety
 /// As for [`host_push`].
 pub unsafe fn host_wait_retired(fifo: &mscclppConcurrentFifo, h: u64) -> Result<()> {
-    let abort = fifo.triggerFifoTail.add(1) as *const u64;
     let tail = AtomicU64::from_ptr(fifo.triggerFifoTail);
     let w0 = AtomicU64::from_ptr(fifo.triggerFifo.add((h % SIZE) as usize) as *mut u64);
-    let mut spin = Spin::new(abort, wait_timeout());
+    let mut spin = Spin::new(fifo, wait_timeout());
     // Both Acquire loads pair with `Fifo::pop`'s Release stores. Ends when the slot clears or
     // the tail passes h; the slot can't be refilled before the tail passes h (room check).
     while w0.load(Ordering::Acquire) != 0 && tail.load(Ordering::Acquire) <= h {

@@ -136,6 +136,13 @@ fn initiator(dir: &Path) {
         ep.flush(peer).unwrap();
         wait_for(&mut *ep, &ackw, 0, r, "initiator waiting for the ack");
     }
+    // The target flushes its last ack with a delivery marker that lands here: keep progressing
+    // a moment before closing, as a destroyed communicator does (`comm::LINGER`).
+    let t1 = Instant::now();
+    while t1.elapsed() < Duration::from_millis(200) {
+        ep.progress().unwrap();
+        std::thread::yield_now();
+    }
     eprintln!(
         "net across namespaces ({}): {:?} per round of 1 MiB + flag + ack",
         ep.describe(),

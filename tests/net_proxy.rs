@@ -83,17 +83,15 @@ fn proxy_moves_data_and_refuses_out_of_range_triggers() {
         .unwrap()
         .port();
     let boot = Arc::new(Bootstrap::from_addr(&format!("127.0.0.1:{port}"), 0, 1).unwrap());
-    let running = proxy::launch(
-        "net-proxy-test".into(),
-        ProxyWork {
-            fifo,
-            conns: vec![conn],
-            endpoint: a.clone(),
-            boot,
-        },
+    let work = ProxyWork::new(
+        fifo,
+        a.clone(),
+        boot,
         sticky.clone(),
-    )
-    .unwrap();
+        "net-proxy-test".into(),
+    );
+    proxy::lock(&work).conns.push(conn);
+    let running = proxy::launch(work).unwrap();
     // Data + Flag + Sync: half the buffer at an offset.
     let half = (n * 8 / 2) as u64;
     let w = trigger_encode(mscclppData | mscclppFlag | mscclppSync, half, half, half, 0);
@@ -115,8 +113,7 @@ fn proxy_moves_data_and_refuses_out_of_range_triggers() {
     let bad = trigger_encode(mscclppData, half + 1, 0, half, 0);
     // SAFETY: as above.
     let _ = unsafe { host_push(&view, bad) };
-    let (_, r) = running.stop();
-    match r {
+    match running.stop() {
         Err(Error::InvalidArgument(m)) => assert!(m.contains("outside"), "{m}"),
         other => panic!("expected the proxy to refuse the trigger, got {other:?}"),
     }

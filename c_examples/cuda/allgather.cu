@@ -10,7 +10,8 @@
  *                                               flush and wait, timed inside the kernel
  *
  * Ranks come from the launcher (launch_env.h); local rank r uses GPU r % ngpus (the local rank
- * defaults to the rank).
+ * defaults to the rank). MSCCLPP_EXAMPLE_TRANSPORT=ib|shm|mixed connects over libfabric (GPU
+ * memory staged through host memory unless the provider has FI_HMEM) instead of P2P.
  */
 #include "common.cuh"
 
@@ -76,7 +77,8 @@ static int runTest(Ctx& c, uint32_t* buf, uint64_t maxBytes, cudaStream_t s)
   uint32_t seed = 1;
   for (uint64_t slice : slices) {
     if (slice * c.nranks > maxBytes) continue;
-    for (int variant = 0; variant < 2; variant++) {
+    /* The direct variant stores through remoteBuff: P2P connections only. */
+    for (int variant = 0; variant < (c.allP2P ? 2 : 1); variant++) {
       for (int iter = 0; iter < 3; iter++, seed++) {
         const uint64_t words = slice / 4;
         fillKernel<<<264, 512, 0, s>>>(buf, words, c.rank, c.nranks, seed);

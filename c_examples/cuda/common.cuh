@@ -58,6 +58,7 @@ struct Ctx {
   mscclppComm_t comm = nullptr;
   int nconns = 0;
   std::vector<int> peerOfConn; /* remote rank of connection i */
+  bool allP2P = true;          /* every connection has remoteBuff (kernels may store to peers) */
 };
 
 /* Rank, size and root from the launcher (launch_env.h; its options are removed from argv),
@@ -80,15 +81,33 @@ static inline void setupRank(Ctx& c, int* argc, char** argv)
   MSCCLPPCHECK(mscclppCommInitRank(&c.comm, c.nranks, c.root, c.rank));
 }
 
-/* Connects `buf` (bytes) to every peer in `peers` over P2P, sets up, copies the connections
- * into gConns in the order of `peers`, and launches the proxy. */
+/* The transport to `peer`, from MSCCLPP_EXAMPLE_TRANSPORT: p2p (default), ib (libfabric; the
+ * provider from MSCCLPP_NET_PROVIDER), shm, or mixed (ib when rank + peer is odd, else p2p: the
+ * same answer on both sides, and with 3+ ranks both kinds in one communicator). */
+static inline mscclppTransport_t transportTo(const Ctx& c, int peer)
+{
+  const char* t = getenv("MSCCLPP_EXAMPLE_TRANSPORT");
+  if (t == nullptr || strcmp(t, "p2p") == 0) return mscclppTransportP2P;
+  if (strcmp(t, "ib") == 0) return mscclppTransportIB;
+  if (strcmp(t, "shm") == 0) return mscclppTransportSHM;
+  if (strcmp(t, "mixed") == 0) return (c.rank + peer) % 2 ? mscclppTransportIB : mscclppTransportP2P;
+  fprintf(stderr, "MSCCLPP_EXAMPLE_TRANSPORT=%s: expected p2p, ib, shm or mixed\n", t);
+  exit(2);
+}
+
+/* Connects `buf` (bytes) to every peer in `peers` (transport: transportTo), sets up, copies the
+ * connections into gConns in the order of `peers`, and launches the proxy. */
 static inline void connectPeers(Ctx& c, void* buf, uint64_t bytes, const std::vector<int>& peers)
 {
   if ((int)peers.size() > MAX_CONNS) {
     fprintf(stderr, "too many peers\n");
     exit(1);
   }
-  for (int p : peers) MSCCLPPCHECK(mscclppConnect(c.comm, p, 0, buf, bytes, mscclppTransportP2P));
+  for (int p : peers) {
+    const mscclppTransport_t t = transportTo(c, p);
+    if (t != mscclppTransportP2P) c.allP2P = false;
+    MSCCLPPCHECK(mscclppConnect(c.comm, p, 0, buf, bytes, t));
+  }
   MSCCLPPCHECK(mscclppConnectionSetup(c.comm));
   mscclppDevConn_t* conns = nullptr;
   int n = 0;
@@ -98,8 +117,10 @@ static inline void connectPeers(Ctx& c, void* buf, uint64_t bytes, const std::ve
     exit(1);
   }
   for (int i = 0; i < n; i++) {
-    if (conns[i].remoteRank != peers[i] || conns[i].remoteBuff == nullptr ||
-        conns[i].remoteSignalEpochId == nullptr) {
+    /* Only P2P connections map the peer's memory (remoteBuff, remoteSignalEpochId). */
+    const bool p2p = transportTo(c, peers[i]) == mscclppTransportP2P;
+    if (conns[i].remoteRank != peers[i] ||
+        (p2p && (conns[i].remoteBuff == nullptr || conns[i].remoteSignalEpochId == nullptr))) {
       fprintf(stderr, "rank %d: connection %d: remoteRank %d (expected %d), remoteBuff %p, remoteSignalEpochId %p\n",
               c.rank, i, conns[i].remoteRank, peers[i], conns[i].remoteBuff,
               (void*)conns[i].remoteSignalEpochId);

@@ -141,10 +141,7 @@ pub extern "C" fn mscclppDevConnWait(conn: *mut mscclppDevConn_t) -> mscclppResu
                 AtomicU64::from_ptr(std::ptr::addr_of_mut!((*c.localSignalEpochId).proxy)),
             )
         };
-        let mut spin = Spin::new(
-            unsafe { c.fifo.triggerFifoTail.add(1) },
-            fifo::wait_timeout(),
-        );
+        let mut spin = Spin::new(&c.fifo, fifo::wait_timeout());
         // Acquire pairs with the peer's write of the signal count, which the transport orders
         // after the data. Ends when the count arrives, on abort, or at the deadline.
         while proxy.load(Ordering::Acquire) < wait {

@@ -17,7 +17,7 @@ mod stream;
 pub(crate) use ipc::IPC_HANDLE_BYTES;
 pub use ipc::{address_range, ipc_handle, IpcMapping};
 pub use mem::{DeviceMem, EpochMem, PinnedHost};
-pub use stream::Stream;
+pub use stream::{Event, Stream};
 
 use crate::error::{Error, Result};
 use crate::transport::MemKind;
@@ -68,6 +68,10 @@ const REQUIRED: &[&str] = &[
     "cuStreamQuery",
     "cuMemcpyAsync",
     "cuMemcpyDtoDAsync_v2",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventDestroy_v2",
 ];
 
 static DRIVER: OnceLock<Option<Driver>> = OnceLock::new();
@@ -144,6 +148,11 @@ pub fn device_count() -> i32 {
 /// Whether `cuStreamWriteValue64_v2` may be called.
 pub(crate) fn has_write_value64() -> bool {
     driver().is_some_and(|d| d.write_value64)
+}
+
+/// Whether `cuFlushGPUDirectRDMAWrites` may be called ([`flush_gpudirect_rdma_writes`]).
+pub fn has_flush_gpudirect_rdma() -> bool {
+    driver().is_some_and(|d| d.flush_rdma)
 }
 
 /// The driver's name and text for a result code.

@@ -135,6 +135,72 @@ pub(crate) fn wait_raw(s: sys::CUstream, what: impl FnOnce() -> String) -> Resul
     }
 }
 
+/// A CUDA event without timing, recorded on a [`Stream`] to learn, without blocking, when the
+/// work queued before it has completed (the net transport's staging copies). Like the data-path
+/// methods of `Stream`, `record` and `query` expect the event's context to be current.
+pub struct Event {
+    raw: sys::CUevent,
+    device: i32,
+}
+
+// SAFETY: event handles may be used from any thread whose current context is the event's;
+// `Event` only hands the handle to the driver.
+unsafe impl Send for Event {}
+
+impl Event {
+    pub fn new(device: i32) -> Result<Self> {
+        let _g = CtxGuard::enter(device)?;
+        let mut raw: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: out-pointer valid; context current (guard). DISABLE_TIMING: cheapest kind.
+        check(
+            unsafe {
+                sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+            },
+            || format!("cuEventCreate(device {device})"),
+        )?;
+        Ok(Event { raw, device })
+    }
+
+    /// Captures the work queued on `stream` so far (`stream` must be of the event's device).
+    pub fn record(&self, stream: &Stream) -> Result<()> {
+        debug_assert_eq!(stream.device, self.device);
+        // SAFETY: both handles are live and of the same context, which is current (type doc).
+        check(unsafe { sys::cuEventRecord(self.raw, stream.raw) }, || {
+            "cuEventRecord".into()
+        })
+    }
+
+    /// True once the captured work has completed; an error if it failed.
+    pub fn query(&self) -> Result<bool> {
+        // SAFETY: a live event of the current context.
+        match unsafe { sys::cuEventQuery(self.raw) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => Err(Error::Cuda {
+                call: "cuEventQuery".into(),
+                detail: describe(r),
+            }),
+        }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let g = CtxGuard::enter(self.device);
+        // SAFETY: created by cuEventCreate, destroyed once. An event whose work is pending may
+        // be destroyed (the driver releases it once that work completes).
+        let r = unsafe { sys::cuEventDestroy_v2(self.raw) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            crate::warn!(
+                "cuEventDestroy(device {}) failed: {}",
+                self.device,
+                describe(r)
+            );
+        }
+        drop(g);
+    }
+}
+
 impl Drop for Stream {
     fn drop(&mut self) {
         // Destroying a busy stream is allowed (the driver finishes its work first); the owners

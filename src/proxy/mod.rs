@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::fifo::{Fifo, Trigger};
 use crate::transport::{Endpoint, MrId, PeerId, RemoteId};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -56,99 +56,240 @@ pub struct ProxyConn {
 
 pub type SharedEndpoint = Arc<Mutex<Box<dyn Endpoint>>>;
 
-/// What the thread owns while it runs; handed back by `join`.
+/// One FIFO's consumer: the FIFO, its connections and the endpoint they use. Shared between the
+/// proxy thread and, for host FIFOs, the host threads that produce into it or wait on it: any
+/// of them may hold the lock and do the proxy's work (`ProxyWork::service`). The lock keeps one
+/// consumer at a time, so triggers still execute in FIFO order.
 pub struct ProxyWork {
     pub fifo: Fifo,
     pub conns: Vec<ProxyConn>,
     pub endpoint: SharedEndpoint,
     /// Polled for peers that died: their loss aborts every wait on this FIFO.
     pub boot: Arc<crate::bootstrap::Bootstrap>,
+    pub sticky: Arc<Sticky>,
+    pub name: String,
+    /// Between `launch` and the end of the thread, and only while no error occurred: only then
+    /// may anyone consume (before launch, host producers' triggers wait for the proxy).
+    active: bool,
+    handled: u32,
+    last_watch: Instant,
+    stop_seen: Option<Instant>,
+}
+
+pub type SharedWork = Arc<Mutex<ProxyWork>>;
+
+/// What one `service` round found.
+enum Round {
+    /// Triggers were executed.
+    Busy,
+    /// Nothing to do; the endpoint was progressed.
+    Idle,
+    /// Asked to stop, and the FIFO is drained and flushed.
+    Done,
+}
+
+impl ProxyWork {
+    pub fn new(
+        fifo: Fifo,
+        endpoint: SharedEndpoint,
+        boot: Arc<crate::bootstrap::Bootstrap>,
+        sticky: Arc<Sticky>,
+        name: String,
+    ) -> SharedWork {
+        let host_head = fifo
+            .device()
+            .is_none()
+            .then(|| fifo.producer_view(0).triggerFifoHead);
+        let work = Arc::new(Mutex::new(ProxyWork {
+            fifo,
+            conns: Vec::new(),
+            endpoint,
+            boot,
+            sticky,
+            name,
+            active: false,
+            handled: 0,
+            last_watch: Instant::now(),
+            stop_seen: None,
+        }));
+        if let Some(head) = host_head {
+            let weak: Weak<dyn crate::fifo::Assist> =
+                Arc::downgrade(&work) as Weak<Mutex<ProxyWork>>;
+            crate::fifo::set_assist(head, weak);
+        }
+        work
+    }
+
+    /// Records `e` as the communicator's sticky error, raises the abort word and stops
+    /// consuming.
+    fn fail(&mut self, e: &Error) {
+        let code = crate::capi::result_of(e);
+        self.sticky.set(code, format!("{}: {e}", self.name));
+        self.fifo.abort_word().set(code);
+        self.active = false;
+    }
+
+    /// One round of the proxy's work: up to a batch of triggers, or, when the FIFO is empty,
+    /// progress of the endpoint (and the final drain once `stopping`).
+    fn service(&mut self, stopping: bool) -> Result<Round> {
+        if self.last_watch.elapsed() > PEER_WATCH_PERIOD {
+            self.last_watch = Instant::now();
+            check_peers(self)?;
+        }
+        let mut n = 0;
+        while n < BATCH {
+            let Some(words) = self.fifo.peek() else { break };
+            let t = Trigger::decode(words);
+            handle(self, &t)?;
+            self.fifo.pop(t.ty & mscclppSync != 0);
+            n += 1;
+            self.handled = self.handled.wrapping_add(1);
+            if self.handled % BUSY_INCOMING_EVERY == 0 {
+                // A FIFO that never empties must not starve the peers' writes into us.
+                lock(&self.endpoint).poll_incoming()?;
+            }
+        }
+        if n > 0 {
+            self.stop_seen = None;
+            return Ok(Round::Busy);
+        }
+        if stopping {
+            // A producer may have taken a ticket and not yet written its slot; give it a short
+            // grace period, then finish.
+            let t0 = *self.stop_seen.get_or_insert_with(Instant::now);
+            if t0.elapsed() > Duration::from_millis(20) {
+                let mut ep = lock(&self.endpoint);
+                ep.poll_incoming()?;
+                let mut peers: Vec<PeerId> = self.conns.iter().map(|c| c.peer).collect();
+                peers.sort_unstable();
+                peers.dedup();
+                for p in peers {
+                    ep.flush(p)?;
+                }
+                return Ok(Round::Done);
+            }
+        }
+        let mut ep = lock(&self.endpoint);
+        ep.progress()?;
+        // Writes peers made into us that need our work before our waiters may see them (net
+        // staging); after progress, which may just have delivered some.
+        ep.poll_incoming()?;
+        Ok(Round::Idle)
+    }
+}
+
+/// Host threads that push into, or wait on, a host FIFO do the proxy's work themselves when
+/// nobody else is doing it: the trigger is executed on the producer's own core, and a waiter
+/// progresses the endpoint through which its data arrives. On a machine with fewer cores than
+/// busy threads this removes the hand-offs between threads from every round trip.
+impl crate::fifo::Assist for Mutex<ProxyWork> {
+    fn assist(&self) {
+        // try_lock: if the proxy thread (or another producer) is consuming, it does the work.
+        let Ok(mut w) = self.try_lock() else { return };
+        if w.active {
+            if let Err(e) = w.service(false) {
+                w.fail(&e);
+            }
+        }
+    }
 }
 
 pub struct Running {
     stop: Arc<AtomicBool>,
-    handle: JoinHandle<(ProxyWork, Result<()>)>,
+    handle: JoinHandle<Result<()>>,
 }
 
 /// Starts a named proxy thread over `work`.
-pub fn launch(name: String, work: ProxyWork, sticky: Arc<Sticky>) -> Result<Running> {
+pub fn launch(work: SharedWork) -> Result<Running> {
+    let (name, device) = {
+        let mut w = lock(&work);
+        // A peer that dies while the transport waits for it (a flush, a full queue) ends that
+        // wait at once, as it ends an idle proxy's loop (`check_peers`).
+        let (boot, ranks) = (
+            w.boot.clone(),
+            w.conns.iter().map(|c| c.remote_rank).collect::<Vec<_>>(),
+        );
+        lock(&w.endpoint).set_abort_check(Box::new(move || lost_peer_of(&boot, &ranks)));
+        w.active = true;
+        w.stop_seen = None;
+        (w.name.clone(), w.fifo.device())
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
-    let handle = std::thread::Builder::new()
-        .name(name.clone())
-        .spawn(move || {
-            // The FIFO's device is the endpoint's: its copies and streams live in that
-            // device's primary context.
-            crate::cuda::bind_proxy_thread(work.fifo.device());
-            let mut work = work;
-            let r = run(&mut work, &stop2);
-            if let Err(e) = &r {
-                let code = crate::capi::result_of(e);
-                sticky.set(code, format!("{name}: {e}"));
-                work.fifo.abort_word().set(code);
-            }
-            (work, r)
-        })
-        .map_err(|e| Error::sys("spawning the proxy thread", e))?;
-    Ok(Running { stop, handle })
+    let work2 = work.clone();
+    let spawned = std::thread::Builder::new().name(name).spawn(move || {
+        // The FIFO's device is the endpoint's: its copies and streams live in that device's
+        // primary context.
+        crate::cuda::bind_proxy_thread(device);
+        run(&work2, &stop2, device.is_none())
+    });
+    match spawned {
+        Ok(handle) => Ok(Running { stop, handle }),
+        Err(e) => {
+            lock(&work).active = false;
+            Err(Error::sys("spawning the proxy thread", e))
+        }
+    }
 }
 
 impl Running {
     /// Asks the thread to finish the triggers already in the FIFO, then joins it.
-    pub fn stop(self) -> (Option<ProxyWork>, Result<()>) {
-        // Release pairs with the Acquire load in `run`'s loop condition.
+    pub fn stop(self) -> Result<()> {
+        // Release pairs with the Acquire load in `run`.
         self.stop.store(true, Ordering::Release);
-        match self.handle.join() {
-            Ok((w, r)) => (Some(w), r),
-            Err(_) => (None, Err(Error::internal("the proxy thread panicked"))),
-        }
+        self.handle
+            .join()
+            .unwrap_or_else(|_| Err(Error::internal("the proxy thread panicked")))
     }
 }
 
-fn run(w: &mut ProxyWork, stop: &AtomicBool) -> Result<()> {
+/// The proxy thread. Ends when stopped (after draining), or at the first error, which it
+/// records (sticky error, abort word) before returning it.
+fn run(work: &Mutex<ProxyWork>, stop: &AtomicBool, host_fifo: bool) -> Result<()> {
     let mut idle: u32 = 0;
     let mut idle_since = Instant::now();
-    let mut stop_seen: Option<Instant> = None;
-    let mut last_watch = Instant::now();
     loop {
-        if last_watch.elapsed() > PEER_WATCH_PERIOD {
-            last_watch = Instant::now();
-            check_peers(w)?;
-        }
-        match w.fifo.peek() {
-            Some(words) => {
-                idle = 0;
-                let t = Trigger::decode(words);
-                handle(w, &t)?;
-                w.fifo.pop(t.ty & mscclppSync != 0);
+        let round = {
+            let mut w = lock(work);
+            if !w.active {
+                // A host thread's assist failed and recorded the error.
+                let msg = w.sticky.get().map(|x| x.1).unwrap_or_default();
+                return Err(Error::remote(format!(
+                    "stopped after an earlier error: {msg}"
+                )));
             }
-            None => {
-                // Acquire pairs with `Running::stop`. The FIFO is empty: finish once asked.
-                if stop.load(Ordering::Acquire) {
-                    // A producer may have taken a ticket and not yet written its slot; give it
-                    // a short grace period, then finish.
-                    let t0 = *stop_seen.get_or_insert_with(Instant::now);
-                    if t0.elapsed() > Duration::from_millis(20) {
-                        let mut ep = crate::proxy::lock(&w.endpoint);
-                        let mut peers: Vec<PeerId> = w.conns.iter().map(|c| c.peer).collect();
-                        peers.sort_unstable();
-                        peers.dedup();
-                        for p in peers {
-                            ep.flush(p)?;
-                        }
-                        return Ok(());
-                    }
+            // Acquire pairs with `Running::stop`.
+            match w.service(stop.load(Ordering::Acquire)) {
+                Ok(Round::Done) => {
+                    w.active = false;
+                    return Ok(());
                 }
-                lock(&w.endpoint).progress()?;
+                Ok(r) => r,
+                Err(e) => {
+                    w.fail(&e);
+                    return Err(e);
+                }
+            }
+        };
+        match round {
+            Round::Busy => idle = 0,
+            _ => {
                 if idle == 0 {
                     idle_since = Instant::now();
                 }
                 idle = idle.saturating_add(1);
-                backoff(idle, idle_since);
+                backoff(idle, idle_since, host_fifo);
             }
         }
     }
 }
+
+/// Triggers one `service` round executes before it lets go of the lock.
+const BATCH: u32 = 32;
+
+/// While busy, the proxy finishes incoming writes (`Endpoint::poll_incoming`) after this many
+/// triggers; when idle, on every round.
+const BUSY_INCOMING_EVERY: u32 = 64;
 
 /// How often the proxy asks the bootstrap whether a connected peer vanished.
 const PEER_WATCH_PERIOD: Duration = Duration::from_millis(10);
@@ -156,21 +297,34 @@ const PEER_WATCH_PERIOD: Duration = Duration::from_millis(10);
 /// Fails when a peer of one of this proxy's connections died (no goodbye on its bootstrap
 /// connection): the caller turns that into the sticky error and the abort word.
 fn check_peers(w: &ProxyWork) -> Result<()> {
-    match w.boot.lost_peer() {
-        Some((rank, why)) if w.conns.iter().any(|c| c.remote_rank == rank) => {
-            Err(Error::remote(format!("peer lost: {why}")))
-        }
-        _ => Ok(()),
+    let ranks: Vec<usize> = w.conns.iter().map(|c| c.remote_rank).collect();
+    match lost_peer_of(&w.boot, &ranks) {
+        Some(why) => Err(Error::remote(why)),
+        None => Ok(()),
+    }
+}
+
+/// "peer lost: why" when one of `ranks` died (one atomic load while none did).
+fn lost_peer_of(boot: &crate::bootstrap::Bootstrap, ranks: &[usize]) -> Option<String> {
+    match boot.lost_peer() {
+        Some((rank, why)) if ranks.contains(&rank) => Some(format!("peer lost: {why}")),
+        _ => None,
     }
 }
 
 /// Idle policy: spin, then yield for a while (hands the core to producers and peers on an
 /// oversubscribed machine without a sleep's timer slack), then short naps so that an idle
-/// communicator does not hold a core; the first trigger after a long idle pays <= ~70 us.
-fn backoff(idle: u32, idle_since: Instant) {
+/// communicator does not hold a core. Host FIFOs nap sooner: their producers and waiters do
+/// the proxy's work themselves (`Assist`), so the thread only covers the gaps.
+fn backoff(idle: u32, idle_since: Instant, host_fifo: bool) {
+    let yield_for = if host_fifo {
+        Duration::from_millis(1)
+    } else {
+        Duration::from_millis(20)
+    };
     if idle < 128 {
         std::hint::spin_loop();
-    } else if idle_since.elapsed() < Duration::from_millis(20) {
+    } else if idle_since.elapsed() < yield_for {
         std::thread::yield_now();
     } else {
         std::thread::sleep(Duration::from_micros(20));

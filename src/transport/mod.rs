@@ -8,6 +8,7 @@
 
 pub mod net;
 pub mod p2p;
+pub mod staging;
 
 use crate::abi::mscclppTransport_t;
 use crate::error::Result;
@@ -39,12 +40,20 @@ pub type RemoteId = usize;
 ///
 /// Ordering contract: on one `PeerId`, `write_value` is delivered after every earlier `write`
 /// (the receiver that sees the value sees the data), and `flush` returns only when every earlier
-/// `write` and `write_value` to that peer has reached the peer's memory.
+/// `write` and `write_value` to that peer has reached the peer's memory (for memory the peer
+/// stages, its destination memory: see `net/staging.rs`). Some of that may need the receiving
+/// endpoint's own work: its proxy calls `progress` and `poll_incoming` whenever idle.
 pub trait Endpoint: Send {
     /// Human-readable identity for logs and errors, e.g. `net:tcp;ofi_rxm/lo`.
     fn describe(&self) -> String;
     /// The address blob a peer needs to reach this endpoint.
     fn address(&self) -> Result<Vec<u8>>;
+    /// The address blob for the peer of rank `remote_rank` specifically: an endpoint that keeps
+    /// per-peer state the peer must know about (the net transport's staging channel) makes it
+    /// here. Connection setup uses this; the default is [`Endpoint::address`].
+    fn address_for(&mut self, _remote_rank: usize) -> Result<Vec<u8>> {
+        self.address()
+    }
     /// Makes a peer reachable from its address blob.
     fn add_peer(&mut self, remote_rank: usize, address: &[u8]) -> Result<PeerId>;
     /// Registers a local region (exactly `region`, never rounded up) and returns a blob that
@@ -75,7 +84,21 @@ pub trait Endpoint: Send {
     fn flush(&mut self, peer: PeerId) -> Result<()>;
     /// Drives completions and the provider's progress engine; called by the proxy when idle.
     fn progress(&mut self) -> Result<()>;
+    /// Finishes writes that peers made into this endpoint and that need this side's work
+    /// before the local waiter may see them (the net transport applies staged writes to GPU
+    /// memory, then stores the signal count after them). Called by the proxy when idle and
+    /// now and then while busy; must not block. Default: nothing to do.
+    fn poll_incoming(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// Installs a check that the endpoint's bounded waits (flush, a full queue, retries) poll:
+    /// when it returns why, the wait fails at once instead of running to its timeout. The
+    /// proxy installs "a peer of this endpoint died". Default: ignored.
+    fn set_abort_check(&mut self, _check: AbortCheck) {}
 }
+
+/// See [`Endpoint::set_abort_check`]: `Some(why)` means "give up now".
+pub type AbortCheck = Box<dyn Fn() -> Option<String> + Send>;
 
 /// The C transport enum, checked (C may pass any integer).
 pub fn transport_from_c(v: i32) -> Option<mscclppTransport_t> {

@@ -1,28 +1,40 @@
-//! The two blobs the net transport hands to peers: its address, and one per registered region.
-//! Both start with a magic and a version and are parsed with `crate::wire::Reader`, so a blob
-//! from another transport, another version or a corrupted one is refused with a message.
+//! The blobs the net transport hands to peers: its address (with, per peer, the staging channel:
+//! see `staging.rs`), and one per registered region. Each starts with a magic and a version and
+//! is parsed with `crate::wire::Reader`, so a blob from another transport, another version or a
+//! corrupted one is refused with a message.
 
 use crate::error::{Error, Result};
 use crate::wire::{Reader, Writer};
 
 const ADDR_MAGIC: u32 = 0x4d53_4e41; // "MSNA"
 const MR_MAGIC: u32 = 0x4d53_4e4d; // "MSNM"
-const VERSION: u32 = 1;
-/// Region blob: magic, version, flags (u32 each), base, len, key (u64 each).
-pub(super) const MR_BLOB_LEN: usize = 3 * 4 + 3 * 8;
+const CHAN_MAGIC: u32 = 0x4d53_4e43; // "MSNC"
+/// 2: region blobs carry a mode and an id; addresses may carry a staging channel.
+const VERSION: u32 = 2;
+/// Region blob: magic, version, flags, id (u32 each), base, len, key (u64 each).
+pub(super) const MR_BLOB_LEN: usize = 4 * 4 + 3 * 8;
 const FLAG_VIRT_ADDR: u32 = 1;
+/// Mode flags (at most one): see [`Mode`].
+const FLAG_RELAY_VALUES: u32 = 2;
+const FLAG_STAGED: u32 = 4;
+const KNOWN_FLAGS: u32 = FLAG_VIRT_ADDR | FLAG_RELAY_VALUES | FLAG_STAGED;
+/// Bounds on a peer's staging channel (sanity, not policy: the owner chose the sizes).
+const MAX_INBOX_SLOTS: u64 = 1 << 16;
+const MIN_RING: u64 = 4096;
 /// The longest raw endpoint address accepted (sockaddr_in6 is 28 bytes, shm names < 64; some
 /// hardware providers use a few hundred).
 pub(super) const MAX_RAW_ADDR: usize = 1024;
 
-/// An endpoint address as exchanged between ranks: provider, raw libfabric address, and the
-/// endpoint's scratch word (where peers write flush markers).
+/// An endpoint address as exchanged between ranks: provider, raw libfabric address, the
+/// endpoint's scratch word (where peers write flush markers), and, in an address made for one
+/// peer, the staging channel this endpoint keeps for that peer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct AddrBlob {
     pub provider: String,
     pub addr_format: u32,
     pub raw: Vec<u8>,
     pub scratch: MrBlob,
+    pub chan: Option<ChanBlob>,
 }
 
 impl AddrBlob {
@@ -34,10 +46,11 @@ impl AddrBlob {
             .bytes(self.provider.as_bytes())
             .bytes(&self.raw)
             .bytes(&self.scratch.encode())
+            .bytes(&self.chan.as_ref().map_or_else(Vec::new, ChanBlob::encode))
             .finish()
     }
-    /// Parses and validates a peer's address; its scratch region is checked like any region
-    /// blob against this endpoint's addressing mode and key size.
+    /// Parses and validates a peer's address; its scratch region (and channel regions) are
+    /// checked like any region blob against this endpoint's addressing mode and key size.
     pub fn decode(b: &[u8], virt_addr: bool, key_size: usize) -> Result<Self> {
         let mut r = Reader::new(b, "network endpoint address");
         let (magic, ver, addr_format) = (r.u32()?, r.u32()?, r.u32()?);
@@ -50,8 +63,12 @@ impl AddrBlob {
             .map_err(|_| Error::remote("network endpoint address: provider name is not UTF-8"))?;
         let raw = r.bytes()?.to_vec();
         let scratch = MrBlob::decode(r.bytes()?, virt_addr, key_size)?;
+        let chan = match r.bytes()? {
+            [] => None,
+            b => Some(ChanBlob::decode(b, virt_addr, key_size)?),
+        };
         r.finish()?;
-        if scratch.len != 8 {
+        if scratch.len != 8 || scratch.mode != Mode::Direct {
             return Err(Error::remote(format!(
                 "network endpoint address: scratch word of {} bytes",
                 scratch.len
@@ -68,26 +85,128 @@ impl AddrBlob {
             addr_format,
             raw,
             scratch,
+            chan,
         })
     }
 }
 
+/// What the peer's side of a region expects from writers (the region's owner decides).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// Host memory (or FI_HMEM device memory, see `RelayValues`): data and values are RMA
+    /// writes to `base`/`key`.
+    Direct,
+    /// FI_HMEM device memory: data is written directly, values go through the owner's
+    /// staging channel, which flushes GPUDirect writes before storing them (module doc of
+    /// `staging.rs`).
+    RelayValues,
+    /// Device memory without FI_HMEM (or any region under `MSCCLPP_TEST_FORCE_STAGING=1`):
+    /// data and values go through the owner's staging channel; `base`/`key` are unused (0).
+    Staged,
+}
+
+/// The staging channel one endpoint keeps for one peer rank: the 8-byte `credit` word where
+/// the peer reports how many of our records it has applied, and, on endpoints that stage
+/// (GPU memory without FI_HMEM, or the test switch), the `inbox` of records and the data
+/// `ring` the peer writes into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct ChanBlob {
+    pub credit: MrBlob,
+    pub incoming: Option<(MrBlob, MrBlob)>,
+}
+
+impl ChanBlob {
+    pub fn encode(&self) -> Vec<u8> {
+        let w = Writer::new().u32(CHAN_MAGIC).bytes(&self.credit.encode());
+        match &self.incoming {
+            None => w.u32(0),
+            Some((inbox, ring)) => w.u32(1).bytes(&inbox.encode()).bytes(&ring.encode()),
+        }
+        .finish()
+    }
+
+    pub fn decode(b: &[u8], virt_addr: bool, key_size: usize) -> Result<Self> {
+        let mut r = Reader::new(b, "network staging channel");
+        if r.u32()? != CHAN_MAGIC {
+            return Err(Error::remote("not a network staging channel"));
+        }
+        let credit = MrBlob::decode(r.bytes()?, virt_addr, key_size)?;
+        let incoming = match r.u32()? {
+            0 => None,
+            1 => Some((
+                MrBlob::decode(r.bytes()?, virt_addr, key_size)?,
+                MrBlob::decode(r.bytes()?, virt_addr, key_size)?,
+            )),
+            x => {
+                return Err(Error::remote(format!(
+                    "network staging channel: unknown layout {x}"
+                )))
+            }
+        };
+        r.finish()?;
+        let direct = |m: &MrBlob| m.mode == Mode::Direct;
+        if credit.len != 8 || !direct(&credit) {
+            return Err(Error::remote(format!(
+                "network staging channel: credit word of {} bytes",
+                credit.len
+            )));
+        }
+        if let Some((inbox, ring)) = &incoming {
+            let slots = inbox.len / super::staging::RECORD_BYTES as u64;
+            if !direct(inbox)
+                || !direct(ring)
+                || inbox.len % super::staging::RECORD_BYTES as u64 != 0
+                || !(1..=MAX_INBOX_SLOTS).contains(&slots)
+                || ring.len < MIN_RING
+            {
+                return Err(Error::remote(format!(
+                    "network staging channel: inbox of {} bytes, ring of {} bytes",
+                    inbox.len, ring.len
+                )));
+            }
+        }
+        Ok(ChanBlob { credit, incoming })
+    }
+}
+
 /// A registered region as a peer sees it: the remote address of byte 0 (`base`: the virtual
-/// address under FI_MR_VIRT_ADDR, else 0 = offset mode), its length and key.
+/// address under FI_MR_VIRT_ADDR, else 0 = offset mode), its length and key; how writers must
+/// reach it (`mode`) and its index in the owner's region table (`id`, which staging records
+/// name).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct MrBlob {
     pub virt_addr: bool,
     pub base: u64,
     pub len: u64,
     pub key: u64,
+    pub mode: Mode,
+    pub id: u32,
 }
 
 impl MrBlob {
+    /// A plainly registered region (internal ones and host memory).
+    pub fn direct(virt_addr: bool, base: u64, len: u64, key: u64) -> Self {
+        MrBlob {
+            virt_addr,
+            base,
+            len,
+            key,
+            mode: Mode::Direct,
+            id: 0,
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
+        let mode = match self.mode {
+            Mode::Direct => 0,
+            Mode::RelayValues => FLAG_RELAY_VALUES,
+            Mode::Staged => FLAG_STAGED,
+        };
         Writer::new()
             .u32(MR_MAGIC)
             .u32(VERSION)
-            .u32(if self.virt_addr { FLAG_VIRT_ADDR } else { 0 })
+            .u32(if self.virt_addr { FLAG_VIRT_ADDR } else { 0 } | mode)
+            .u32(self.id)
             .u64(self.base)
             .u64(self.len)
             .u64(self.key)
@@ -104,7 +223,7 @@ impl MrBlob {
             )));
         }
         let mut r = Reader::new(b, "network region blob");
-        let (magic, ver, flags) = (r.u32()?, r.u32()?, r.u32()?);
+        let (magic, ver, flags, id) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
         let (base, len, key) = (r.u64()?, r.u64()?, r.u64()?);
         r.finish()?;
         if magic != MR_MAGIC || ver != VERSION {
@@ -112,11 +231,21 @@ impl MrBlob {
                 "not a network region blob (magic {magic:#x}, version {ver})"
             )));
         }
-        if flags & !FLAG_VIRT_ADDR != 0 {
+        if flags & !KNOWN_FLAGS != 0 {
             return Err(Error::remote(format!(
                 "network region blob: unknown flags {flags:#x}"
             )));
         }
+        let mode = match flags & (FLAG_RELAY_VALUES | FLAG_STAGED) {
+            0 => Mode::Direct,
+            FLAG_RELAY_VALUES => Mode::RelayValues,
+            FLAG_STAGED => Mode::Staged,
+            _ => {
+                return Err(Error::remote(format!(
+                    "network region blob: conflicting mode flags {flags:#x}"
+                )))
+            }
+        };
         let peer_virt = flags & FLAG_VIRT_ADDR != 0;
         if peer_virt != virt_addr {
             return Err(Error::remote(format!(
@@ -127,6 +256,22 @@ impl MrBlob {
         }
         if len == 0 {
             return Err(Error::remote("network region blob: empty region"));
+        }
+        if mode == Mode::Staged {
+            // Nothing is written to it directly: only its length and id matter.
+            if base != 0 || key != 0 {
+                return Err(Error::remote(
+                    "network region blob: a staged region with an address or key",
+                ));
+            }
+            return Ok(MrBlob {
+                virt_addr: peer_virt,
+                base,
+                len,
+                key,
+                mode,
+                id,
+            });
         }
         if base.checked_add(len).is_none() {
             return Err(Error::remote(format!(
@@ -151,6 +296,8 @@ impl MrBlob {
             base,
             len,
             key,
+            mode,
+            id,
         })
     }
 }
@@ -162,12 +309,7 @@ mod tests {
 
     #[test]
     fn mr_roundtrip_and_rejections() {
-        let m = MrBlob {
-            virt_addr: true,
-            base: 0x7000_0000,
-            len: 4096,
-            key: 42,
-        };
+        let m = MrBlob::direct(true, 0x7000_0000, 4096, 42);
         let b = m.encode();
         assert_eq!(b.len(), MR_BLOB_LEN);
         assert_eq!(MrBlob::decode(&b, true, 8).unwrap(), m);
@@ -197,6 +339,59 @@ mod tests {
         assert!(MrBlob::decode(&off, false, 8).is_err());
         let empty = MrBlob { len: 0, ..m }.encode();
         assert!(MrBlob::decode(&empty, true, 8).is_err());
+        // Modes: round trip; a staged region has no address or key.
+        for mode in [Mode::RelayValues, Mode::Staged] {
+            let x = MrBlob {
+                mode,
+                id: 77,
+                base: if mode == Mode::Staged { 0 } else { m.base },
+                key: if mode == Mode::Staged { 0 } else { m.key },
+                ..m
+            };
+            assert_eq!(MrBlob::decode(&x.encode(), true, 8).unwrap(), x);
+        }
+        let bad = MrBlob {
+            mode: Mode::Staged,
+            ..m
+        };
+        assert!(MrBlob::decode(&bad.encode(), true, 8).is_err());
+        let mut both = m.encode();
+        both[8] |= (FLAG_RELAY_VALUES | FLAG_STAGED) as u8;
+        assert!(MrBlob::decode(&both, true, 8).is_err());
+    }
+
+    #[test]
+    fn chan_roundtrip_and_rejections() {
+        let credit = MrBlob::direct(false, 0, 8, 3);
+        let inbox = MrBlob::direct(false, 0, 64 * 256, 4);
+        let ring = MrBlob::direct(false, 0, 1 << 20, 5);
+        for c in [
+            ChanBlob {
+                credit,
+                incoming: None,
+            },
+            ChanBlob {
+                credit,
+                incoming: Some((inbox, ring)),
+            },
+        ] {
+            assert_eq!(ChanBlob::decode(&c.encode(), false, 8).unwrap(), c);
+        }
+        let bad_inbox = ChanBlob {
+            credit,
+            incoming: Some((MrBlob { len: 100, ..inbox }, ring)),
+        };
+        assert!(ChanBlob::decode(&bad_inbox.encode(), false, 8).is_err());
+        let small_ring = ChanBlob {
+            credit,
+            incoming: Some((inbox, MrBlob { len: 64, ..ring })),
+        };
+        assert!(ChanBlob::decode(&small_ring.encode(), false, 8).is_err());
+        let wide_credit = ChanBlob {
+            credit: MrBlob { len: 16, ..credit },
+            incoming: None,
+        };
+        assert!(ChanBlob::decode(&wide_credit.encode(), false, 8).is_err());
     }
 
     #[test]
@@ -205,14 +400,21 @@ mod tests {
             provider: "tcp;ofi_rxm".into(),
             addr_format: 2,
             raw: vec![2, 0, 1, 2, 127, 0, 0, 1],
-            scratch: MrBlob {
-                virt_addr: false,
-                base: 0,
-                len: 8,
-                key: 9,
-            },
+            scratch: MrBlob::direct(false, 0, 8, 9),
+            chan: None,
         };
         assert_eq!(AddrBlob::decode(&a.encode(), false, 8).unwrap(), a);
+        let with_chan = AddrBlob {
+            chan: Some(ChanBlob {
+                credit: MrBlob::direct(false, 0, 8, 10),
+                incoming: None,
+            }),
+            ..a.clone()
+        };
+        assert_eq!(
+            AddrBlob::decode(&with_chan.encode(), false, 8).unwrap(),
+            with_chan
+        );
         assert!(
             AddrBlob::decode(&a.encode(), true, 8).is_err(),
             "addressing mode"
@@ -239,6 +441,7 @@ mod tests {
             let _ = MrBlob::decode(&data, true, 8);
             let _ = MrBlob::decode(&data, false, 4);
             let _ = AddrBlob::decode(&data, false, 8);
+            let _ = ChanBlob::decode(&data, false, 8);
         }
     }
 }

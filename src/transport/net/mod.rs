@@ -18,34 +18,47 @@
 //! - flush = "arrived": tcp;ofi_rxm and net complete a plain write locally before the data is
 //!   at the target, so flush needs `FI_DELIVERY_COMPLETE`. Putting it on every write costs a
 //!   target acknowledgement per write (measured, 8 B put + flag half round trip: tcp 7.5 us
-//!   without, 11.6 us with it on both writes; shm 1.2 / 2.6 us). So data writes go plain and
-//!   flag writes carry it; a flush whose peer's last write was a plain one posts one 8-byte
-//!   delivery-complete write (a "marker") into that peer's scratch word (advertised in its
-//!   address blob). Writes to a peer are ordered (WAW, or the marker is fenced), so the last
-//!   write's delivery implies every earlier write's. Without ordering or fence (`Drain`),
-//!   every write carries FI_DELIVERY_COMPLETE. Where the provider refuses it, flush only means
-//!   "locally complete" (INFO, once).
-//! - A peer must keep progressing its endpoint until its peers' flushes are done (a delivery
-//!   acknowledgement needs the target's progress): tear endpoints down after a barrier.
+//!   without, 11.6 us with it on both writes; shm 1.2 / 2.6 us), and on a flag alone it made
+//!   the tcp signal half round trip bimodal (median 164 us against 3.7 us plain: the
+//!   acknowledgement waits on the target's progress). So data and flag writes go plain, and a
+//!   flush whose peer's last write was a plain one posts one 8-byte delivery-complete write (a
+//!   "marker") into that peer's scratch word (advertised in its address blob). Writes to a
+//!   peer are ordered (WAW, or the marker is fenced), so the last write's delivery implies
+//!   every earlier write's. Without ordering or fence (`Drain`), every write carries
+//!   FI_DELIVERY_COMPLETE. Where the provider refuses it, flush only means "locally complete"
+//!   (INFO, once).
+//! - A peer must keep progressing its endpoint until its peers' flushes are done (the marker
+//!   needs the target's progress): a destroyed communicator lingers (`comm::LINGER`) before it
+//!   closes its endpoints; raw `Endpoint` users progress until the peer is done.
 //! - shm drops a write with a bad key or range at the target without an error completion; only
 //!   validated blobs reach the data path, so this needs a peer bug, but it goes unreported.
 //! - Source buffers stay untouched until completion; the flag's 8-byte value sits in a
 //!   registered staging slot owned by the operation's context slot until its completion.
 //! - `-FI_EAGAIN`: progress the CQ and retry the same operation, never drop; every wait is
 //!   bounded by `crate::fifo::wait_timeout()`.
+//!
+//! GPU memory: with FI_HMEM (and a provider that registers CUDA memory, and a driver with
+//! `cuFlushGPUDirectRDMAWrites`) device regions are registered directly, and values (signal
+//! counts) written into them are relayed through the owner's proxy, which flushes GPUDirect
+//! writes before storing them. Otherwise device regions are staged through pinned host memory
+//! (`staging.rs`): the owner's proxy copies every write into the GPU buffer and stores values
+//! after those copies. The owner chooses per region and tells writers in the region blob.
 
 mod blob;
 mod fabric;
 mod mr;
 mod select;
+mod staging;
 
-use super::{Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
+use super::staging::Copier;
+use super::{AbortCheck, Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
 use crate::error::{Error, Result};
 use crate::mem::HostBlock;
-use blob::{AddrBlob, MrBlob};
+use blob::{AddrBlob, ChanBlob, Mode, MrBlob};
 use fabric::{fab_err, strerror, InfoList, InfoView, Objects, EAGAIN, EAVAIL, EBADFLAGS};
 use libfabric_sys as fi;
 use select::Ordering;
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering as AtOrd};
 use std::time::{Duration, Instant};
@@ -55,12 +68,12 @@ const MIN_DEPTH: usize = 16;
 const MAX_DEPTH: usize = 4096;
 /// Completions read per `fi_cq_read`.
 const CQ_BATCH: usize = 32;
-/// Index of the staging-ring registration in the MR table (never handed out).
-const STAGING_MR: MrId = 0;
-/// Index of the scratch word peers write flush markers into (never handed out).
-const SCRATCH_MR: MrId = 1;
-/// The first index `register` hands out.
-const FIRST_USER_MR: MrId = 2;
+/// Index of the staging-ring registration in the MR table.
+const STAGING_MR: usize = 0;
+/// Index of the scratch word peers write flush markers into.
+const SCRATCH_MR: usize = 1;
+/// Bytes of the staging ring per op slot: the largest inline source (a staging record).
+const INLINE_BYTES: usize = staging::RECORD_BYTES;
 /// Longest wait for in-flight writes when an endpoint is dropped.
 const DROP_DRAIN: Duration = Duration::from_secs(2);
 
@@ -91,6 +104,15 @@ pub struct Tuning {
     /// Do not ask for FI_DELIVERY_COMPLETE (`MSCCLPP_NET_DELIVERY_COMPLETE=0`): cheaper
     /// completions, but a flush then only means "locally complete" (for measurements).
     pub no_delivery_complete: bool,
+    /// Stage every user region through host memory with `memcpy`, as GPU memory without
+    /// FI_HMEM is staged (`MSCCLPP_TEST_FORCE_STAGING=1`; tests only).
+    pub force_staging: bool,
+    /// Never register GPU memory with FI_HMEM: stage it (`MSCCLPP_NET_HMEM=0`).
+    pub no_hmem: bool,
+    /// Bytes of each staging ring (`MSCCLPP_NET_STAGING_BYTES`, default 8 MiB).
+    pub staging_bytes: Option<u64>,
+    /// Records in each staging inbox (`MSCCLPP_NET_STAGING_SLOTS`, default 256).
+    pub staging_slots: Option<u64>,
 }
 
 impl Tuning {
@@ -107,6 +129,10 @@ impl Tuning {
                 .is_ok_and(|v| v == "1"),
             no_delivery_complete: std::env::var("MSCCLPP_NET_DELIVERY_COMPLETE")
                 .is_ok_and(|v| v == "0"),
+            force_staging: std::env::var("MSCCLPP_TEST_FORCE_STAGING").is_ok_and(|v| v == "1"),
+            no_hmem: std::env::var("MSCCLPP_NET_HMEM").is_ok_and(|v| v == "0"),
+            staging_bytes: num("MSCCLPP_NET_STAGING_BYTES"),
+            staging_slots: num("MSCCLPP_NET_STAGING_SLOTS"),
         }
     }
 }
@@ -119,6 +145,46 @@ struct OpSlot {
     ctx: fi::fi_context2,
     peer: PeerId,
     busy: bool,
+    /// The bounce slot this write reads, freed at its completion.
+    bounce: Option<usize>,
+}
+
+/// One RMA write to post (see `NetEndpoint::post`).
+struct Op<'a> {
+    peer: PeerId,
+    /// Source address and descriptor (ignored with `inline`).
+    local: u64,
+    len: u64,
+    desc: *mut c_void,
+    raddr: u64,
+    key: u64,
+    fence: bool,
+    /// Ask for FI_DELIVERY_COMPLETE (flags and markers).
+    confirm: bool,
+    /// At most `INLINE_BYTES` bytes, copied into the op slot's staging area and sent from there.
+    inline: Option<&'a [u8]>,
+    /// A bounce slot the write reads, busy until it completes.
+    bounce: Option<usize>,
+    /// Protocol traffic (staging acknowledgements): not a user write, so it does not make a
+    /// later flush post a delivery marker.
+    internal: bool,
+}
+
+/// How a local region handed out by `register` is backed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backing {
+    /// Registered with libfabric (index into `mrs`): host memory.
+    Mr(usize),
+    /// Device memory registered with FI_HMEM (index into `mrs`): data direct, values relayed.
+    Hmem(usize),
+    /// Not registered: writes arrive through a staging channel.
+    Staged,
+}
+
+struct LocalRegion {
+    region: Region,
+    backing: Backing,
+    blob: Vec<u8>,
 }
 
 struct Peer {
@@ -132,6 +198,13 @@ struct Peer {
     /// A write without FI_DELIVERY_COMPLETE was posted since the last one with it: a flush
     /// must post a marker before its completions mean "arrived".
     unconfirmed: bool,
+    /// Our staging channel for this rank (index into `chans`), once `address_for` made it.
+    chan: Option<usize>,
+    /// The staging channel the peer keeps for us (from its address).
+    remote_chan: Option<ChanBlob>,
+    /// The last user write to the peer was a staging record: once the peer acknowledges it,
+    /// every earlier write has arrived (no delivery marker needed).
+    last_was_record: bool,
 }
 
 struct Remote {
@@ -179,9 +252,13 @@ impl Wait {
 }
 
 pub struct NetEndpoint {
-    /// Registrations; entry `STAGING_MR` is the staging ring. Closed before `objs.ep`.
+    /// libfabric registrations; entry `STAGING_MR` is the staging ring, `SCRATCH_MR` the
+    /// scratch word, then user regions, channels and bounce slots. Closed before `objs.ep`.
     mrs: mr::Table<*mut fi::fid_mr, Region>,
-    /// 8 bytes per op slot: the source of `write_value` and of flush markers.
+    /// Regions handed out by `register` (`MrId` indexes this), deduplicated by `region_ids`.
+    regions: Vec<LocalRegion>,
+    region_ids: HashMap<Region, MrId>,
+    /// `INLINE_BYTES` per op slot: the source of values, flush markers and staging records.
     staging: HostBlock,
     /// 8 bytes peers write flush markers into (nobody reads them).
     scratch: HostBlock,
@@ -204,6 +281,20 @@ pub struct NetEndpoint {
     max_chunk: u64,
     timeout: Duration,
     stats: Stats,
+    /// Consulted by `poll` when nothing completed (`Endpoint::set_abort_check`), so that every
+    /// wait loop, all of which poll, ends at once when a peer died: shm neither completes nor
+    /// fails a write to a peer that died.
+    abort_check: Option<AbortCheck>,
+    /// The CUDA device whose memory this endpoint serves (None: host memory).
+    device: Option<i32>,
+    force_staging: bool,
+    sizes: staging::Sizes,
+    /// Copies for staging, made on first use; drained before the rings are freed.
+    copier: Option<Box<dyn Copier>>,
+    /// Staging channels, one per peer rank (`chan_ids`).
+    chans: Vec<staging::Chan>,
+    chan_ids: HashMap<usize, usize>,
+    bounce: Option<staging::Bounce>,
 }
 
 // SAFETY: the raw pointers are libfabric objects and memory owned by this endpoint. The domain is
@@ -226,7 +317,8 @@ impl NetEndpoint {
         let req = select::Request {
             domain,
             shm,
-            device,
+            // Only asks for FI_HMEM.
+            device: device.filter(|_| !tuning.no_hmem),
         };
         let choice = select::choose(&req, &env)?;
         let info = choice.info;
@@ -267,10 +359,12 @@ impl NetEndpoint {
 
         let objs = Objects::open(&info, depth * 2)?;
         let raw = objs.name()?;
-        let staging = HostBlock::zeroed(depth * 8, 64)?;
+        let staging = HostBlock::zeroed(depth * INLINE_BYTES, 64)?;
         let scratch = HostBlock::zeroed(8, 64)?;
         let mut ep = NetEndpoint {
             mrs: mr::Table::new(),
+            regions: Vec::new(),
+            region_ids: HashMap::new(),
             staging,
             scratch,
             objs,
@@ -280,12 +374,8 @@ impl NetEndpoint {
                 provider: provider.clone(),
                 addr_format: i.addr_format,
                 raw,
-                scratch: MrBlob {
-                    virt_addr: policy.virt_addr,
-                    base: 0,
-                    len: 8,
-                    key: 0,
-                },
+                scratch: MrBlob::direct(policy.virt_addr, 0, 8, 0),
+                chan: None,
             },
             _info: info,
             policy,
@@ -300,6 +390,24 @@ impl NetEndpoint {
             max_chunk,
             timeout: crate::fifo::wait_timeout(),
             stats: Stats::default(),
+            abort_check: None,
+            device,
+            force_staging: tuning.force_staging,
+            sizes: staging::Sizes {
+                ring: tuning
+                    .staging_bytes
+                    .map_or(staging::DEFAULT_RING, |b| {
+                        b.clamp(staging::MIN_RING, staging::MAX_RING)
+                    })
+                    .next_multiple_of(4096),
+                slots: tuning.staging_slots.map_or(staging::DEFAULT_SLOTS, |n| {
+                    n.clamp(staging::MIN_SLOTS, staging::MAX_SLOTS)
+                }),
+            },
+            copier: None,
+            chans: Vec::new(),
+            chan_ids: HashMap::new(),
+            bounce: None,
         };
         // The staging ring: registered like any source buffer (FI_MR_LOCAL needs its desc).
         let staging_req = mr::Request {
@@ -331,7 +439,7 @@ impl NetEndpoint {
         ep.mrs.blobs.push(Vec::new());
 
         crate::info!(
-            "net: opened {} domain {domain_name} fabric {fabric_name}{} mr_mode {}{} ordering {:?} delivery-complete {} hmem {} depth {depth} max_msg {max_msg} chunk {max_chunk}",
+            "net: opened {} domain {domain_name} fabric {fabric_name}{} mr_mode {}{} ordering {:?} delivery-complete {} hmem {}{} depth {depth} max_msg {max_msg} chunk {max_chunk}",
             provider,
             env.addr.as_ref().map_or(String::new(), |a| format!(" addr {a}")),
             select::mr_mode_names(mr_mode),
@@ -339,6 +447,7 @@ impl NetEndpoint {
             ep.ordering,
             ep.delivery_complete,
             ep.hmem,
+            if ep.force_staging { " (staging forced for testing)" } else { "" },
         );
         if !ep.delivery_complete && !WEAK_FLUSH_LOGGED.swap(true, AtOrd::Relaxed) {
             crate::info!(
@@ -370,6 +479,13 @@ impl NetEndpoint {
         }
     }
 
+    /// Keeps a registration for teardown; returns its index in `mrs`.
+    fn add_mr(&mut self, m: mr::LocalMr<*mut fi::fid_mr>) -> usize {
+        self.mrs.mrs.push(m);
+        self.mrs.blobs.push(Vec::new());
+        self.mrs.mrs.len() - 1
+    }
+
     fn request_key(&self) -> Result<u64> {
         if self.policy.prov_key {
             Ok(0)
@@ -399,6 +515,9 @@ impl NetEndpoint {
         let s = &mut self.slots[idx];
         s.busy = false;
         let p = s.peer;
+        if let Some(b) = s.bounce.take() {
+            self.release_bounce(b);
+        }
         self.free.push(idx);
         self.outstanding -= 1;
         if let Some(peer) = self.peers.get_mut(p) {
@@ -408,8 +527,20 @@ impl NetEndpoint {
         Ok(p)
     }
 
-    /// Reads available completions once; returns how many.
+    /// Reads available completions once; returns how many. When none were there, fails if the
+    /// abort check says so (every bounded wait of this endpoint polls).
     fn poll(&mut self) -> Result<usize> {
+        let n = self.poll_cq()?;
+        if n == 0 {
+            if let Some(why) = self.abort_check.as_ref().and_then(|f| f()) {
+                return Err(Error::remote(format!("{}: {why}", self.describe())));
+            }
+        }
+        Ok(n)
+    }
+
+    /// Reads available completions once; returns how many.
+    fn poll_cq(&mut self) -> Result<usize> {
         let mut ents = [fi::fi_cq_entry::default(); CQ_BATCH];
         // SAFETY: cq is open with FI_CQ_FORMAT_CONTEXT; ents has room for CQ_BATCH entries.
         let rc = unsafe { fi::fi_cq_read(self.objs.cq, ents.as_mut_ptr().cast(), CQ_BATCH) } as i64;
@@ -481,31 +612,41 @@ impl NetEndpoint {
 
     fn release(&mut self, i: usize) {
         self.slots[i].busy = false;
+        if let Some(b) = self.slots[i].bounce.take() {
+            self.release_bounce(b);
+        }
         self.free.push(i);
     }
 
-    /// Posts one RMA write of `[local, local+len)` to `raddr` under `key`; `value` (for flags)
-    /// is copied into the slot's staging word first and sent from there.
-    #[allow(clippy::too_many_arguments)]
-    fn post(
-        &mut self,
-        peer: PeerId,
-        mut local: u64,
-        len: u64,
-        mut desc: *mut c_void,
-        raddr: u64,
-        key: u64,
-        fence: bool,
-        confirm: bool,
-        value: Option<u64>,
-    ) -> Result<()> {
-        let slot = self.acquire(peer)?;
-        if let Some(v) = value {
-            // SAFETY: slot < depth and the ring has 8 * depth bytes, 8-aligned; the slot is ours
-            // until its completion, so no in-flight write reads this word while we store.
-            let p = unsafe { self.staging.ptr().add(slot * 8) }.cast::<u64>();
-            // SAFETY: p is valid and aligned (see above).
-            unsafe { p.write_volatile(v) };
+    /// Posts one RMA write of `[op.local, op.local+op.len)` (or of `op.inline`, copied into the
+    /// op slot's staging area first and sent from there) to `op.raddr` under `op.key`.
+    fn post(&mut self, op: &Op<'_>) -> Result<()> {
+        let (peer, len, raddr, key, fence, confirm) =
+            (op.peer, op.len, op.raddr, op.key, op.fence, op.confirm);
+        let (mut local, mut desc) = (op.local, op.desc);
+        let slot = match self.acquire(peer) {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(b) = op.bounce {
+                    self.release_bounce(b);
+                }
+                return Err(e);
+            }
+        };
+        self.slots[slot].bounce = op.bounce;
+        if let Some(bytes) = op.inline {
+            if bytes.len() > INLINE_BYTES || bytes.len() as u64 != len {
+                self.release(slot);
+                return Err(Error::internal(format!(
+                    "inline write of {} bytes (length {len})",
+                    bytes.len()
+                )));
+            }
+            // SAFETY: slot < depth and the ring has INLINE_BYTES * depth bytes; the slot's area
+            // is ours until its completion, so no in-flight write reads it while we store.
+            let p = unsafe { self.staging.ptr().add(slot * INLINE_BYTES) };
+            // SAFETY: p has room for INLINE_BYTES (checked above); distinct from `bytes`.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len()) };
             local = p as u64;
             desc = self.mrs.mrs[STAGING_MR].desc;
         }
@@ -584,7 +725,67 @@ impl NetEndpoint {
         self.outstanding += 1;
         let p = &mut self.peers[peer];
         p.outstanding += 1;
-        p.unconfirmed = !dc;
+        if !op.internal {
+            p.unconfirmed = !dc;
+            p.last_was_record = false;
+        }
+        Ok(())
+    }
+
+    /// Orders the next write to `peer` after every earlier one, as a flag must be: nothing
+    /// with WAW ordering, FI_FENCE on it (returns true), or drain every earlier write first.
+    fn order_before_flag(&mut self, peer: PeerId) -> Result<bool> {
+        match self.ordering {
+            Ordering::Waw => Ok(false),
+            Ordering::Fence => Ok(true),
+            Ordering::Drain => {
+                self.drain_writes(peer)?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Waits (bounded) until every write to `peer` has arrived (`flush` without the staging
+    /// acknowledgements; see the module doc for what "arrived" rests on).
+    fn drain_writes(&mut self, peer: PeerId) -> Result<()> {
+        if self.delivery_complete && self.peers[peer].unconfirmed {
+            // The marker: ordered after every earlier write to the peer (WAW, or fenced), and
+            // its completion waits for delivery, so all of them have arrived when it completes.
+            let sc = self.peers[peer].scratch;
+            let desc = self.mrs.mrs[STAGING_MR].desc;
+            let fence = self.ordering == Ordering::Fence;
+            self.post(&Op {
+                peer,
+                local: 0,
+                len: 8,
+                desc,
+                raddr: sc.base,
+                key: sc.key,
+                fence,
+                confirm: true,
+                inline: Some(&0u64.to_ne_bytes()),
+                bounce: None,
+                internal: false,
+            })?;
+        }
+        let mut wait: Option<Wait> = None;
+        // Ends when every write to `peer` has completed, on an error completion, or at the
+        // deadline.
+        while self.peers[peer].outstanding > 0 {
+            if self.poll()? > 0 {
+                continue;
+            }
+            let (n, rank, limit) = (
+                self.peers[peer].outstanding,
+                self.peers[peer].rank,
+                self.timeout,
+            );
+            wait.get_or_insert_with(|| Wait::new(limit)).step(|| {
+                format!(
+                    "flushing {n} writes to rank {rank}: no completion (is the peer's proxy running?)"
+                )
+            })?;
+        }
         Ok(())
     }
 
@@ -605,15 +806,42 @@ impl NetEndpoint {
         Ok(r.blob)
     }
 
-    /// The GPU-staging hook's error (see `register`).
-    fn staging_needed(&self, cause: Option<Error>) -> Error {
-        Error::usage(format!(
-            "GPU memory over provider {} needs staging: not implemented yet{}",
-            self.provider,
-            cause.map_or(String::new(), |e| format!(
-                " (registering it with FI_HMEM failed: {e})"
-            ))
-        ))
+    /// Registers device memory with FI_HMEM if this endpoint can use it directly: the provider
+    /// has FI_HMEM, registering CUDA memory succeeds, and the driver can flush GPUDirect RDMA
+    /// writes (needed before a relayed value is stored). None: stage it instead.
+    fn try_hmem(&mut self, region: Region, device: i32) -> Result<Option<usize>> {
+        if !self.hmem {
+            return Ok(None);
+        }
+        if !crate::cuda::has_flush_gpudirect_rdma() {
+            log_once(
+                &NO_GDR_FLUSH_LOGGED,
+                "net: the CUDA driver has no cuFlushGPUDirectRDMAWrites: GPU memory is staged through host memory instead of FI_HMEM",
+            );
+            return Ok(None);
+        }
+        let req = mr::Request {
+            addr: region.addr,
+            len: region.len,
+            access: fi::FI_WRITE as u64 | fi::FI_REMOTE_WRITE as u64,
+            requested_key: self.request_key()?,
+            cuda_device: Some(device),
+        };
+        let policy = self.policy;
+        match mr::register(&mut self.ops(), &policy, &req) {
+            Ok(m) => Ok(Some(self.add_mr(m))),
+            // A provider that claims FI_HMEM may still lack CUDA support in this build.
+            Err(e) => {
+                log_once(
+                    &HMEM_FAILED_LOGGED,
+                    &format!(
+                        "net: {} reports FI_HMEM but registering CUDA memory failed ({e}): GPU memory is staged through host memory",
+                        self.provider
+                    ),
+                );
+                Ok(None)
+            }
+        }
     }
 
     fn check_peer(&self, peer: PeerId) -> Result<()> {
@@ -624,6 +852,17 @@ impl NetEndpoint {
             )));
         }
         Ok(())
+    }
+}
+
+/// Logged once per process each: why GPU memory is staged although the provider has FI_HMEM.
+static NO_GDR_FLUSH_LOGGED: AtomicBool = AtomicBool::new(false);
+static HMEM_FAILED_LOGGED: AtomicBool = AtomicBool::new(false);
+
+fn log_once(flag: &AtomicBool, msg: &str) {
+    // Relaxed: only "once" matters, nothing is published through the flag.
+    if !flag.swap(true, AtOrd::Relaxed) {
+        crate::info!("{msg}");
     }
 }
 
@@ -638,6 +877,15 @@ impl Endpoint for NetEndpoint {
 
     fn address(&self) -> Result<Vec<u8>> {
         Ok(self.addr.encode())
+    }
+
+    fn address_for(&mut self, remote_rank: usize) -> Result<Vec<u8>> {
+        let chan = self.chan_for(remote_rank)?;
+        Ok(AddrBlob {
+            chan: Some(chan),
+            ..self.addr.clone()
+        }
+        .encode())
     }
 
     fn add_peer(&mut self, remote_rank: usize, address: &[u8]) -> Result<PeerId> {
@@ -681,6 +929,10 @@ impl Endpoint for NetEndpoint {
         }
         if let Some(i) = self.peers.iter().position(|p| p.rank == remote_rank) {
             if self.peers[i].raw == raw {
+                // Several connections to one rank: each address carries the same channel.
+                if self.peers[i].remote_chan.is_none() {
+                    self.peers[i].remote_chan = a.chan;
+                }
                 return Ok(i);
             }
             return Err(Error::invalid_arg(format!(
@@ -706,6 +958,7 @@ impl Endpoint for NetEndpoint {
                 if rc < 0 { rc } else { -(fi::FI_EINVAL as i64) },
             ));
         }
+        let chan = self.chan_ids.get(&remote_rank).copied();
         self.peers.push(Peer {
             rank: remote_rank,
             addr,
@@ -713,7 +966,13 @@ impl Endpoint for NetEndpoint {
             scratch: a.scratch,
             outstanding: 0,
             unconfirmed: false,
+            chan,
+            remote_chan: a.chan,
+            last_was_record: false,
         });
+        if let Some(ci) = chan {
+            self.chans[ci].peer = Some(self.peers.len() - 1);
+        }
         crate::trace!("net: {} added rank {remote_rank}", self.describe());
         Ok(self.peers.len() - 1)
     }
@@ -725,44 +984,82 @@ impl Endpoint for NetEndpoint {
                 region.addr, region.len
             )));
         }
-        if let Some(&id) = self.mrs.by_key.get(&region) {
-            return Ok((id, self.mrs.blobs[id].clone()));
+        if let Some(&id) = self.region_ids.get(&region) {
+            return Ok((id, self.regions[id].blob.clone()));
         }
-        let cuda_device = match region.kind {
-            MemKind::Host => None,
-            // Hook for the GPU path: without FI_HMEM the data must go through pinned host
-            // bounce buffers, which this transport does not do yet. Never register device
-            // memory as if it were host memory.
-            MemKind::Device(_) if !self.hmem => return Err(self.staging_needed(None)),
-            MemKind::Device(d) => Some(d),
+        let id = self.regions.len();
+        let backing = match region.kind {
+            MemKind::Host if self.force_staging => {
+                if self.device.is_some() {
+                    return Err(Error::usage(
+                        "MSCCLPP_TEST_FORCE_STAGING stages host memory on host endpoints only",
+                    ));
+                }
+                Backing::Staged
+            }
+            MemKind::Host => {
+                let req = mr::Request {
+                    addr: region.addr,
+                    len: region.len,
+                    access: fi::FI_WRITE as u64 | fi::FI_REMOTE_WRITE as u64,
+                    requested_key: self.request_key()?,
+                    cuda_device: None,
+                };
+                let policy = self.policy;
+                let m = mr::register(&mut self.ops(), &policy, &req)?;
+                Backing::Mr(self.add_mr(m))
+            }
+            MemKind::Device(d) => {
+                if self.device != Some(d) {
+                    return Err(Error::usage(format!(
+                        "{} serves {}, not CUDA device {d}",
+                        self.describe(),
+                        self.device
+                            .map_or("host memory".to_string(), |x| format!("CUDA device {x}"))
+                    )));
+                }
+                match self.try_hmem(region, d)? {
+                    Some(i) => Backing::Hmem(i),
+                    None => {
+                        // Fail now rather than at the first write if copies are impossible.
+                        self.copier()?;
+                        Backing::Staged
+                    }
+                }
+            }
         };
-        let req = mr::Request {
-            addr: region.addr,
-            len: region.len,
-            access: fi::FI_WRITE as u64 | fi::FI_REMOTE_WRITE as u64,
-            requested_key: self.request_key()?,
-            cuda_device,
-        };
-        let policy = self.policy;
-        let m = match mr::register(&mut self.ops(), &policy, &req) {
-            Ok(m) => m,
-            // A provider that claims FI_HMEM may still lack CUDA support in this build.
-            Err(e) if cuda_device.is_some() => return Err(self.staging_needed(Some(e))),
-            Err(e) => return Err(e),
-        };
-        let blob = MrBlob {
-            virt_addr: policy.virt_addr,
-            base: if policy.virt_addr { region.addr } else { 0 },
-            len: region.len,
-            key: m.key,
+        let virt = self.policy.virt_addr;
+        let blob = match backing {
+            Backing::Mr(i) | Backing::Hmem(i) => MrBlob {
+                virt_addr: virt,
+                base: if virt { region.addr } else { 0 },
+                len: region.len,
+                key: self.mrs.mrs[i].key,
+                mode: if matches!(backing, Backing::Hmem(_)) {
+                    Mode::RelayValues
+                } else {
+                    Mode::Direct
+                },
+                id: id as u32,
+            },
+            Backing::Staged => MrBlob {
+                virt_addr: virt,
+                base: 0,
+                len: region.len,
+                key: 0,
+                mode: Mode::Staged,
+                id: id as u32,
+            },
         }
         .encode();
-        self.mrs.mrs.push(m);
-        self.mrs.blobs.push(blob.clone());
-        let id = self.mrs.mrs.len() - 1;
-        self.mrs.by_key.insert(region, id);
+        self.regions.push(LocalRegion {
+            region,
+            backing,
+            blob: blob.clone(),
+        });
+        self.region_ids.insert(region, id);
         crate::trace!(
-            "net: {} registered {:#x}+{} as mr {id}",
+            "net: {} registered {:#x}+{} as region {id} ({backing:?})",
             self.describe(),
             region.addr,
             region.len
@@ -789,22 +1086,20 @@ impl Endpoint for NetEndpoint {
     ) -> Result<()> {
         self.check_peer(peer)?;
         let remote = self.remote(peer, dst)?;
-        let (local, desc) = match self.mrs.mrs.get(src) {
-            Some(m) if src >= FIRST_USER_MR => {
-                if !range_ok(src_off, size, m.len) {
-                    return Err(Error::invalid_arg(format!(
-                        "write refused: source range [{src_off}, {src_off}+{size}) outside the {}-byte registration",
-                        m.len
-                    )));
-                }
-                (m.addr + src_off, m.desc)
+        match self.regions.get(src) {
+            Some(r) if range_ok(src_off, size, r.region.len) => {}
+            Some(r) => {
+                return Err(Error::invalid_arg(format!(
+                    "write refused: source range [{src_off}, {src_off}+{size}) outside the {}-byte registration",
+                    r.region.len
+                )))
             }
-            _ => {
+            None => {
                 return Err(Error::invalid_arg(format!(
                     "unknown local registration {src}"
                 )))
             }
-        };
+        }
         if size == 0 || !range_ok(dst_off, size, remote.len) {
             return Err(Error::invalid_arg(format!(
                 "write refused: destination range [{dst_off}, {dst_off}+{size}) outside the {}-byte region imported from {}",
@@ -812,19 +1107,20 @@ impl Endpoint for NetEndpoint {
                 self.peer_name(peer)
             )));
         }
+        if remote.mode == Mode::Staged {
+            return self.write_staged(peer, src, src_off, remote, dst_off, size);
+        }
+        let chunk = self.source_chunk(src, u64::MAX)?;
         let mut done = 0u64;
         while done < size {
-            let n = (size - done).min(self.max_chunk);
-            self.post(
+            let n = (size - done).min(chunk);
+            self.post_from(
                 peer,
-                local + done,
+                src,
+                src_off + done,
                 n,
-                desc,
                 remote.base + dst_off + done,
                 remote.key,
-                false,
-                false,
-                None,
             )?;
             done += n;
         }
@@ -841,61 +1137,69 @@ impl Endpoint for NetEndpoint {
                 self.peer_name(peer)
             )));
         }
-        let fence = match self.ordering {
-            Ordering::Waw => false,
-            Ordering::Fence => true,
-            Ordering::Drain => {
-                // No ordering and no fence: the data must have completed before the flag goes.
-                self.flush(peer)?;
-                false
+        if remote.mode != Mode::Direct {
+            // Into device memory: the owner's proxy stores it after the data (module doc).
+            if dst_off % 8 != 0 {
+                return Err(Error::invalid_arg(format!(
+                    "flag write refused: offset {dst_off} is not 8-byte aligned"
+                )));
             }
-        };
+            return self
+                .post_record(
+                    peer,
+                    staging::Record {
+                        seq: 0,
+                        kind: staging::Kind::Value,
+                        region: remote.id,
+                        off: dst_off,
+                        arg: value,
+                        ring_pos: 0,
+                    },
+                )
+                .map(|_| ());
+        }
+        if let Some((ci, sent)) = self.records_pending(peer) {
+            // A direct flag must not overtake staged data still being applied by the peer.
+            self.wait_acked(ci, sent)?;
+        }
+        let fence = self.order_before_flag(peer)?;
         let desc = self.mrs.mrs[STAGING_MR].desc;
-        self.post(
+        self.post(&Op {
             peer,
-            0,
-            8,
+            local: 0,
+            len: 8,
             desc,
-            remote.base + dst_off,
-            remote.key,
+            raddr: remote.base + dst_off,
+            key: remote.key,
             fence,
-            // Flags carry FI_DELIVERY_COMPLETE themselves: a flush right after a signal (the
-            // common put-signal-flush) then needs no marker, and the peer, which acts on the
-            // flag, has acknowledged it before it can see it and tear down (see module doc).
-            true,
-            Some(value),
-        )
+            // Flags are plain writes, like data: FI_DELIVERY_COMPLETE on tcp;ofi_rxm turned the
+            // 8-byte signal half round trip from 3.7 us into a bimodal 7..230 us (acks wait for
+            // the target's progress), and its p99 is milliseconds even in a raw ping-pong. A
+            // flush confirms delivery with one marker write instead (see module doc).
+            confirm: false,
+            inline: Some(&value.to_ne_bytes()),
+            bounce: None,
+            internal: false,
+        })
     }
 
+    /// Returns when every earlier write to `peer` has arrived: for staged regions, once the
+    /// peer has copied it into its destination memory (it acknowledges only then).
     fn flush(&mut self, peer: PeerId) -> Result<()> {
         self.check_peer(peer)?;
-        if self.delivery_complete && self.peers[peer].unconfirmed {
-            // The marker: ordered after every earlier write to the peer (WAW, or fenced), and
-            // its completion waits for delivery, so all of them have arrived when it completes.
-            let sc = self.peers[peer].scratch;
-            let desc = self.mrs.mrs[STAGING_MR].desc;
-            let fence = self.ordering == Ordering::Fence;
-            self.post(peer, 0, 8, desc, sc.base, sc.key, fence, true, Some(0))?;
-        }
-        let mut wait: Option<Wait> = None;
-        // Ends when every write to `peer` has completed, on an error completion, or at the
-        // deadline.
-        while self.peers[peer].outstanding > 0 {
-            if self.poll()? > 0 {
-                continue;
+        if let Some(ci) = self.peers[peer].chan {
+            let sent = self.chans[ci].out.sent;
+            self.wait_acked(ci, sent)?;
+            if self.peers[peer].last_was_record {
+                // Acknowledged, and ordered after every earlier write: all have arrived.
+                self.peers[peer].unconfirmed = false;
             }
-            let (n, rank, limit) = (
-                self.peers[peer].outstanding,
-                self.peers[peer].rank,
-                self.timeout,
-            );
-            wait.get_or_insert_with(|| Wait::new(limit)).step(|| {
-                format!(
-                    "flushing {n} writes to rank {rank}: no completion (is the peer's proxy running?)"
-                )
-            })?;
         }
-        Ok(())
+        self.drain_writes(peer)
+    }
+
+    fn set_abort_check(&mut self, check: AbortCheck) {
+        self.abort_check = Some(check);
     }
 
     fn progress(&mut self) -> Result<()> {
@@ -908,6 +1212,13 @@ impl Endpoint for NetEndpoint {
         }
         Ok(())
     }
+
+    fn poll_incoming(&mut self) -> Result<()> {
+        if self.chans.iter().any(|c| c.incoming.is_some()) {
+            self.apply_incoming()?;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for NetEndpoint {
@@ -916,9 +1227,10 @@ impl Drop for NetEndpoint {
         // close every MR (endpoint-bound ones must go before the endpoint), then the endpoint;
         // `objs` closes the CQ, AV, domain and fabric as it drops, and only then is the staging
         // ring freed (fields drop after this body).
+        self.drain_copier();
         let mut wait = Wait::new(DROP_DRAIN.min(self.timeout));
         while self.outstanding > 0 {
-            match self.poll() {
+            match self.poll_cq() {
                 Ok(0) => {
                     if wait.step(String::new).is_err() {
                         crate::warn!(

@@ -63,7 +63,6 @@ pub(super) struct Request {
 pub(super) struct LocalMr<H> {
     pub handle: H,
     pub addr: u64,
-    pub len: u64,
     pub key: u64,
     pub desc: *mut c_void,
 }
@@ -122,7 +121,6 @@ pub(super) fn register<O: FabricOps>(
         Ok((key, desc)) => Ok(LocalMr {
             handle: h,
             addr: r.addr,
-            len: r.len,
             key,
             desc,
         }),

@@ -1,0 +1,866 @@
+//! GPU memory over providers without FI_HMEM: staging through host memory, with the receiver's
+//! proxy finishing every write (DESIGN.md, "Transports": after a peer's writes land, they are
+//! made visible before the kernel's `wait()` may return).
+//!
+//! Which regions are staged is the owner's choice, told to writers in the region blob
+//! (`blob::Mode`): device memory when the provider lacks FI_HMEM or cannot register CUDA memory
+//! (or with `MSCCLPP_NET_HMEM=0`), and every user region under `MSCCLPP_TEST_FORCE_STAGING=1`,
+//! which runs this whole protocol over host memory with `memcpy` so that CI covers it.
+//!
+//! The channel. Every endpoint keeps, per peer rank, a [`Chan`], advertised in the address
+//! made for that peer (`Endpoint::address_for`):
+//! - `credit`: an 8-byte word where the peer reports how many of our records it has applied;
+//! - on endpoints that stage, an `inbox` of [`RECORD_BYTES`]-byte records and a data `ring`
+//!   (pinned host memory for CUDA) that the peer writes into.
+//!
+//! Writing `size` bytes to a staged region of the peer: per chunk (a quarter of the ring at
+//! most), `fi_write` the bytes into free ring space, then `fi_write` a record `{seq, Data,
+//! region, offset, size, ring position}` into the inbox slot `(seq - 1) % slots`; the record is
+//! ordered after its data like a flag (WAW ordering, else FI_FENCE, else the data is drained
+//! first). A value (the signal count, `write_value`) is a record `{seq, Value, region, offset,
+//! value}`. A staged *source* (device memory, or forced) is first copied out into a pinned
+//! bounce slot, which stays busy until the write that sends it completes.
+//!
+//! Applying (the receiver's proxy, `Endpoint::poll_incoming`, and every wait loop of this
+//! endpoint): records are taken strictly in seq order; each is validated against the region
+//! table (a record can only touch staged regions, within their bounds, from within the ring)
+//! and queued on the copier: Data as a copy ring -> region, Value as an 8-byte store ordered
+//! after every earlier copy (`cuStreamWriteValue64`, or a copy from a pinned slot, on the same
+//! stream). So the kernel that sees the count sees the data: its `wait()` returns only after
+//! the bytes are in its GPU buffer. For FI_HMEM regions (data written directly by the NIC),
+//! a Value is stored only after `cuFlushGPUDirectRDMAWrites`.
+//!
+//! Flow control: records up to `n` are reported to the writer (an 8-byte write of `n` into its
+//! `credit` word) only once their copies have completed, so an acknowledged record's inbox slot
+//! and ring bytes may be reused. A writer waits for acknowledgements when the inbox or the ring
+//! is full, applying its own incoming records meanwhile (two endpoints writing to each other
+//! cannot deadlock).
+//!
+//! `flush(peer)` returns once the peer has acknowledged every record sent so far: the data is
+//! in the peer's *destination* memory (its GPU buffer), not only in its staging ring.
+
+use super::blob::{ChanBlob, MrBlob};
+use super::{Backing, NetEndpoint, Op, Wait};
+use crate::error::{Error, Result};
+use crate::mem::HostBlock;
+use crate::transport::staging::{Copier, CudaCopier, HostCopier, StageMem};
+use crate::transport::{Endpoint, MrId, PeerId};
+use libfabric_sys as fi;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering as AtOrd};
+
+/// One record in a peer's inbox: 8 little-endian words (see [`Record`]).
+pub(crate) const RECORD_BYTES: usize = 64;
+/// Ring allocations are rounded up to this (cache lines: no two chunks share one).
+const RING_ALIGN: u64 = 64;
+/// Records applied per channel per call, so one busy peer cannot starve the others.
+const APPLY_BATCH: usize = 64;
+/// Bounce slots for staged sources (each one chunk).
+const BOUNCE_SLOTS: usize = 4;
+/// Mixed into the record check word, so that a zeroed slot never passes as a record.
+const CHECK_SALT: u64 = 0x4d53_5354_4147_4531; // "MSSTAGE1"
+
+/// Defaults and bounds of the channel sizes (`Tuning::staging_bytes` / `staging_slots`).
+pub(super) const DEFAULT_RING: u64 = 8 << 20;
+pub(super) const MIN_RING: u64 = 16 << 10;
+pub(super) const MAX_RING: u64 = 1 << 30;
+pub(super) const DEFAULT_SLOTS: u64 = 256;
+pub(super) const MIN_SLOTS: u64 = 2;
+pub(super) const MAX_SLOTS: u64 = 1 << 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// `arg` bytes from ring position `ring_pos` to `region` + `off`.
+    Data = 1,
+    /// The 8-byte value `arg` to `region` + `off`.
+    Value = 2,
+}
+
+/// A record: `seq` (from 1, one series per writer and receiving endpoint), kind and target
+/// region id, offset, size or value, ring position, then a check word over the others that a
+/// torn (partly arrived) record fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Record {
+    pub seq: u64,
+    pub kind: Kind,
+    pub region: u32,
+    pub off: u64,
+    pub arg: u64,
+    pub ring_pos: u64,
+}
+
+fn check_word(w: &[u64]) -> u64 {
+    // A 64-bit mix (splitmix-style) of every word: a record that is part old, part new fails it
+    // except with negligible probability.
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
+    for &x in w {
+        h = (h ^ x).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h ^= h >> 31;
+    }
+    h ^ CHECK_SALT
+}
+
+impl Record {
+    fn words(&self) -> [u64; 8] {
+        let mut w = [
+            self.seq,
+            self.kind as u64 | (self.region as u64) << 32,
+            self.off,
+            self.arg,
+            self.ring_pos,
+            0,
+            0,
+            0,
+        ];
+        w[7] = check_word(&w[..7]);
+        w
+    }
+
+    pub fn encode(&self) -> [u8; RECORD_BYTES] {
+        let mut b = [0u8; RECORD_BYTES];
+        for (i, w) in self.words().iter().enumerate() {
+            b[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        b
+    }
+
+    /// A record from its 8 words as read from memory (little-endian); None if the check word
+    /// does not match (not written yet, or only partly) or the kind is unknown.
+    pub fn decode(raw: &[u64; 8]) -> Option<Record> {
+        let w = raw.map(u64::from_le);
+        if check_word(&w[..7]) != w[7] || w[5] != 0 || w[6] != 0 {
+            return None;
+        }
+        let kind = match w[1] & 0xff {
+            1 => Kind::Data,
+            2 => Kind::Value,
+            _ => return None,
+        };
+        if (w[1] >> 8) & 0xff_ffff != 0 {
+            return None;
+        }
+        Some(Record {
+            seq: w[0],
+            kind,
+            region: (w[1] >> 32) as u32,
+            off: w[2],
+            arg: w[3],
+            ring_pos: w[4],
+        })
+    }
+}
+
+/// The writer's side of one channel: records posted to the peer's inbox and ring space used.
+#[derive(Debug, Default)]
+pub(super) struct Outgoing {
+    /// Records posted so far (the last one has seq `sent`).
+    pub sent: u64,
+    /// Records the peer has acknowledged (applied and complete).
+    pub acked: u64,
+    /// Ring bytes allocated / freed, monotonic (positions are modulo the ring length).
+    head: u64,
+    tail: u64,
+    /// (seq, `head` after its data) of every unacknowledged data record, oldest first.
+    ends: VecDeque<(u64, u64)>,
+}
+
+impl Outgoing {
+    /// Takes an acknowledgement count read from the credit word into account and frees the
+    /// ring space of acknowledged data records. Counts only grow; one beyond `sent` (a peer
+    /// bug) is capped.
+    pub fn ack(&mut self, acked: u64) {
+        if acked <= self.acked {
+            return;
+        }
+        self.acked = acked.min(self.sent);
+        while let Some(&(seq, end)) = self.ends.front() {
+            if seq > self.acked {
+                break;
+            }
+            self.tail = end;
+            self.ends.pop_front();
+        }
+    }
+
+    /// Room for `n` bytes (`n <= len / 2`) in a ring of `len` bytes: the position, or None
+    /// until more is acknowledged. A chunk never wraps: the rest of the ring is skipped.
+    pub fn alloc(&mut self, len: u64, n: u64) -> Option<u64> {
+        let need = n.next_multiple_of(RING_ALIGN);
+        let pos = self.head % len;
+        let skip = if pos + need > len { len - pos } else { 0 };
+        if self.head + skip + need - self.tail > len {
+            return None;
+        }
+        self.head += skip;
+        let p = self.head % len;
+        self.head += need;
+        Some(p)
+    }
+
+    /// Remembers that the data of record `seq` ends at the current head.
+    pub fn data_sent(&mut self, seq: u64) {
+        self.ends.push_back((seq, self.head));
+    }
+
+    pub fn room_for_record(&self, slots: u64) -> bool {
+        self.sent - self.acked < slots
+    }
+}
+
+/// The receiver's side of one channel.
+pub(super) struct Incoming {
+    inbox: HostBlock,
+    ring: StageMem,
+    slots: u64,
+    /// Records taken so far: the next one has seq `read + 1`.
+    read: u64,
+    /// (seq, copier ticket): records up to seq are complete once the ticket is.
+    pending: VecDeque<(u64, u64)>,
+    /// Records complete, and the count last reported to the writer.
+    complete: u64,
+    reported: u64,
+}
+
+impl Incoming {
+    /// The next record, if it has fully arrived.
+    fn peek(&self) -> Option<Record> {
+        let slot = (self.read % self.slots) as usize;
+        let mut w = [0u64; 8];
+        for (i, x) in w.iter_mut().enumerate() {
+            // SAFETY: slot < slots and the inbox holds slots * RECORD_BYTES bytes, 64-aligned;
+            // the peer (its provider, in our progress or by DMA) writes them, hence atomics.
+            // Acquire pairs with nothing in Rust: the writer is the provider; the load only has
+            // to be a fresh read, and the check word rejects a record that is still arriving.
+            *x = unsafe {
+                AtomicU64::from_ptr(self.inbox.ptr().add(slot * RECORD_BYTES + i * 8).cast())
+            }
+            .load(AtOrd::Acquire);
+        }
+        Record::decode(&w).filter(|r| r.seq == self.read + 1)
+    }
+}
+
+/// Everything this endpoint keeps for one peer rank.
+pub(super) struct Chan {
+    pub rank: usize,
+    /// The peer, once `add_peer` has seen it (acknowledgements need it).
+    pub peer: Option<PeerId>,
+    /// Our acknowledgement count from the peer; written by the peer only.
+    credit: HostBlock,
+    pub blob: ChanBlob,
+    pub incoming: Option<Incoming>,
+    pub out: Outgoing,
+}
+
+impl Chan {
+    fn credit(&self) -> u64 {
+        // SAFETY: an 8-byte aligned word owned by this Chan. Acquire: the peer's write of the
+        // count (posted only after its copies completed) is the pair; the count alone is what
+        // we use, no data of the peer is read through it.
+        unsafe { AtomicU64::from_ptr(self.credit.ptr().cast()) }.load(AtOrd::Acquire)
+    }
+}
+
+/// Pinned slots that staged sources are copied out into before the network reads them.
+pub(super) struct Bounce {
+    mem: StageMem,
+    /// Its registration, in `NetEndpoint::mrs`.
+    mr: usize,
+    slot_len: u64,
+    pub busy: [bool; BOUNCE_SLOTS],
+    next: usize,
+}
+
+/// The sizes of channels this endpoint creates.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Sizes {
+    pub ring: u64,
+    pub slots: u64,
+}
+
+impl NetEndpoint {
+    /// The copier of this endpoint, made on first use: CUDA copies on the endpoint's device,
+    /// `memcpy` on a host endpoint.
+    pub(super) fn copier(&mut self) -> Result<&mut dyn Copier> {
+        if self.copier.is_none() {
+            let c: Box<dyn Copier> = match self.device {
+                Some(d) => Box::new(CudaCopier::new(d)?),
+                None => Box::new(HostCopier::new()),
+            };
+            crate::info!(
+                "net: {} stages through host memory with {} copies",
+                self.describe(),
+                c.describe()
+            );
+            self.copier = Some(c);
+        }
+        match self.copier.as_deref_mut() {
+            Some(c) => Ok(c),
+            None => Err(Error::internal("staging copier missing")),
+        }
+    }
+
+    /// Whether this endpoint stages any memory (and so offers peers an inbox and a ring).
+    fn stages(&self) -> bool {
+        self.device.is_some() || self.force_staging
+    }
+
+    /// The channel for `rank` (made on first call): its blob goes into `address_for(rank)`.
+    pub(super) fn chan_for(&mut self, rank: usize) -> Result<ChanBlob> {
+        if let Some(&ci) = self.chan_ids.get(&rank) {
+            return Ok(self.chans[ci].blob);
+        }
+        let credit = HostBlock::zeroed(8, 64)?;
+        let credit_blob = self.register_internal(credit.ptr() as u64, 8)?;
+        let (incoming, in_blob) = if self.stages() {
+            let slots = self.sizes.slots;
+            let inbox = HostBlock::zeroed(slots as usize * RECORD_BYTES, 4096)?;
+            let ring_len = self.sizes.ring as usize;
+            let ring = self.copier()?.alloc(ring_len)?;
+            let ib = self.register_internal(inbox.ptr() as u64, inbox.len() as u64)?;
+            let rb = self.register_internal(ring.ptr() as u64, ring_len as u64)?;
+            let inc = Incoming {
+                inbox,
+                ring,
+                slots,
+                read: 0,
+                pending: VecDeque::new(),
+                complete: 0,
+                reported: 0,
+            };
+            (Some(inc), Some((ib, rb)))
+        } else {
+            (None, None)
+        };
+        let blob = ChanBlob {
+            credit: credit_blob,
+            incoming: in_blob,
+        };
+        let peer = self.peers.iter().position(|p| p.rank == rank);
+        self.chans.push(Chan {
+            rank,
+            peer,
+            credit,
+            blob,
+            incoming,
+            out: Outgoing::default(),
+        });
+        let ci = self.chans.len() - 1;
+        self.chan_ids.insert(rank, ci);
+        if let Some(p) = peer {
+            self.peers[p].chan = Some(ci);
+        }
+        Ok(blob)
+    }
+
+    /// Registers endpoint-owned host memory that peers write into (channel words and rings).
+    fn register_internal(&mut self, addr: u64, len: u64) -> Result<MrBlob> {
+        let req = super::mr::Request {
+            addr,
+            len,
+            access: fi::FI_REMOTE_WRITE as u64,
+            requested_key: self.request_key()?,
+            cuda_device: None,
+        };
+        let policy = self.policy;
+        let m = super::mr::register(&mut self.ops(), &policy, &req)?;
+        let blob = MrBlob::direct(
+            policy.virt_addr,
+            if policy.virt_addr { addr } else { 0 },
+            len,
+            m.key,
+        );
+        self.add_mr(m);
+        Ok(blob)
+    }
+
+    /// Our channel for `peer` and the peer's inbox and ring, or why staged writes to it are
+    /// impossible.
+    fn out_chan(&self, peer: PeerId) -> Result<(usize, MrBlob, MrBlob)> {
+        let p = &self.peers[peer];
+        let incoming = p.remote_chan.and_then(|c| c.incoming);
+        match (p.chan, incoming) {
+            (Some(ci), Some((inbox, ring))) => Ok((ci, inbox, ring)),
+            _ => Err(Error::usage(format!(
+                "rank {} stages this region, but the two endpoints did not exchange staging channels (addresses must come from address_for)",
+                p.rank
+            ))),
+        }
+    }
+
+    /// One step of a wait for the peer's acknowledgements: reads our credit word, completes
+    /// writes, applies incoming records (the peer may be waiting on ours), then backs off.
+    fn ack_step(&mut self, ci: usize, wait: &mut Option<Wait>, what: &str) -> Result<()> {
+        let c = self.chans[ci].credit();
+        self.chans[ci].out.ack(c);
+        self.poll()?;
+        self.apply_incoming()?;
+        let (rank, limit) = (self.chans[ci].rank, self.timeout);
+        let (sent, acked) = (self.chans[ci].out.sent, self.chans[ci].out.acked);
+        wait.get_or_insert_with(|| Wait::new(limit)).step(|| {
+            format!("{what}: rank {rank} has applied {acked} of our {sent} staged writes (is its proxy running?)")
+        })
+    }
+
+    /// Waits (bounded) until the peer has acknowledged record `upto`.
+    pub(super) fn wait_acked(&mut self, ci: usize, upto: u64) -> Result<()> {
+        let mut wait = None;
+        // Ends when the count arrives, on an error, or at the deadline (`ack_step`).
+        loop {
+            let c = self.chans[ci].credit();
+            self.chans[ci].out.ack(c);
+            if self.chans[ci].out.acked >= upto {
+                return Ok(());
+            }
+            self.ack_step(ci, &mut wait, "flush")?;
+        }
+    }
+
+    /// Posts `rec` (its seq assigned here) into the peer's inbox, ordered after every earlier
+    /// write to the peer; returns the seq.
+    pub(super) fn post_record(&mut self, peer: PeerId, mut rec: Record) -> Result<u64> {
+        let (ci, inbox, _) = self.out_chan(peer)?;
+        let slots = inbox.len / RECORD_BYTES as u64;
+        let mut wait = None;
+        // Ends when a slot is free (the peer acknowledged the record that used it), on an
+        // error, or at the deadline.
+        while !self.chans[ci].out.room_for_record(slots) {
+            self.ack_step(ci, &mut wait, "waiting for a free staging record slot")?;
+        }
+        let seq = self.chans[ci].out.sent + 1;
+        rec.seq = seq;
+        let bytes = rec.encode();
+        let fence = self.order_before_flag(peer)?;
+        let desc = self.mrs.mrs[super::STAGING_MR].desc;
+        self.post(&Op {
+            peer,
+            local: 0,
+            len: RECORD_BYTES as u64,
+            desc,
+            raddr: inbox.base + ((seq - 1) % slots) * RECORD_BYTES as u64,
+            key: inbox.key,
+            fence,
+            confirm: false,
+            inline: Some(&bytes),
+            bounce: None,
+            internal: false,
+        })?;
+        self.chans[ci].out.sent = seq;
+        self.peers[peer].last_was_record = true;
+        Ok(seq)
+    }
+
+    /// Writes `size` bytes of local region `src` at `src_off` into the peer's staged region
+    /// `remote` at `dst_off`: data into its ring, then a record per chunk.
+    pub(super) fn write_staged(
+        &mut self,
+        peer: PeerId,
+        src: MrId,
+        src_off: u64,
+        remote: MrBlob,
+        dst_off: u64,
+        size: u64,
+    ) -> Result<()> {
+        let (ci, _, ring) = self.out_chan(peer)?;
+        let chunk = self.source_chunk(src, (ring.len / 4).max(1))?;
+        let mut done = 0;
+        while done < size {
+            let n = (size - done).min(chunk);
+            let mut wait = None;
+            // Ends when the ring has room (acknowledgements free it), on an error, or at the
+            // deadline.
+            let pos = loop {
+                let c = self.chans[ci].credit();
+                self.chans[ci].out.ack(c);
+                if let Some(p) = self.chans[ci].out.alloc(ring.len, n) {
+                    break p;
+                }
+                self.ack_step(ci, &mut wait, "waiting for room in the staging ring")?;
+            };
+            self.post_from(peer, src, src_off + done, n, ring.base + pos, ring.key)?;
+            let seq = self.post_record(
+                peer,
+                Record {
+                    seq: 0,
+                    kind: Kind::Data,
+                    region: remote.id,
+                    off: dst_off + done,
+                    arg: n,
+                    ring_pos: pos,
+                },
+            )?;
+            self.chans[ci].out.data_sent(seq);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// The largest chunk a write from `src` may have: `limit`, the provider's, and for a
+    /// staged source one bounce slot.
+    pub(super) fn source_chunk(&mut self, src: MrId, limit: u64) -> Result<u64> {
+        let mut c = limit.min(self.max_chunk);
+        if self.regions[src].backing == Backing::Staged {
+            c = c.min(self.bounce()?.slot_len);
+        }
+        Ok(c.max(1))
+    }
+
+    /// Posts one RMA write of `n` bytes of region `src` at `off` (`n` within one chunk, see
+    /// `source_chunk`) to `raddr`/`key`: from the region's registration, or for a staged
+    /// source through a bounce slot.
+    pub(super) fn post_from(
+        &mut self,
+        peer: PeerId,
+        src: MrId,
+        off: u64,
+        n: u64,
+        raddr: u64,
+        key: u64,
+    ) -> Result<()> {
+        let (addr, backing) = {
+            let r = &self.regions[src];
+            (r.region.addr + off, r.backing)
+        };
+        let (local, desc, bounce) = match backing {
+            Backing::Mr(i) | Backing::Hmem(i) => (addr, self.mrs.mrs[i].desc, None),
+            Backing::Staged => {
+                let slot = self.bounce_slot()?;
+                let b = self.bounce()?;
+                let (mr, slot_len) = (b.mr, b.slot_len);
+                // SAFETY: slot < BOUNCE_SLOTS and the bounce memory holds that many slots.
+                let dst = unsafe { b.mem.ptr().add(slot * slot_len as usize) };
+                // SAFETY: `addr..addr+n` lies in the registered source region (the caller checked
+                // the range against it), of the kind this endpoint's copier serves; `dst` is a
+                // bounce slot of `slot_len >= n` bytes (`source_chunk`) that we just marked busy.
+                let r = self
+                    .copier()
+                    .and_then(|c| unsafe { c.stage_out(dst, addr, n) });
+                if let Err(e) = r {
+                    self.release_bounce(slot);
+                    return Err(e);
+                }
+                (dst as u64, self.mrs.mrs[mr].desc, Some(slot))
+            }
+        };
+        self.post(&Op {
+            peer,
+            local,
+            len: n,
+            desc,
+            raddr,
+            key,
+            fence: false,
+            confirm: false,
+            inline: None,
+            bounce,
+            internal: false,
+        })
+    }
+
+    /// The bounce slots, made and registered on first use.
+    fn bounce(&mut self) -> Result<&mut Bounce> {
+        if self.bounce.is_none() {
+            let slot_len = (self.sizes.ring / 4).clamp(4096, self.max_chunk.max(4096));
+            let mem = self.copier()?.alloc(slot_len as usize * BOUNCE_SLOTS)?;
+            let req = super::mr::Request {
+                addr: mem.ptr() as u64,
+                len: mem.len() as u64,
+                access: fi::FI_WRITE as u64,
+                requested_key: self.request_key()?,
+                cuda_device: None,
+            };
+            let policy = self.policy;
+            let m = super::mr::register(&mut self.ops(), &policy, &req)?;
+            let mr = self.add_mr(m);
+            self.bounce = Some(Bounce {
+                mem,
+                mr,
+                slot_len,
+                busy: [false; BOUNCE_SLOTS],
+                next: 0,
+            });
+        }
+        self.bounce
+            .as_mut()
+            .ok_or_else(|| Error::internal("bounce slots missing"))
+    }
+
+    /// A free bounce slot, marked busy; completes writes until one frees up (bounded).
+    fn bounce_slot(&mut self) -> Result<usize> {
+        let mut wait: Option<Wait> = None;
+        // Ends when a write that read a bounce slot completes, on an error, or at the deadline.
+        loop {
+            let b = self.bounce()?;
+            let start = b.next;
+            for k in 0..BOUNCE_SLOTS {
+                let i = (start + k) % BOUNCE_SLOTS;
+                if !b.busy[i] {
+                    b.busy[i] = true;
+                    b.next = (i + 1) % BOUNCE_SLOTS;
+                    return Ok(i);
+                }
+            }
+            self.poll()?;
+            let limit = self.timeout;
+            wait.get_or_insert_with(|| Wait::new(limit))
+                .step(|| "waiting for a bounce slot (staged writes not completing)".into())?;
+        }
+    }
+
+    pub(super) fn release_bounce(&mut self, slot: usize) {
+        if let Some(b) = self.bounce.as_mut() {
+            b.busy[slot] = false;
+        }
+    }
+
+    /// Applies the records that have arrived on every channel and acknowledges completed ones
+    /// (the receiver's half of the protocol; see the module doc).
+    pub(super) fn apply_incoming(&mut self) -> Result<()> {
+        for ci in 0..self.chans.len() {
+            if self.chans[ci].incoming.is_some() {
+                self.apply_chan(ci)?;
+                self.acknowledge(ci)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_chan(&mut self, ci: usize) -> Result<()> {
+        let mut taken = 0;
+        // Ends at the first record that has not (fully) arrived, or after APPLY_BATCH records.
+        while taken < APPLY_BATCH {
+            let Some(inc) = self.chans[ci].incoming.as_ref() else {
+                return Ok(());
+            };
+            let Some(rec) = inc.peek() else { break };
+            self.apply_record(ci, &rec)?;
+            if let Some(inc) = self.chans[ci].incoming.as_mut() {
+                inc.read += 1;
+            }
+            taken += 1;
+        }
+        if taken > 0 {
+            let t = self.copier()?.mark()?;
+            if let Some(inc) = self.chans[ci].incoming.as_mut() {
+                inc.pending.push_back((inc.read, t));
+            }
+        }
+        Ok(())
+    }
+
+    /// Validates one record against the region table and the ring, then queues it.
+    fn apply_record(&mut self, ci: usize, rec: &Record) -> Result<()> {
+        let rank = self.chans[ci].rank;
+        let bad = |why: String| Error::remote(format!("rank {rank}: staged write refused: {why}"));
+        let Some(r) = self.regions.get(rec.region as usize) else {
+            return Err(bad(format!(
+                "record {} names unknown region {}",
+                rec.seq, rec.region
+            )));
+        };
+        let (addr, len, backing) = (r.region.addr, r.region.len, r.backing);
+        match rec.kind {
+            Kind::Data => {
+                if backing != Backing::Staged {
+                    return Err(bad(format!("region {} is not staged", rec.region)));
+                }
+                if rec.arg == 0 || !super::range_ok(rec.off, rec.arg, len) {
+                    return Err(bad(format!(
+                        "range [{}, {}+{}) outside the {len}-byte region",
+                        rec.off, rec.off, rec.arg
+                    )));
+                }
+                let Some(inc) = self.chans[ci].incoming.as_ref() else {
+                    return Err(Error::internal("applying without an inbox"));
+                };
+                if !super::range_ok(rec.ring_pos, rec.arg, inc.ring.len() as u64) {
+                    return Err(bad(format!(
+                        "ring range [{}, {}+{}) outside the {}-byte ring",
+                        rec.ring_pos,
+                        rec.ring_pos,
+                        rec.arg,
+                        inc.ring.len()
+                    )));
+                }
+                // SAFETY: within the ring (checked above).
+                let from = unsafe { inc.ring.ptr().add(rec.ring_pos as usize) };
+                let c = self.copier()?;
+                // SAFETY: the destination range lies in a registered staged region (checked
+                // above), which its user must keep alive while connected; the ring bytes stay
+                // unchanged until we acknowledge this record, which we do only once the copy's
+                // ticket is done (`acknowledge`); the ring lives until the copier is drained.
+                unsafe { c.copy_in(addr + rec.off, from, rec.arg) }
+            }
+            Kind::Value => {
+                if !matches!(backing, Backing::Staged | Backing::Hmem(_)) {
+                    return Err(bad(format!(
+                        "region {} takes no relayed values",
+                        rec.region
+                    )));
+                }
+                if rec.off % 8 != 0 || !super::range_ok(rec.off, 8, len) {
+                    return Err(bad(format!(
+                        "value at {} outside (or unaligned in) the {len}-byte region",
+                        rec.off
+                    )));
+                }
+                if let (Backing::Hmem(_), Some(d)) = (backing, self.device) {
+                    // The NIC wrote the data before this record (ordering); make those writes
+                    // visible to the device's kernels before the value can be seen.
+                    crate::cuda::flush_gpudirect_rdma_writes(d)?;
+                }
+                let c = self.copier()?;
+                // SAFETY: an aligned word inside a registered region (checked above), which
+                // the local waiter reads atomically.
+                unsafe { c.value_in(addr + rec.off, rec.arg) }
+            }
+        }
+    }
+
+    /// Reports completed records to the writer (one 8-byte write of the count into its credit
+    /// word), once per change.
+    fn acknowledge(&mut self, ci: usize) -> Result<()> {
+        let Some(peer) = self.chans[ci].peer else {
+            return Ok(());
+        };
+        // Completed tickets, oldest first; ends at the first incomplete one or an empty queue.
+        while let Some(&(seq, t)) = self.chans[ci]
+            .incoming
+            .as_ref()
+            .and_then(|i| i.pending.front())
+        {
+            if !self.copier()?.done(t)? {
+                break;
+            }
+            if let Some(inc) = self.chans[ci].incoming.as_mut() {
+                inc.complete = seq;
+                inc.pending.pop_front();
+            }
+        }
+        let Some(inc) = self.chans[ci].incoming.as_mut() else {
+            return Ok(());
+        };
+        if inc.complete == inc.reported {
+            return Ok(());
+        }
+        let n = inc.complete;
+        inc.reported = n;
+        let Some(credit) = self.peers[peer].remote_chan.map(|c| c.credit) else {
+            return Err(Error::remote(format!(
+                "rank {} writes staged records but offered no credit word",
+                self.chans[ci].rank
+            )));
+        };
+        let desc = self.mrs.mrs[super::STAGING_MR].desc;
+        self.post(&Op {
+            peer,
+            local: 0,
+            len: 8,
+            desc,
+            raddr: credit.base,
+            key: credit.key,
+            fence: false,
+            confirm: false,
+            inline: Some(&n.to_ne_bytes()),
+            bounce: None,
+            internal: true,
+        })
+    }
+
+    /// Waits for the copier's queued work (teardown: the rings are freed after this).
+    pub(super) fn drain_copier(&mut self) {
+        if let Some(c) = self.copier.as_mut() {
+            if let Err(e) = c.drain() {
+                crate::warn!("net: draining staging copies: {e}");
+            }
+        }
+    }
+
+    /// Whether records sent to `peer` are still unacknowledged (a direct flag to that peer
+    /// must then wait, or it could overtake staged data).
+    pub(super) fn records_pending(&self, peer: PeerId) -> Option<(usize, u64)> {
+        let ci = self.peers[peer].chan?;
+        let o = &self.chans[ci].out;
+        (o.sent > o.acked.max(self.chans[ci].credit())).then_some((ci, o.sent))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_roundtrip_and_torn_records() {
+        let r = Record {
+            seq: 42,
+            kind: Kind::Data,
+            region: 7,
+            off: 1 << 33,
+            arg: 4096,
+            ring_pos: 128,
+        };
+        let b = r.encode();
+        let mut w = [0u64; 8];
+        for (i, x) in w.iter_mut().enumerate() {
+            *x = u64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+        }
+        assert_eq!(Record::decode(&w), Some(r));
+        // Any word from an older record (a torn arrival) fails the check.
+        for i in 0..8 {
+            let mut t = w;
+            t[i] ^= 1;
+            assert_eq!(Record::decode(&t), None, "word {i}");
+        }
+        assert_eq!(Record::decode(&[0; 8]), None, "a zeroed slot is no record");
+        let v = Record {
+            kind: Kind::Value,
+            ..r
+        };
+        assert_eq!(Record::decode(&v.words().map(u64::to_le)), Some(v));
+    }
+
+    #[test]
+    fn ring_allocation_wraps_and_waits_for_acks() {
+        let mut o = Outgoing::default();
+        let len = 1024;
+        // Four 200-byte chunks (256 each after alignment) fill the ring.
+        let mut seqs = Vec::new();
+        for k in 0..4 {
+            let p = o.alloc(len, 200).expect("room");
+            assert_eq!(p, k * 256);
+            o.sent += 1;
+            o.data_sent(o.sent);
+            seqs.push(o.sent);
+        }
+        assert_eq!(o.alloc(len, 1), None, "full until acknowledged");
+        o.ack(1);
+        // 256 bytes free at the start; a 300-byte chunk does not fit there...
+        assert_eq!(o.alloc(len, 300), None);
+        // ...but 256 do, after wrapping.
+        assert_eq!(o.alloc(len, 256), Some(0));
+        o.sent += 1;
+        o.data_sent(o.sent);
+        o.ack(3);
+        // Unacknowledged: seq 4 at [768, 1024), seq 5 at [0, 256); free: [256, 768).
+        assert_eq!(o.alloc(len, 600), None);
+        assert_eq!(o.alloc(len, 500), Some(256));
+        // Acks never go back, nor beyond what was sent.
+        o.ack(2);
+        assert_eq!(o.acked, 3);
+        o.ack(99);
+        assert_eq!(o.acked, o.sent);
+        assert!(o.room_for_record(1));
+    }
+
+    #[test]
+    fn record_slots_bound_outstanding_records() {
+        let mut o = Outgoing::default();
+        for _ in 0..4 {
+            assert!(o.room_for_record(4));
+            o.sent += 1;
+        }
+        assert!(!o.room_for_record(4));
+        o.ack(1);
+        assert!(o.room_for_record(4));
+    }
+}
