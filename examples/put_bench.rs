@@ -94,26 +94,44 @@ fn main() {
         "conn",
     );
 
-    // Latency: 8-byte putWithSignal ping-pong.
+    // Latency: ping-pong of signal() (one 8-byte write, as the raw baseline's), then of
+    // 8-byte putWithSignal (data write + signal).
     let rounds = 2000;
-    let mut samples = Vec::with_capacity(rounds);
-    ok(mscclppBootstrapBarrier(comm), "barrier");
-    for i in 0..rounds + 100 {
-        let t = Instant::now();
-        if rank == 0 {
-            ok(mscclppDevConnPutWithSignal(d, 0, 0, 8), "put");
-            ok(mscclppDevConnWait(d), "wait");
-        } else {
-            ok(mscclppDevConnWait(d), "wait");
-            ok(mscclppDevConnPutWithSignal(d, 0, 0, 8), "put");
+    for with_data in [false, true] {
+        let mut samples = Vec::with_capacity(rounds);
+        ok(mscclppBootstrapBarrier(comm), "barrier");
+        let send = || {
+            if with_data {
+                ok(mscclppDevConnPutWithSignal(d, 0, 0, 8), "put");
+            } else {
+                ok(mscclppDevConnSignal(d), "signal");
+            }
+        };
+        for i in 0..rounds + 100 {
+            let t = Instant::now();
+            if rank == 0 {
+                send();
+                ok(mscclppDevConnWait(d), "wait");
+            } else {
+                ok(mscclppDevConnWait(d), "wait");
+                send();
+            }
+            if i >= 100 {
+                samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+            }
         }
-        if i >= 100 {
-            samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+        ok(mscclppDevConnFlush(d), "flush");
+        samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        if rank == 0 {
+            let what = if with_data {
+                "8-byte putWithSignal"
+            } else {
+                "signal (8-byte flag write)"
+            };
+            println!("provider {provider}: {what} half round trip: median {:.2} us, p10 {:.2} us, p90 {:.2} us", samples[rounds / 2], samples[rounds / 10], samples[rounds * 9 / 10]);
         }
     }
-    samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
     if rank == 0 {
-        println!("provider {provider}: 8-byte putWithSignal half round trip: median {:.2} us, p10 {:.2} us", samples[rounds / 2], samples[rounds / 10]);
         println!("{:>10} {:>12} {:>10}", "bytes", "GB/s", "iters");
     }
     // Bandwidth sweep.
