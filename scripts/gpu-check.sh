@@ -173,6 +173,17 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
     -x LD_LIBRARY_PATH -x MSCCLPP_BOOTSTRAP_TIMEOUT -x MSCCLPP_WAIT_TIMEOUT \
     "$BIN/allgather" -a "127.0.0.1:$((20000 + RANDOM % 20000))"
 
+  # GPU memory over libfabric (no CUDA FI_HMEM here: staged through pinned host memory), and
+  # communicators that mix P2P and network connections.
+  MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp run_step "test allgather over ib(tcp), 2 ranks" 90 \
+    bash -c 'ranks 2 "$BIN/allgather"'
+  MSCCLPP_EXAMPLE_TRANSPORT=shm run_step "test allgather over shm, 2 ranks" 90 bash -c 'ranks 2 "$BIN/allgather"'
+  MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp MSCCLPP_NET_STAGING_BYTES=65536 \
+    MSCCLPP_NET_STAGING_SLOTS=4 run_step "test allgather over ib(tcp), tiny staging ring" 90 \
+    bash -c 'ranks 2 "$BIN/allgather"'
+  MSCCLPP_EXAMPLE_TRANSPORT=mixed MSCCLPP_NET_PROVIDER=tcp run_step "test allgather mixed P2P + ib, 4 ranks" 150 \
+    bash -c 'ranks 4 "$BIN/allgather"'
+
   # Scaling (issue 6): 8 ranks on the GPUs there are (4 per GPU on 2 GPUs); with 8 GPUs also
   # 16 ranks (two per GPU). NCCL refuses two ranks on one GPU, so it is measured only at one
   # rank per GPU.
@@ -191,6 +202,8 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
   MSCCLPP_P2P_FLAG=copy bench "bench allgather, flags by copy" 90 copy \
     bash -c 'ranks 2 "$BIN/allgather" --bench'
   bench "bench allgather 8 ranks / $NGPU GPUs" 240 r8 bash -c 'ranks 8 "$BIN/allgather" --bench'
+  MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp bench "bench allgather over ib(tcp), staged" 120 ib \
+    bash -c 'ranks 2 "$BIN/allgather" --bench --sizes 1M,64M'
   # Where the time goes: inside the kernel (put / flush / wait) and in the proxy's driver calls.
   MSCCLPP_P2P_STATS=1 MSCCLPP_DEBUG=INFO bench "profile allgather" 60 - \
     bash -c 'ranks 2 "$BIN/allgather" --profile --sizes 1M,64M'
@@ -230,6 +243,10 @@ print("|--------|---------|---------------------|---------|-------------|-------
 for name, n, anchor, target in rows:
     print(f"| {name:6} | {fmt(ag('allgather', n)):7} | {fmt(ag('allgather_copy', n)):19} | "
           f"{fmt(ag('nccl', n)):7} | {anchor:11} | {target:6} |")
+ib = res.get("allgather_ib", [])
+if ib:
+    print("all-gather over ib(tcp), GPU memory staged through host memory, 2 ranks, us: " +
+          ", ".join(f"{int(kv['bytes']) >> 20} MiB {fmt(kv)}" for kv in ib))
 r8 = res.get("allgather_r8", [])
 if r8:
     print("all-gather, 8 ranks on the machine's GPUs (4 per GPU on 2 GPUs), us per all-gather: " +
