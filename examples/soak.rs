@@ -36,7 +36,10 @@ fn ok(r: mscclppResult_t, what: &str) {
 
 fn arg(name: &str, default: &str) -> String {
     let a: Vec<String> = std::env::args().collect();
-    a.iter().position(|x| x == name).and_then(|i| a.get(i + 1).cloned()).unwrap_or_else(|| default.to_string())
+    a.iter()
+        .position(|x| x == name)
+        .and_then(|i| a.get(i + 1).cloned())
+        .unwrap_or_else(|| default.to_string())
 }
 
 /// splitmix64: a tiny, good-enough generator that every rank evaluates identically.
@@ -70,7 +73,11 @@ fn fill(buf: &mut [u8], seed: u64) {
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
         .unwrap_or(0)
 }
 
@@ -79,12 +86,18 @@ fn main() {
     let n: usize = arg("--ranks", "4").parse().unwrap();
     let seconds: f64 = arg("--seconds", "60").parse().unwrap();
     let Ok(rank) = std::env::var("SOAK_RANK") else {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let exe = std::env::current_exe().unwrap();
         let kids: Vec<_> = (0..n)
             .map(|r| {
                 let mut c = Command::new(&exe);
-                c.args(std::env::args().skip(1)).env("SOAK_RANK", r.to_string()).env("SOAK_ROOT", format!("127.0.0.1:{port}"));
+                c.args(std::env::args().skip(1))
+                    .env("SOAK_RANK", r.to_string())
+                    .env("SOAK_ROOT", format!("127.0.0.1:{port}"));
                 if provider != "shm" {
                     c.env("MSCCLPP_NET_PROVIDER", &provider);
                 }
@@ -95,28 +108,52 @@ fn main() {
         for mut k in kids {
             fail |= !k.wait().unwrap().success();
         }
-        println!("soak {provider} {n} ranks {seconds}s: {}", if fail { "FAILED" } else { "OK" });
+        println!(
+            "soak {provider} {n} ranks {seconds}s: {}",
+            if fail { "FAILED" } else { "OK" }
+        );
         std::process::exit(fail as i32);
     };
     let rank: usize = rank.parse().unwrap();
     let root = CString::new(std::env::var("SOAK_ROOT").unwrap()).unwrap();
     let mut comm = std::ptr::null_mut();
-    ok(mscclppCommInitRank(&mut comm, n as i32, root.as_ptr(), rank as i32), "init");
+    ok(
+        mscclppCommInitRank(&mut comm, n as i32, root.as_ptr(), rank as i32),
+        "init",
+    );
     // Layout: [half 0 | half 1 | send area], each half has one SLOT per sender rank, the send
     // area one SLOT per destination.
     let half = n * SLOT;
     let send = 2 * half;
     let mut buf = vec![0u8; 2 * half + n * SLOT];
-    let tr = if provider == "shm" { mscclppTransport_t::mscclppTransportSHM } else { mscclppTransport_t::mscclppTransportIB };
+    let tr = if provider == "shm" {
+        mscclppTransport_t::mscclppTransportSHM
+    } else {
+        mscclppTransport_t::mscclppTransportIB
+    };
     let peers: Vec<usize> = (0..n).filter(|&p| p != rank).collect();
     for &p in &peers {
-        ok(mscclppConnect(comm, p as i32, 0, buf.as_mut_ptr().cast(), buf.len() as u64, tr as i32, std::ptr::null()), "connect");
+        ok(
+            mscclppConnect(
+                comm,
+                p as i32,
+                0,
+                buf.as_mut_ptr().cast(),
+                buf.len() as u64,
+                tr as i32,
+                std::ptr::null(),
+            ),
+            "connect",
+        );
     }
     ok(mscclppConnectionSetup(comm), "setup");
     ok(mscclppProxyLaunch(comm), "proxy");
     let mut conns: *mut mscclppDevConn = std::ptr::null_mut();
     let mut nconns = 0;
-    ok(mscclppGetAllDeviceConnections(comm, &mut conns, &mut nconns), "conns");
+    ok(
+        mscclppGetAllDeviceConnections(comm, &mut conns, &mut nconns),
+        "conns",
+    );
     // SAFETY: the array lives until mscclppCommDestroy.
     let conns = unsafe { std::slice::from_raw_parts_mut(conns, nconns as usize) };
 
@@ -130,7 +167,10 @@ fn main() {
         if round % 64 == 0 {
             let mut go = vec![0u8; n];
             go[rank] = (t0.elapsed() < Duration::from_secs_f64(seconds)) as u8;
-            ok(mscclppBootstrapAllGather(comm, go.as_mut_ptr().cast(), 1), "allgather");
+            ok(
+                mscclppBootstrapAllGather(comm, go.as_mut_ptr().cast(), 1),
+                "allgather",
+            );
             if go[0] == 0 {
                 break;
             }
@@ -143,7 +183,10 @@ fn main() {
             let (off, size, seed) = plan(round, rank, p);
             let (src, dst) = (send + p * SLOT + off, h + rank * SLOT + off);
             fill(&mut buf[src..src + size], seed);
-            ok(mscclppDevConnPutWithSignal(&mut conns[i], dst as u64, src as u64, size as u64), "put");
+            ok(
+                mscclppDevConnPutWithSignal(&mut conns[i], dst as u64, src as u64, size as u64),
+                "put",
+            );
             ops += 1;
             bytes += size as u64;
         }
@@ -158,7 +201,9 @@ fn main() {
             fill(&mut want, seed);
             if buf[at..at + size] != want[..] {
                 errors += 1;
-                eprintln!("soak: rank {rank} round {round}: {size} bytes from rank {p} at {at} differ");
+                eprintln!(
+                    "soak: rank {rank} round {round}: {size} bytes from rank {p} at {at} differ"
+                );
             }
         }
         round += 1;
@@ -175,7 +220,9 @@ fn main() {
     );
     let grew = rss_end.saturating_sub(rss_warm);
     if rss_warm == 0 || grew > RSS_SLACK_KIB {
-        eprintln!("soak: rank {rank}: RSS grew by {grew} KiB after warm-up (limit {RSS_SLACK_KIB} KiB)");
+        eprintln!(
+            "soak: rank {rank}: RSS grew by {grew} KiB after warm-up (limit {RSS_SLACK_KIB} KiB)"
+        );
         std::process::exit(1);
     }
     std::process::exit((errors > 0) as i32);

@@ -25,7 +25,15 @@ fn cycle(root: &str, rank: usize, transport: mscclppTransport_t) {
     for i in 0..half {
         buf[rank * half + i] = pattern(rank, i);
     }
-    ok(mscclppConnect(c, 1 - rank as i32, 0, buf.as_mut_ptr().cast(), buf.len() as u64, transport as i32, std::ptr::null()));
+    ok(mscclppConnect(
+        c,
+        1 - rank as i32,
+        0,
+        buf.as_mut_ptr().cast(),
+        buf.len() as u64,
+        transport as i32,
+        std::ptr::null(),
+    ));
     ok(mscclppConnectionSetup(c));
     ok(mscclppProxyLaunch(c));
     let d = &mut dev_conns(c)[0];
@@ -54,7 +62,10 @@ fn cycles(n: usize, transport: mscclppTransport_t) {
 
 #[test]
 fn create_destroy_cycles_leave_no_fds_or_threads() {
-    let n: usize = std::env::var("MSCCLPP_TEST_CYCLES").ok().and_then(|s| s.parse().ok()).unwrap_or(100);
+    let n: usize = std::env::var("MSCCLPP_TEST_CYCLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
     std::env::set_var("MSCCLPP_NET_PROVIDER", "tcp");
     // Warm-up: libfabric and the CUDA probe set up process-wide state once (provider tables,
     // a few descriptors); that is not a per-communicator leak.
@@ -68,10 +79,21 @@ fn create_destroy_cycles_leave_no_fds_or_threads() {
     while count("/proc/self/task") > threads && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    assert_eq!(count("/proc/self/fd"), fds, "file descriptors after {n} cycles");
-    assert_eq!(count("/proc/self/task"), threads, "threads after {n} cycles");
+    assert_eq!(
+        count("/proc/self/fd"),
+        fds,
+        "file descriptors after {n} cycles"
+    );
+    assert_eq!(
+        count("/proc/self/task"),
+        threads,
+        "threads after {n} cycles"
+    );
     let bad = CString::new("127.0.0.1:1").unwrap();
     let mut c = std::ptr::null_mut();
     // And the library still answers bad input cleanly afterwards.
-    assert_eq!(mscclppCommInitRank(&mut c, 0, bad.as_ptr(), 0), mscclppInvalidArgument);
+    assert_eq!(
+        mscclppCommInitRank(&mut c, 0, bad.as_ptr(), 0),
+        mscclppInvalidArgument
+    );
 }
