@@ -114,6 +114,7 @@ step header -- cargo test -p mscclpp --test header
 step "abi (ctest)" -- cargo test -p mscclpp-abi-test --no-fail-fast
 step "header compile" -- scripts/check-header-compile.sh
 step "cmake install" -- cmake_install
+step exports needs="cmake install" -- scripts/check-exports.sh "$prefix/lib/libmscclpp.so"
 step "ctest (C/C++)" needs="cmake install" -- ctest --test-dir "$build/cmake" --output-on-failure
 step "c_examples build" needs="cmake install" -- examples_build
 step "pkg-config build" needs="cmake install" -- pkgconfig_build
