@@ -131,6 +131,9 @@ struct Slot {
     abort: AbortWord,
     running: Option<Running>,
     peers: HashMap<usize, PeerId>,
+    /// Its proxy thread never stopped (`proxy::Running::stop`): the endpoint may be wedged and
+    /// its lock held forever, so nothing may touch it again; it and its FIFO are leaked.
+    abandoned: bool,
 }
 
 struct Conn {
@@ -308,6 +311,7 @@ impl Comm {
             self.boot.clone(),
             self.sticky.clone(),
             name,
+            !Self::may_wedge(key),
         );
         self.slots.push(Slot {
             key: key.clone(),
@@ -315,6 +319,7 @@ impl Comm {
             work,
             abort,
             running: None,
+            abandoned: false,
             peers: HashMap::new(),
         });
         Ok(self.slots.len() - 1)
@@ -541,16 +546,48 @@ impl Comm {
         self.check_sticky()
     }
 
+    /// libfabric 1.17's shm provider keeps locks in shared memory: a peer killed while holding
+    /// one makes every later call into our endpoint spin forever. After such a peer's death
+    /// only the proxy thread (which can be abandoned) may have touched the endpoint.
+    fn may_wedge(key: &EndpointKey) -> bool {
+        matches!(key, EndpointKey::Net { shm: true, .. })
+    }
+
+    /// Slots nothing may call into any more: their proxy thread was abandoned, or they may be
+    /// wedged by a peer that died.
+    fn untouchable(&self) -> Vec<bool> {
+        let lost = self.boot.lost_peer().map(|l| l.0);
+        self.slots
+            .iter()
+            .map(|s| {
+                s.abandoned
+                    || (Self::may_wedge(&s.key) && lost.is_some_and(|p| s.peers.contains_key(&p)))
+            })
+            .collect()
+    }
+
     fn stop_all(&mut self) {
+        let lost = self.boot.lost_peer().map(|l| l.0);
         for s in self.slots.iter_mut() {
             if let Some(r) = s.running.take() {
-                // The thread records its own failure (sticky error, abort word); a panic is
-                // recorded here.
-                if let Err(e) = r.stop() {
+                // A healthy proxy stops within its final flushes, each bounded by the wait
+                // timeout; after a peer of it died they end at once.
+                let bound = if lost.is_some_and(|p| s.peers.contains_key(&p)) {
+                    STOP_AFTER_LOSS
+                } else {
+                    crate::fifo::wait_timeout()
+                        .saturating_mul(1 + s.peers.len() as u32)
+                        .saturating_add(STOP_AFTER_LOSS)
+                };
+                // The thread records its own failure (sticky error, abort word); a panic or
+                // an abandoned thread is recorded here.
+                let (r, abandoned) = r.stop_within(bound);
+                if let Err(e) = r {
                     let code = crate::capi::result_of(&e);
                     self.sticky.set(code, format!("proxy for {:?}: {e}", s.key));
                     s.abort.set(code);
                 }
+                s.abandoned |= abandoned;
             }
         }
         self.proxies_running = false;
@@ -645,14 +682,18 @@ impl Comm {
 /// at once would cancel it and fail the peer's flush. The marker follows the signal by
 /// microseconds in the usual put-signal-flush sequence.
 const LINGER: std::time::Duration = std::time::Duration::from_millis(50);
+/// How long stopping a proxy may take once a peer of it died (see `stop_all`).
+const STOP_AFTER_LOSS: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Comm {
     fn linger(&mut self) {
+        let skip = self.untouchable();
         let net: Vec<&SharedEndpoint> = self
             .slots
             .iter()
-            .filter(|s| matches!(s.key, EndpointKey::Net { .. }))
-            .map(|s| &s.ep)
+            .zip(skip)
+            .filter(|(s, skip)| matches!(s.key, EndpointKey::Net { .. }) && !skip)
+            .map(|(s, _)| &s.ep)
             .collect();
         if net.is_empty() || self.conns.is_empty() {
             return;
@@ -683,11 +724,29 @@ impl Drop for Comm {
         self.linger();
         self.registered.clear();
         self.dev_conns.clear();
+        let skip = self.untouchable();
         let slots = std::mem::take(&mut self.slots);
-        for s in slots {
-            drop(s.ep);
+        // An untouchable endpoint is leaked, not closed (closing calls into it). Peers may
+        // still write into its connections' epoch blocks (shm writes straight into our
+        // memory): those are kept too. The FIFO goes; no transport call is involved.
+        let (keep, conns): (Vec<Conn>, Vec<Conn>) = std::mem::take(&mut self.conns)
+            .into_iter()
+            .partition(|c| skip[c.slot]);
+        std::mem::forget(keep);
+        for (s, skip) in slots.into_iter().zip(skip) {
+            if skip {
+                crate::warn!(
+                    "rank {}: leaking endpoint {:?}: a peer died and the endpoint may be wedged",
+                    self.rank(),
+                    s.key
+                );
+                std::mem::forget(s.ep);
+            } else {
+                drop(s.ep);
+            }
             drop(s.work);
         }
-        self.conns.clear();
+        // Epoch memory goes after the endpoints that registered it.
+        drop(conns);
     }
 }

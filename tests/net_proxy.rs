@@ -89,6 +89,7 @@ fn proxy_moves_data_and_refuses_out_of_range_triggers() {
         boot,
         sticky.clone(),
         "net-proxy-test".into(),
+        true,
     );
     proxy::lock(&work).conns.push(conn);
     let running = proxy::launch(work).unwrap();

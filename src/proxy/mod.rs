@@ -71,6 +71,8 @@ pub struct ProxyWork {
     /// Between `launch` and the end of the thread, and only while no error occurred: only then
     /// may anyone consume (before launch, host producers' triggers wait for the proxy).
     active: bool,
+    /// Host producers and waiters do this FIFO's work too (see `new`).
+    assisted: bool,
     handled: u32,
     last_watch: Instant,
     stop_seen: Option<Instant>,
@@ -95,11 +97,13 @@ impl ProxyWork {
         boot: Arc<crate::bootstrap::Bootstrap>,
         sticky: Arc<Sticky>,
         name: String,
+        assist: bool,
     ) -> SharedWork {
-        let host_head = fifo
-            .device()
-            .is_none()
-            .then(|| fifo.producer_view(0).triggerFifoHead);
+        // Host producers may do the work only if `assist`: an endpoint that can wedge when a
+        // peer dies (libfabric 1.17 shm: locks in shared memory) must be entered by the proxy
+        // thread alone, which can be abandoned; a user thread stuck there could not.
+        let host_head =
+            (assist && fifo.device().is_none()).then(|| fifo.producer_view(0).triggerFifoHead);
         let work = Arc::new(Mutex::new(ProxyWork {
             fifo,
             conns: Vec::new(),
@@ -108,6 +112,7 @@ impl ProxyWork {
             sticky,
             name,
             active: false,
+            assisted: host_head.is_some(),
             handled: 0,
             last_watch: Instant::now(),
             stop_seen: None,
@@ -201,7 +206,7 @@ pub struct Running {
 
 /// Starts a named proxy thread over `work`.
 pub fn launch(work: SharedWork) -> Result<Running> {
-    let (name, device) = {
+    let (name, device, assisted) = {
         let mut w = lock(&work);
         // A peer that dies while the transport waits for it (a flush, a full queue) ends that
         // wait at once, as it ends an idle proxy's loop (`check_peers`).
@@ -212,7 +217,7 @@ pub fn launch(work: SharedWork) -> Result<Running> {
         lock(&w.endpoint).set_abort_check(Box::new(move || lost_peer_of(&boot, &ranks)));
         w.active = true;
         w.stop_seen = None;
-        (w.name.clone(), w.fifo.device())
+        (w.name.clone(), w.fifo.device(), w.assisted)
     };
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
@@ -221,7 +226,7 @@ pub fn launch(work: SharedWork) -> Result<Running> {
         // The FIFO's device is the endpoint's: its copies and streams live in that device's
         // primary context.
         crate::cuda::bind_proxy_thread(device);
-        run(&work2, &stop2, device.is_none())
+        run(&work2, &stop2, assisted)
     });
     match spawned {
         Ok(handle) => Ok(Running { stop, handle }),
@@ -235,17 +240,40 @@ pub fn launch(work: SharedWork) -> Result<Running> {
 impl Running {
     /// Asks the thread to finish the triggers already in the FIFO, then joins it.
     pub fn stop(self) -> Result<()> {
+        self.stop_within(Duration::MAX).0
+    }
+
+    /// As [`Running::stop`], waiting at most `bound`. Returns the thread's result, and true if
+    /// the thread was abandoned instead: still inside a call that never returns (libfabric
+    /// 1.17's shm provider spins forever on a lock in shared memory that a peer killed inside
+    /// the provider left held). It keeps what it holds (the FIFO, the endpoint and its locks);
+    /// the caller must not touch them again.
+    pub fn stop_within(self, bound: Duration) -> (Result<()>, bool) {
         // Release pairs with the Acquire load in `run`.
         self.stop.store(true, Ordering::Release);
-        self.handle
+        let t0 = Instant::now();
+        // Ends when the thread finishes, or at `bound`.
+        while !self.handle.is_finished() {
+            if t0.elapsed() > bound {
+                let e = Error::remote(format!(
+                    "the proxy thread did not stop within {bound:?}: it is stuck inside the transport (a peer that died inside libfabric's shm provider leaves a lock held); abandoned with its endpoint"
+                ));
+                crate::warn!("{e}");
+                return (Err(e), true);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let r = self
+            .handle
             .join()
-            .unwrap_or_else(|_| Err(Error::internal("the proxy thread panicked")))
+            .unwrap_or_else(|_| Err(Error::internal("the proxy thread panicked")));
+        (r, false)
     }
 }
 
 /// The proxy thread. Ends when stopped (after draining), or at the first error, which it
 /// records (sticky error, abort word) before returning it.
-fn run(work: &Mutex<ProxyWork>, stop: &AtomicBool, host_fifo: bool) -> Result<()> {
+fn run(work: &Mutex<ProxyWork>, stop: &AtomicBool, assisted: bool) -> Result<()> {
     let mut idle: u32 = 0;
     let mut idle_since = Instant::now();
     loop {
@@ -278,7 +306,7 @@ fn run(work: &Mutex<ProxyWork>, stop: &AtomicBool, host_fifo: bool) -> Result<()
                     idle_since = Instant::now();
                 }
                 idle = idle.saturating_add(1);
-                backoff(idle, idle_since, host_fifo);
+                backoff(idle, idle_since, assisted);
             }
         }
     }
@@ -314,10 +342,10 @@ fn lost_peer_of(boot: &crate::bootstrap::Bootstrap, ranks: &[usize]) -> Option<S
 
 /// Idle policy: spin, then yield for a while (hands the core to producers and peers on an
 /// oversubscribed machine without a sleep's timer slack), then short naps so that an idle
-/// communicator does not hold a core. Host FIFOs nap sooner: their producers and waiters do
-/// the proxy's work themselves (`Assist`), so the thread only covers the gaps.
-fn backoff(idle: u32, idle_since: Instant, host_fifo: bool) {
-    let yield_for = if host_fifo {
+/// communicator does not hold a core. Assisted FIFOs nap sooner: their producers and waiters
+/// do the proxy's work themselves (`Assist`), so the thread only covers the gaps.
+fn backoff(idle: u32, idle_since: Instant, assisted: bool) {
+    let yield_for = if assisted {
         Duration::from_millis(1)
     } else {
         Duration::from_millis(20)
