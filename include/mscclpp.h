@@ -7,6 +7,21 @@
  * Compiles as C (C11), as C++ (C++11 and later) and under nvcc. In C++ the struct
  * mscclppDevConn also has the 2023 device methods (put, signal, flush, wait, ...), see
  * mscclpp/devconn_methods.inc.
+ *
+ * Thread safety. Different communicators are independent: use them from different threads at
+ * once. Calls on one communicator may come from any thread; they are serialised by a lock inside
+ * the library (a call waits while another thread's call on the same communicator runs, e.g. a
+ * mscclppConnectionSetup, up to the bootstrap timeout). mscclppCommGetAsyncError does not take
+ * that lock and answers at once. Collective calls (mscclppCommInitRank*,
+ * mscclppBootstrapAllGather, mscclppBootstrapBarrier, mscclppConnectionSetup,
+ * mscclppRegisterBuffer) must be made in the same order on every rank: make a communicator's
+ * collectives from one thread at a time. On one host-memory connection, mscclppDevConnPut,
+ * ...Signal, ...PutWithSignal, ...PutWithSignalAndFlush and ...Flush may be called from several
+ * threads at once (the FIFO is multi-producer): each thread's calls stay in order, and a flush
+ * returns once every trigger queued before it, by any thread, is done. mscclppDevConnWait
+ * consumes one signal per call: use one waiter per connection. Do not destroy a communicator
+ * while another thread still uses it or its connections. mscclppSetLogHandler may be called at
+ * any time; mscclppSetBootstrapConnTimeout applies to communicators created afterwards.
  */
 
 #ifndef MSCCLPP_H_
