@@ -165,7 +165,17 @@ fn parent(shm: bool) {
         "net two-process {}: {ROUNDS} rounds of 1 MiB + flag + ack, {per_round:?} per round",
         ep.describe()
     );
-    let status = kid.wait().unwrap();
+    // The child flushes its last ack with a delivery marker that lands here: progress until it
+    // has finished (software providers move data only while the target progresses).
+    let t1 = Instant::now();
+    let status = loop {
+        if let Some(st) = kid.try_wait().unwrap() {
+            break st;
+        }
+        assert!(t1.elapsed() < Duration::from_secs(60), "child did not finish");
+        ep.progress().unwrap();
+        std::thread::yield_now();
+    };
     let _ = std::fs::remove_dir_all(&dir);
     assert!(status.success(), "child failed: {status}");
 }
