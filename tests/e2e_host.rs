@@ -14,20 +14,6 @@ use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(120);
 
-struct Env {
-    rank: usize,
-    n: usize,
-    root: String,
-}
-
-fn env() -> Env {
-    Env {
-        rank: env_usize("MSCCLPP_TEST_RANK"),
-        n: env_usize("MSCCLPP_TEST_NRANKS"),
-        root: std::env::var("MSCCLPP_TEST_ROOT").unwrap(),
-    }
-}
-
 /// Transport settings for a provider name: `shm` is mscclppTransportSHM, anything else is
 /// mscclppTransportIB over that libfabric provider.
 fn transport_env(provider: &str) -> Vec<(&'static str, String)> {
@@ -178,46 +164,9 @@ fn many_puts_one_signal_shm() {
 // ---- 100,000 ping-pong rounds -----------------------------------------------------------
 
 const ROUNDS: u64 = 100_000;
-const SLOTS: usize = 16;
 
-/// Rank 0 sends round numbers in slots 0..16, rank 1 answers in slots 16..32; each side checks
-/// every value, so a lost, duplicated or reordered put or signal fails the test.
 fn pingpong(e: Env) {
-    let c = init(&e.root, e.rank, e.n);
-    let mut buf = vec![0u8; 2 * SLOTS * 8];
-    let peer = 1 - e.rank;
-    ok(connect(c, peer, 1, &mut buf));
-    ok(mscclppConnectionSetup(c));
-    ok(mscclppProxyLaunch(c));
-    let d = &mut dev_conns(c)[0];
-    let base = |r: usize| if r == 0 { 0 } else { SLOTS * 8 };
-    let bp = buf.as_mut_ptr();
-    let send = |d: &mut _, round: u64, rank: usize| {
-        let off = base(rank) + (round as usize % SLOTS) * 8;
-        // SAFETY: within buf; the peer only reads this slot after our signal.
-        unsafe { (bp.add(off) as *mut u64).write_volatile(round) };
-        put_signal(d, off as u64, off as u64, 8);
-    };
-    let recv = |d: &mut _, round: u64, from: usize| {
-        wait(d);
-        let off = base(from) + (round as usize % SLOTS) * 8;
-        // SAFETY: within buf; written by the peer before its signal.
-        let v = unsafe { (bp.add(off) as *const u64).read_volatile() };
-        assert_eq!(v, round, "round {round}: slot holds {v}");
-    };
-    for round in 0..ROUNDS {
-        if e.rank == 0 {
-            send(d, round, 0);
-            recv(d, round, 1);
-        } else {
-            recv(d, round, 0);
-            send(d, round, 1);
-        }
-    }
-    flush(d);
-    ok(mscclppBootstrapBarrier(c));
-    ok(mscclppProxyStop(c));
-    ok(mscclppCommDestroy(c));
+    common::api::pingpong(&e, ROUNDS);
 }
 
 #[test]

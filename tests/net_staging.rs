@@ -21,20 +21,6 @@ use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(120);
 
-struct Env {
-    rank: usize,
-    n: usize,
-    root: String,
-}
-
-fn env() -> Env {
-    Env {
-        rank: env_usize("MSCCLPP_TEST_RANK"),
-        n: env_usize("MSCCLPP_TEST_NRANKS"),
-        root: std::env::var("MSCCLPP_TEST_ROOT").unwrap(),
-    }
-}
-
 /// Staging forced, a 64 KiB ring (16 KiB chunks) and 8 inbox slots.
 fn staging_env(provider: &str) -> Vec<(&'static str, String)> {
     let mut v = vec![
@@ -171,46 +157,9 @@ fn gaps_and_rounds_shm() {
 // ---- putWithSignal ping-pong -----------------------------------------------------------------
 
 const PP_ROUNDS: u64 = 3000;
-const PP_SLOTS: usize = 16;
 
-/// Round numbers in rotating slots, each side checking every value: a lost, duplicated or
-/// reordered staged put or signal fails.
 fn pingpong(e: Env) {
-    let c = init(&e.root, e.rank, e.n);
-    let mut buf = vec![0u8; 2 * PP_SLOTS * 8];
-    let peer = 1 - e.rank;
-    ok(connect(c, peer, 1, &mut buf));
-    ok(mscclppConnectionSetup(c));
-    ok(mscclppProxyLaunch(c));
-    let d = &mut dev_conns(c)[0];
-    let base = |r: usize| if r == 0 { 0 } else { PP_SLOTS * 8 };
-    let bp = buf.as_mut_ptr();
-    let send = |d: &mut _, round: u64, rank: usize| {
-        let off = base(rank) + (round as usize % PP_SLOTS) * 8;
-        // SAFETY: within buf; the peer reads this slot only after our signal.
-        unsafe { (bp.add(off) as *mut u64).write_volatile(round) };
-        put_signal(d, off as u64, off as u64, 8);
-    };
-    let recv = |d: &mut _, round: u64, from: usize| {
-        wait(d);
-        let off = base(from) + (round as usize % PP_SLOTS) * 8;
-        // SAFETY: within buf; written by our proxy before it stored the signal count.
-        let v = unsafe { (bp.add(off) as *const u64).read_volatile() };
-        assert_eq!(v, round, "round {round}: slot holds {v}");
-    };
-    for round in 0..PP_ROUNDS {
-        if e.rank == 0 {
-            send(d, round, 0);
-            recv(d, round, 1);
-        } else {
-            recv(d, round, 0);
-            send(d, round, 1);
-        }
-    }
-    flush(d);
-    ok(mscclppBootstrapBarrier(c));
-    ok(mscclppProxyStop(c));
-    ok(mscclppCommDestroy(c));
+    common::api::pingpong(&e, PP_ROUNDS);
     assert_staged();
 }
 

@@ -172,7 +172,10 @@ fn parent(shm: bool) {
         if let Some(st) = kid.try_wait().unwrap() {
             break st;
         }
-        assert!(t1.elapsed() < Duration::from_secs(60), "child did not finish");
+        assert!(
+            t1.elapsed() < Duration::from_secs(60),
+            "child did not finish"
+        );
         ep.progress().unwrap();
         std::thread::yield_now();
     };

@@ -101,3 +101,45 @@ pub fn pattern(rank: usize, i: usize) -> u8 {
         .wrapping_add(i as u8)
         .wrapping_add((i >> 8) as u8)
 }
+
+/// 2 ranks: rank 0 sends round numbers in slots 0..16 of `buf`, rank 1 answers in slots 16..32,
+/// `rounds` times; each side checks every value, so a lost, duplicated or reordered put or
+/// signal fails. Ends with a flush, a barrier, proxy stop and destroy.
+pub fn pingpong(e: &super::Env, rounds: u64) {
+    const SLOTS: usize = 16;
+    let c = init(&e.root, e.rank, e.n);
+    let mut buf = vec![0u8; 2 * SLOTS * 8];
+    let peer = 1 - e.rank;
+    ok(connect(c, peer, 1, &mut buf));
+    ok(mscclppConnectionSetup(c));
+    ok(mscclppProxyLaunch(c));
+    let d = &mut dev_conns(c)[0];
+    let base = |r: usize| if r == 0 { 0 } else { SLOTS * 8 };
+    let bp = buf.as_mut_ptr();
+    let send = |d: &mut _, round: u64, rank: usize| {
+        let off = base(rank) + (round as usize % SLOTS) * 8;
+        // SAFETY: within buf; the peer only reads this slot after our signal.
+        unsafe { (bp.add(off) as *mut u64).write_volatile(round) };
+        put_signal(d, off as u64, off as u64, 8);
+    };
+    let recv = |d: &mut _, round: u64, from: usize| {
+        wait(d);
+        let off = base(from) + (round as usize % SLOTS) * 8;
+        // SAFETY: within buf; written by the peer (or our staging proxy) before the signal.
+        let v = unsafe { (bp.add(off) as *const u64).read_volatile() };
+        assert_eq!(v, round, "round {round}: slot holds {v}");
+    };
+    for round in 0..rounds {
+        if e.rank == 0 {
+            send(d, round, 0);
+            recv(d, round, 1);
+        } else {
+            recv(d, round, 0);
+            send(d, round, 1);
+        }
+    }
+    flush(d);
+    ok(mscclppBootstrapBarrier(c));
+    ok(mscclppProxyStop(c));
+    ok(mscclppCommDestroy(c));
+}

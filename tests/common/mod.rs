@@ -13,6 +13,21 @@ pub fn is_rank(test: &str) -> bool {
     std::env::var("MSCCLPP_TEST_ROLE").is_ok_and(|r| r == test)
 }
 
+/// A rank's identity, from the environment `spawn` gave it.
+pub struct Env {
+    pub rank: usize,
+    pub n: usize,
+    pub root: String,
+}
+
+pub fn env() -> Env {
+    Env {
+        rank: env_usize("MSCCLPP_TEST_RANK"),
+        n: env_usize("MSCCLPP_TEST_NRANKS"),
+        root: std::env::var("MSCCLPP_TEST_ROOT").unwrap(),
+    }
+}
+
 pub fn env_usize(k: &str) -> usize {
     std::env::var(k)
         .unwrap_or_else(|_| panic!("{k} not set"))
