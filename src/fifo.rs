@@ -48,12 +48,18 @@ pub fn set_assist(head: *const u64, consumer: Weak<dyn Assist>) {
 }
 
 /// Lets the calling host thread do a round of the consumer's work for the FIFO at `head`.
-fn assist(head: *const u64) {
+/// Returns false when the FIFO has no consumer that host threads may help (not launched, or
+/// an endpoint only its proxy thread may enter).
+fn assist(head: *const u64) -> bool {
     let consumer = host_fifos()
         .get(&(head as usize))
         .and_then(|c| c.as_ref()?.upgrade());
-    if let Some(c) = consumer {
-        c.assist();
+    match consumer {
+        Some(c) => {
+            c.assist();
+            true
+        }
+        None => false,
     }
 }
 
@@ -338,8 +344,10 @@ impl Spin {
         // What we wait for may need the proxy's work (our trigger executed, the endpoint through
         // which the peer's data comes progressed): do it here rather than wait for a thread
         // that may not even have a core.
-        assist(self.head);
-        if self.n < SPIN_ITERS {
+        let helped = assist(self.head);
+        // Without help to give, the proxy thread does the work: on a machine with fewer cores
+        // than busy threads, yielding at once hands it the core.
+        if helped && self.n < SPIN_ITERS {
             std::hint::spin_loop();
             return Ok(());
         }
@@ -382,7 +390,7 @@ pub unsafe fn host_push(fifo: &mscclppConcurrentFifo, w: [u64; 2]) -> Result<u64
     // Release pairs with the proxy's Acquire load of word0 in `Fifo::peek`.
     w0.store(w[0], Ordering::Release);
     // Execute it now, on this core, unless a consumer is already at work.
-    assist(fifo.triggerFifoHead);
+    let _ = assist(fifo.triggerFifoHead);
     Ok(h)
 }
 

@@ -350,7 +350,7 @@ fn backoff(idle: u32, idle_since: Instant, assisted: bool) {
     } else {
         Duration::from_millis(20)
     };
-    if idle < 128 {
+    if idle < 8 {
         std::hint::spin_loop();
     } else if idle_since.elapsed() < yield_for {
         std::thread::yield_now();
