@@ -8,8 +8,9 @@
 #      over tcp and shm);
 #   2. the C host all-gather with 2 ranks under valgrind: no invalid access, no definite leak
 #      after mscclppCommDestroy;
-#   3. the Rust test binary of tests/leaks.rs (create/connect/exchange/destroy cycles over tcp
-#      and shm, ranks as threads) under valgrind, same criteria.
+#   3. the Rust tests that run in one process under valgrind, same criteria: the unit tests,
+#      tests/leaks.rs (create/connect/exchange/destroy cycles over tcp and shm, ranks as
+#      threads), tests/threads.rs and tests/capi_basics.rs.
 # Exit status non-zero on the first failure.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -40,9 +41,17 @@ cmake --build "$build/plain" --parallel "$(nproc)" >/dev/null
 MSCCLPP_RUN_TIMEOUT=300 MSCCLPP_BOOTSTRAP_TIMEOUT=120 \
   scripts/run-local-ranks.sh 2 "${vg[@]}" "$build/plain/allgather_host" -s 65536 -i 2
 
-echo "== valgrind: Rust create/destroy cycles (tests/leaks.rs)"
-bin=$(cargo test -q --test leaks --no-run --message-format=json |
-  sed -n 's/.*"executable":"\([^"]*leaks[^"]*\)".*/\1/p' | tail -1)
-[[ -x $bin ]] || { echo "sanitize: cannot find the tests/leaks.rs binary" >&2; exit 1; }
-MSCCLPP_TEST_CYCLES=10 timeout 600 "${vg[@]}" "$bin" --test-threads=1
+echo "== valgrind: Rust tests that run in one process (unit tests, leaks, threads, capi_basics)"
+# The multi-process suites re-execute themselves per rank; these cover the same library code
+# in one process, where valgrind can see every allocation.
+rust_bin() { # cargo-args...: the test executable cargo builds for them
+  cargo test -q "$@" --no-run --message-format=json | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1
+}
+for args in "--lib" "--test leaks" "--test threads" "--test capi_basics"; do
+  # shellcheck disable=SC2086
+  bin=$(rust_bin $args)
+  [[ -x $bin ]] || { echo "sanitize: cannot find the test binary for $args" >&2; exit 1; }
+  echo "-- $args"
+  MSCCLPP_TEST_CYCLES=10 timeout 600 "${vg[@]}" "$bin" --test-threads=2
+done
 echo "sanitize: all checks passed"
