@@ -114,9 +114,12 @@ ls -la "$CARRY"
 
 # NCCL first, in the background: it needs nothing of ours, and the examples build meanwhile
 # (CPU only; the GPUs are NCCL's alone until it finishes).
-say "NCCL all-gather through PyTorch (background)"
+# One NCCL rank per GPU (NCCL refuses two on one GPU): 2 on nvidia-h200-x2, 8 on -x8.
+NGPU=$(nvidia-smi -L | wc -l)
+export NGPU
+say "NCCL all-gather through PyTorch, $NGPU ranks (background)"
 NCCL_LOG=$WORK/nccl.log
-(timeout -k 10 200 python3 -m torch.distributed.run --standalone --nproc_per_node=2 \
+(timeout -k 10 200 python3 -m torch.distributed.run --standalone --nproc_per_node="$NGPU" \
   "$ROOT/tests/gpu/nccl_allgather.py" >"$NCCL_LOG" 2>&1; echo "nccl exit $?" >>"$NCCL_LOG") &
 NCCL_PID=$!
 
@@ -187,8 +190,6 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
   # Scaling (issue 6): 8 ranks on the GPUs there are (4 per GPU on 2 GPUs); with 8 GPUs also
   # 16 ranks (two per GPU). NCCL refuses two ranks on one GPU, so it is measured only at one
   # rank per GPU.
-  NGPU=$(nvidia-smi -L | wc -l)
-  export NGPU
   run_step "test allgather 8 ranks / $NGPU GPUs" 240 bash -c 'ranks 8 "$BIN/allgather"'
   if ((NGPU >= 8)); then
     run_step "test allgather 16 ranks / $NGPU GPUs" 300 bash -c 'ranks 16 "$BIN/allgather"'
@@ -237,7 +238,9 @@ def fmt(kv):
     return kv["us"] + ("" if kv.get("check", "ok") == "ok" else " (BAD DATA)")
 rows = [("1 MiB", 1 << 20, "17.3", "10"), ("64 MiB", 64 << 20, "103", "95"),
         ("1 GiB", 1 << 30, "1393", "1380")]
-print("all-gather, 2 ranks on 2 H200s, time per all-gather in us (10 x 10 CUDA-graph launches)")
+import os
+print("all-gather, ours with 2 ranks on 2 GPUs, NCCL with one rank per GPU ("
+      + os.environ.get("NGPU", "?") + " ranks): time per all-gather in us (10 x 10 CUDA-graph launches)")
 print("| size   | ours    | ours, flags by copy | NCCL    | 2023 anchor | target |")
 print("|--------|---------|---------------------|---------|-------------|--------|")
 for name, n, anchor, target in rows:
