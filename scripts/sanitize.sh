@@ -5,7 +5,7 @@
 #
 #   1. the C examples built with ASan + UBSan (-fno-sanitize-recover: any finding fails) against
 #      the installed package at PREFIX, run with 3 local ranks (bootstrap and host all-gather
-#      over tcp and shm);
+#      over tcp and shm), and the C/C++ header tests of tests/c linked and run the same way;
 #   2. the C host all-gather with 2 ranks under valgrind: no invalid access, no definite leak
 #      after mscclppCommDestroy;
 #   3. the Rust tests that run in one process under valgrind, same criteria: the unit tests,
@@ -30,6 +30,13 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 scripts/run-local-ranks.sh 3 "$build/asan/bootstrap_demo"
 scripts/run-local-ranks.sh 3 "$build/asan/allgather_host" -s 262144 -i 3
 scripts/run-local-ranks.sh 3 "$build/asan/allgather_host" -t shm -s 262144 -i 3
+echo "== ASan + UBSan: C and C++ header tests (tests/c, linked and run)"
+"${CC:-cc}" -std=c11 -Wall -Wextra -Wpedantic -Werror $san -I"$prefix/include" tests/c/compile_c.c \
+  -L"$prefix/lib" -lmscclpp -Wl,-rpath,"$prefix/lib" -o "$build/asan/compile_c"
+"$build/asan/compile_c"
+"${CXX:-c++}" -std=c++17 -Wall -Wextra -Wpedantic -Werror $san -I"$prefix/include" tests/c/compile_cpp.cpp \
+  -L"$prefix/lib" -lmscclpp -Wl,-rpath,"$prefix/lib" -o "$build/asan/compile_cpp"
+"$build/asan/compile_cpp"
 unset LSAN_OPTIONS ASAN_OPTIONS UBSAN_OPTIONS
 
 vg=(valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite
