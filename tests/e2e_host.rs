@@ -63,31 +63,7 @@ fn alltoall(e: Env) {
     }
     ok(mscclppConnectionSetup(c));
     ok(mscclppProxyLaunch(c));
-    let conns = dev_conns(c);
-    assert_eq!(conns.len(), e.n - 1);
-    let off = (e.rank * CHUNK) as u64;
-    for d in conns.iter_mut() {
-        put_signal(d, off, off, CHUNK as u64);
-    }
-    for d in conns.iter_mut() {
-        flush(d);
-    }
-    for d in conns.iter_mut() {
-        wait(d);
-    }
-    for p in 0..e.n {
-        for i in 0..CHUNK {
-            assert_eq!(
-                buf[p * CHUNK + i],
-                pattern(p, i),
-                "rank {} byte {i} of rank {p}'s chunk",
-                e.rank
-            );
-        }
-    }
-    ok(mscclppBootstrapBarrier(c));
-    ok(mscclppProxyStop(c));
-    ok(mscclppCommDestroy(c));
+    alltoall_and_finish(c, &buf, e.rank, e.n, CHUNK);
 }
 
 #[test]

@@ -343,30 +343,7 @@ fn mixed(e: Env) {
     }
     ok(mscclppConnectionSetup(c));
     ok(mscclppProxyLaunch(c));
-    let conns = dev_conns(c);
-    let off = (e.rank * CH) as u64;
-    for d in conns.iter_mut() {
-        put_signal(d, off, off, CH as u64);
-    }
-    for d in conns.iter_mut() {
-        flush(d);
-    }
-    for d in conns.iter_mut() {
-        wait(d);
-    }
-    for p in 0..e.n {
-        for i in 0..CH {
-            assert_eq!(
-                buf[p * CH + i],
-                pattern(p, i),
-                "rank {} byte {i} of rank {p}",
-                e.rank
-            );
-        }
-    }
-    ok(mscclppBootstrapBarrier(c));
-    ok(mscclppProxyStop(c));
-    ok(mscclppCommDestroy(c));
+    alltoall_and_finish(c, &buf, e.rank, e.n, CH);
     assert_staged();
 }
 

@@ -143,3 +143,33 @@ pub fn pingpong(e: &super::Env, rounds: u64) {
     ok(mscclppProxyStop(c));
     ok(mscclppCommDestroy(c));
 }
+
+/// The all-to-all step of the end-to-end tests, once connections are set up and proxies run:
+/// put our chunk (at `rank * chunk` of `buf`, the connected buffer) to every connection with a
+/// signal, flush them all, wait for every peer, and check every byte of every rank's chunk.
+/// Then barrier, proxy stop and destroy.
+pub fn alltoall_and_finish(c: mscclppComm_t, buf: &[u8], rank: usize, n: usize, chunk: usize) {
+    let conns = dev_conns(c);
+    assert_eq!(conns.len(), n - 1);
+    let off = (rank * chunk) as u64;
+    for d in conns.iter_mut() {
+        put_signal(d, off, off, chunk as u64);
+    }
+    for d in conns.iter_mut() {
+        flush(d);
+    }
+    for d in conns.iter_mut() {
+        wait(d);
+    }
+    for p in 0..n {
+        for i in 0..chunk {
+            // Volatile: the peers wrote these bytes behind the compiler's back.
+            // SAFETY: within buf.
+            let b = unsafe { buf.as_ptr().add(p * chunk + i).read_volatile() };
+            assert_eq!(b, pattern(p, i), "rank {rank} byte {i} of rank {p}'s chunk");
+        }
+    }
+    ok(mscclppBootstrapBarrier(c));
+    ok(mscclppProxyStop(c));
+    ok(mscclppCommDestroy(c));
+}
