@@ -5,64 +5,19 @@
 //! variables. Needs root and `ip`; otherwise the test says it skipped and passes.
 //! The namespaces (and with them the veth pair) are deleted when the test ends.
 
+mod common;
+
+use common::raw::{fetch, pattern, publish, region, word};
 use mscclpp::error::Error;
 use mscclpp::transport::net;
-use mscclpp::transport::{Endpoint, MemKind, Region};
+use mscclpp::transport::Endpoint;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const WORDS: usize = (1 << 20) / 8;
 const ROUNDS: u64 = 10;
 const DEADLINE: Duration = Duration::from_secs(30);
-
-fn region(v: &[u64]) -> Region {
-    Region {
-        addr: v.as_ptr() as u64,
-        len: (v.len() * 8) as u64,
-        kind: MemKind::Host,
-    }
-}
-
-fn word(v: &[u64], i: usize) -> u64 {
-    // SAFETY: in bounds and aligned; written by the other process through RMA, hence atomic.
-    unsafe { AtomicU64::from_ptr(v.as_ptr().add(i) as *mut u64) }.load(Ordering::Acquire)
-}
-
-fn pattern(round: u64, i: usize) -> u64 {
-    round.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i as u64
-}
-
-fn publish(dir: &Path, name: &str, blobs: &[Vec<u8>]) {
-    let mut out = Vec::new();
-    for b in blobs {
-        out.extend_from_slice(&(b.len() as u32).to_le_bytes());
-        out.extend_from_slice(b);
-    }
-    let tmp = dir.join(format!("{name}.tmp"));
-    std::fs::write(&tmp, out).unwrap();
-    std::fs::rename(tmp, dir.join(name)).unwrap();
-}
-
-fn fetch(dir: &Path, name: &str) -> Vec<Vec<u8>> {
-    let t0 = Instant::now();
-    let data = loop {
-        if let Ok(d) = std::fs::read(dir.join(name)) {
-            break d;
-        }
-        assert!(t0.elapsed() < DEADLINE, "peer never published {name}");
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let mut v = Vec::new();
-    let mut p = 0;
-    while p < data.len() {
-        let n = u32::from_le_bytes(data[p..p + 4].try_into().unwrap()) as usize;
-        v.push(data[p + 4..p + 4 + n].to_vec());
-        p += 4 + n;
-    }
-    v
-}
 
 fn wait_for(ep: &mut dyn Endpoint, v: &[u64], i: usize, want: u64, what: &str) {
     let t0 = Instant::now();
@@ -82,7 +37,7 @@ fn target(dir: &Path) {
     let (_, d) = ep.register(region(&dst)).unwrap();
     let (_, e) = ep.register(region(&epoch)).unwrap();
     publish(dir, "target", &[ep.address().unwrap(), d, e]);
-    let ini = fetch(dir, "initiator");
+    let ini = fetch(dir, "initiator", DEADLINE);
     let peer = ep.add_peer(0, &ini[0]).unwrap();
     let ack = ep.import(peer, &ini[1]).unwrap();
     for r in 1..=ROUNDS {
@@ -101,7 +56,7 @@ fn target(dir: &Path) {
 }
 
 fn initiator(dir: &Path) {
-    let t = fetch(dir, "target");
+    let t = fetch(dir, "target", DEADLINE);
     // The default endpoint (loopback) must refuse a peer on another host, and say what to set.
     let iface = std::env::var("MSCCLPP_NET_IFACE").unwrap();
     std::env::remove_var("MSCCLPP_NET_IFACE");

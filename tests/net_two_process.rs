@@ -4,71 +4,18 @@
 //! 1 MiB and a flag; the child waits for the flag, checks every byte, and acknowledges with a
 //! flag write back; so both directions, ordering and flush are exercised across processes.
 
+mod common;
+
+use common::raw::{fetch, pattern, publish, region, word};
 use mscclpp::transport::net;
-use mscclpp::transport::{Endpoint, MemKind, Region};
+use mscclpp::transport::Endpoint;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const WORDS: usize = (1 << 20) / 8;
 const ROUNDS: u64 = 20;
 const DEADLINE: Duration = Duration::from_secs(30);
-
-fn region(v: &[u64]) -> Region {
-    Region {
-        addr: v.as_ptr() as u64,
-        len: (v.len() * 8) as u64,
-        kind: MemKind::Host,
-    }
-}
-
-fn word(v: &[u64], i: usize) -> u64 {
-    // SAFETY: in bounds and aligned; written by the other process through RMA, hence atomic.
-    unsafe { AtomicU64::from_ptr(v.as_ptr().add(i) as *mut u64) }.load(Ordering::Acquire)
-}
-
-fn pattern(round: u64, i: usize) -> u64 {
-    round.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i as u64
-}
-
-/// Writes blobs to `name` atomically (temp file + rename): u32 count, then u32 len + bytes.
-fn publish(dir: &Path, name: &str, blobs: &[Vec<u8>]) {
-    let mut out = Vec::new();
-    out.extend_from_slice(&(blobs.len() as u32).to_le_bytes());
-    for b in blobs {
-        out.extend_from_slice(&(b.len() as u32).to_le_bytes());
-        out.extend_from_slice(b);
-    }
-    let tmp = dir.join(format!("{name}.tmp"));
-    std::fs::write(&tmp, out).unwrap();
-    std::fs::rename(tmp, dir.join(name)).unwrap();
-}
-
-/// Waits (bounded) for `name` and parses it.
-fn fetch(dir: &Path, name: &str) -> Vec<Vec<u8>> {
-    let t0 = Instant::now();
-    let data = loop {
-        if let Ok(d) = std::fs::read(dir.join(name)) {
-            break d;
-        }
-        assert!(t0.elapsed() < DEADLINE, "peer never published {name}");
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let take = |p: &mut usize, n: usize| {
-        let s = &data[*p..*p + n];
-        *p += n;
-        s
-    };
-    let mut p = 0;
-    let count = u32::from_le_bytes(take(&mut p, 4).try_into().unwrap());
-    (0..count)
-        .map(|_| {
-            let n = u32::from_le_bytes(take(&mut p, 4).try_into().unwrap()) as usize;
-            take(&mut p, n).to_vec()
-        })
-        .collect()
-}
 
 fn open(shm: bool) -> Box<dyn Endpoint> {
     if shm {
@@ -102,7 +49,7 @@ fn child(dir: &Path, shm: bool) {
     let (_, dblob) = ep.register(region(&dst)).unwrap();
     let (_, eblob) = ep.register(region(&epoch)).unwrap();
     publish(dir, "child", &[ep.address().unwrap(), dblob, eblob]);
-    let parent = fetch(dir, "parent");
+    let parent = fetch(dir, "parent", DEADLINE);
     let peer = ep.add_peer(0, &parent[0]).unwrap();
     let ack = ep.import(peer, &parent[1]).unwrap();
     for r in 1..=ROUNDS {
@@ -145,7 +92,7 @@ fn parent(shm: bool) {
     let ackw = vec![0u64; 1];
     let (_, ablob) = ep.register(region(&ackw)).unwrap();
     publish(&dir, "parent", &[ep.address().unwrap(), ablob]);
-    let c = fetch(&dir, "child");
+    let c = fetch(&dir, "child", DEADLINE);
     let peer = ep.add_peer(1, &c[0]).unwrap();
     let d = ep.import(peer, &c[1]).unwrap();
     let e = ep.import(peer, &c[2]).unwrap();
@@ -209,7 +156,7 @@ fn pingpong(dir: &Path, shm: bool, parent: bool) {
         ("pp_child", "pp_parent")
     };
     publish(dir, me, &[ep.address().unwrap(), blob]);
-    let o = fetch(dir, other);
+    let o = fetch(dir, other, DEADLINE);
     let peer = ep.add_peer(usize::from(parent), &o[0]).unwrap();
     let theirs = ep.import(peer, &o[1]).unwrap();
     let src = vec![0u64; 1];
