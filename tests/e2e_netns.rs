@@ -5,68 +5,14 @@
 mod common;
 
 use common::api::*;
+use common::netns::Hosts;
 use common::*;
 use mscclpp::capi::comm::*;
 use mscclpp::capi::conn::*;
-use std::process::Command;
 use std::time::Duration;
 
 const NAME: &str = "two_hosts_over_veth_tcp";
 const BYTES: usize = 4 << 20;
-
-/// Two namespaces with a veth pair; removed on drop (also when the test fails).
-struct Hosts {
-    ns: [String; 2],
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("running ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-impl Hosts {
-    fn create() -> Result<Self, String> {
-        let id = std::process::id() % 100_000;
-        let h = Hosts {
-            ns: [format!("msc{id}a"), format!("msc{id}b")],
-        };
-        let (va, vb) = (format!("mv{id}a"), format!("mv{id}b"));
-        ip(&["netns", "add", &h.ns[0]])?;
-        ip(&["netns", "add", &h.ns[1]])?;
-        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
-        ip(&["link", "set", &va, "netns", &h.ns[0]])?;
-        ip(&["link", "set", &vb, "netns", &h.ns[1]])?;
-        for (ns, dev, addr) in [
-            (&h.ns[0], &va, "10.99.0.1/24"),
-            (&h.ns[1], &vb, "10.99.0.2/24"),
-        ] {
-            ip(&["-n", ns, "addr", "add", addr, "dev", dev])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(h)
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        // Deleting a namespace deletes its end of the veth pair, and with it the pair.
-        for ns in &self.ns {
-            let _ = ip(&["netns", "del", ns]);
-        }
-    }
-}
 
 fn rank_body() {
     let (rank, n, root) = (
@@ -105,15 +51,13 @@ fn two_hosts_over_veth_tcp() {
     if is_rank(NAME) {
         return rank_body();
     }
-    let hosts = match Hosts::create() {
+    let hosts = match Hosts::create("e", "10.99.0") {
         Ok(h) => h,
         Err(e) => {
             println!("SKIPPED {NAME}: cannot create network namespaces here ({e})");
             return;
         }
     };
-    let id = std::process::id() % 100_000;
-    let ifs = [format!("mv{id}a"), format!("mv{id}b")];
     let root = "10.99.0.1:29517";
     let env = [
         ("MSCCLPP_TEST_TRANSPORT", "tcp".to_string()),
@@ -127,8 +71,8 @@ fn two_hosts_over_veth_tcp() {
             "exec".into(),
             hosts.ns[r].clone(),
             "env".into(),
-            format!("MSCCLPP_NET_IFACE={}", ifs[r]),
-            format!("MSCCLPP_SOCKET_IFNAME={}", ifs[r]),
+            format!("MSCCLPP_NET_IFACE={}", hosts.dev[r]),
+            format!("MSCCLPP_SOCKET_IFNAME={}", hosts.dev[r]),
         ]
     });
     ranks.expect_success(Duration::from_secs(120));

@@ -9,13 +9,13 @@ mod common;
 mod fault_util;
 
 use common::api::*;
+use common::netns::Hosts;
 use common::*;
 use fault_util::*;
 use mscclpp::abi::mscclppResult_t::*;
 use mscclpp::capi::comm::*;
 use mscclpp::capi::conn::*;
 use mscclpp::capi::devconn::*;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const DEADLINE: Duration = Duration::from_secs(50);
@@ -26,66 +26,6 @@ const PIECES: usize = 4;
 const AFTER_UP: u64 = 300;
 /// Set in a slot's first word on the sender's last round.
 const LAST: u64 = 1 << 63;
-
-/// Two namespaces with a veth pair between them, removed on drop.
-struct Hosts {
-    ns: [String; 2],
-    dev: [String; 2],
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("running ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-impl Hosts {
-    fn create(tag: char) -> Result<Self, String> {
-        let id = std::process::id() % 100_000;
-        let h = Hosts {
-            ns: [format!("fns{id}{tag}a"), format!("fns{id}{tag}b")],
-            dev: [format!("fv{id}{tag}a"), format!("fv{id}{tag}b")],
-        };
-        // On an error, dropping `h` removes whatever exists already.
-        ip(&["netns", "add", &h.ns[0]])?;
-        ip(&["netns", "add", &h.ns[1]])?;
-        ip(&[
-            "link", "add", &h.dev[0], "type", "veth", "peer", "name", &h.dev[1],
-        ])?;
-        for i in 0..2 {
-            ip(&["link", "set", &h.dev[i], "netns", &h.ns[i]])?;
-            let addr = format!("10.98.0.{}/24", i + 1);
-            ip(&["-n", &h.ns[i], "addr", "add", &addr, "dev", &h.dev[i]])?;
-            ip(&["-n", &h.ns[i], "link", "set", &h.dev[i], "up"])?;
-            ip(&["-n", &h.ns[i], "link", "set", "lo", "up"])?;
-        }
-        Ok(h)
-    }
-
-    /// Sets host 0's end of the link down or up.
-    fn link(&self, up: bool) {
-        let state = if up { "up" } else { "down" };
-        ip(&["-n", &self.ns[0], "link", "set", &self.dev[0], state]).unwrap();
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        for ns in &self.ns {
-            let _ = ip(&["netns", "del", ns]);
-        }
-    }
-}
 
 fn slot_byte(round: u64, i: usize) -> u8 {
     pattern((round % 251) as usize, i) ^ (round >> 8) as u8
@@ -245,7 +185,7 @@ fn outage_test(name: &str, tag: char, wait_s: f64, outage: Option<Duration>) {
         regroup();
         return;
     }
-    let hosts = match Hosts::create(tag) {
+    let hosts = match Hosts::create(&format!("f{tag}"), "10.98.0") {
         Ok(h) => h,
         Err(e) => {
             println!("SKIPPED {name}: cannot create network namespaces here ({e})");

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod netns;
 pub mod raw;
 
 use std::process::{Child, Command, Stdio};
