@@ -10,14 +10,17 @@
 #   2. builds the CUDA examples (c_examples/cuda) against it with nvcc (-arch=sm_90), through
 #      c_examples/CMakeLists.txt and find_package(mscclpp),
 #   3. runs the GPU tests: all-gather over P2P with 2 ranks on 2 GPUs, 4 ranks on 2 GPUs (two
-#      processes per GPU), both Flag paths, and once under mpirun (OMPI_* environment),
+#      processes per GPU), with the SM copy engine (default) and with the copy engines only
+#      (both Flag paths), and once under mpirun (OMPI_* environment),
 #   4. runs the benchmarks: signal latency and FIFO costs, put bandwidth, all-gather (CUDA
-#      graph timing), and a profile (time in put/flush/wait inside the kernel; the proxy's
-#      driver calls, MSCCLPP_P2P_STATS=1),
+#      graph timing; also with the copy engines only), and a profile (time in put/flush/wait
+#      inside the kernel; the proxy's driver calls and SM engine waits, MSCCLPP_P2P_STATS=1),
 #   5. runs NCCL's all-gather through PyTorch (2 processes, same sizes and timing), while the
 #      examples build,
 #   6. prints the table: size | ours | NCCL | 2023 anchor | target.
 # Everything is bounded by `timeout`, the whole by GPU_CHECK_BUDGET seconds (default 470).
+# GPU_CHECK_QUICK=1: while tuning, only the 2-rank test and the P2P benchmarks (no NCCL, no
+# network or scaling runs); the profile then runs at 1 MiB alone.
 # Logs and results go to $OUT (gpu-check.log, results.txt).
 #
 # NVLink multicast stays off (it can take the host's GPUs down for others): never unset these.
@@ -117,11 +120,18 @@ ls -la "$CARRY"
 # One NCCL rank per GPU (NCCL refuses two on one GPU): 2 on nvidia-h200-x2, 8 on -x8.
 NGPU=$(nvidia-smi -L | wc -l)
 export NGPU
-say "NCCL all-gather through PyTorch, $NGPU ranks (background)"
+QUICK=${GPU_CHECK_QUICK:-0}
 NCCL_LOG=$WORK/nccl.log
-(timeout -k 10 200 python3 -m torch.distributed.run --standalone --nproc_per_node="$NGPU" \
-  "$ROOT/tests/gpu/nccl_allgather.py" >"$NCCL_LOG" 2>&1; echo "nccl exit $?" >>"$NCCL_LOG") &
-NCCL_PID=$!
+if ((QUICK)); then
+  echo "nccl skipped (GPU_CHECK_QUICK=1)" >"$NCCL_LOG"
+  echo "nccl exit 0" >>"$NCCL_LOG"
+  NCCL_PID=
+else
+  say "NCCL all-gather through PyTorch, $NGPU ranks (background)"
+  (timeout -k 10 200 python3 -m torch.distributed.run --standalone --nproc_per_node="$NGPU" \
+    "$ROOT/tests/gpu/nccl_allgather.py" >"$NCCL_LOG" 2>&1; echo "nccl exit $?" >>"$NCCL_LOG") &
+  NCCL_PID=$!
+fi
 
 # 1. The package, from the prebuilt library.
 install_package() {
@@ -159,7 +169,7 @@ run_step build-examples 200 bash -c build_examples ||
   run_step build-examples-nvcc 200 bash -c build_examples_nvcc
 
 say "waiting for NCCL"
-wait $NCCL_PID
+[[ -n $NCCL_PID ]] && wait $NCCL_PID
 grep -v '^\s*$' "$NCCL_LOG" | tail -15
 grep '^RESULT' "$NCCL_LOG" >>"$RES"
 grep -q "nccl exit 0" "$NCCL_LOG" || FAILED+=("nccl")
@@ -167,48 +177,68 @@ grep -q "nccl exit 0" "$NCCL_LOG" || FAILED+=("nccl")
 if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
   # 3. Tests. INFO logs once, to record what the library detected (driver, Flag path).
   MSCCLPP_DEBUG=INFO run_step "test allgather 2 ranks / 2 GPUs" 90 bash -c 'ranks 2 "$BIN/allgather"'
-  run_step "test allgather 4 ranks / 2 GPUs" 150 bash -c 'ranks 4 "$BIN/allgather"'
-  MSCCLPP_P2P_FLAG=copy run_step "test allgather 2 ranks, flags by copy" 90 \
-    bash -c 'ranks 2 "$BIN/allgather"'
-  # The OMPI_COMM_WORLD_* path of launch_env.h (the root address still given with -a).
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 run_step "test allgather under mpirun" 60 \
-    mpirun --allow-run-as-root -np 2 --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE \
-    -x LD_LIBRARY_PATH -x MSCCLPP_BOOTSTRAP_TIMEOUT -x MSCCLPP_WAIT_TIMEOUT \
-    "$BIN/allgather" -a "127.0.0.1:$((20000 + RANDOM % 20000))"
+  if ((QUICK)); then
+    MSCCLPP_P2P_ENGINE=ce run_step "test allgather 2 ranks, copy engines only" 90 \
+      bash -c 'ranks 2 "$BIN/allgather"'
+    bench "bench pingpong" 60 - bash -c 'ranks 2 "$BIN/pingpong"'
+    MSCCLPP_P2P_ENGINE=ce bench "bench pingpong, copy engines only" 60 ce bash -c 'ranks 2 "$BIN/pingpong"'
+    bench "bench bandwidth" 90 - bash -c 'ranks 2 "$BIN/bandwidth"'
+    bench "bench allgather" 90 - bash -c 'ranks 2 "$BIN/allgather" --bench'
+    MSCCLPP_P2P_ENGINE=ce bench "bench allgather, copy engines only" 90 ce \
+      bash -c 'ranks 2 "$BIN/allgather" --bench'
+    MSCCLPP_P2P_STATS=1 MSCCLPP_DEBUG=INFO bench "profile allgather" 60 - \
+      bash -c 'ranks 2 "$BIN/allgather" --profile --sizes 1M'
+    grep -h -E "stats:" "$LAST_OUT" | sed 's/^/STATS /' >>"$RES"
+  else
+    run_step "test allgather 4 ranks / 2 GPUs" 150 bash -c 'ranks 4 "$BIN/allgather"'
+    MSCCLPP_P2P_ENGINE=ce run_step "test allgather 2 ranks, copy engines only" 90 \
+      bash -c 'ranks 2 "$BIN/allgather"'
+    MSCCLPP_P2P_ENGINE=ce MSCCLPP_P2P_FLAG=copy run_step "test allgather 2 ranks, copy engines, flags by copy" 90 \
+      bash -c 'ranks 2 "$BIN/allgather"'
+    # The OMPI_COMM_WORLD_* path of launch_env.h (the root address still given with -a).
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 run_step "test allgather under mpirun" 60 \
+      mpirun --allow-run-as-root -np 2 --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE \
+      -x LD_LIBRARY_PATH -x MSCCLPP_BOOTSTRAP_TIMEOUT -x MSCCLPP_WAIT_TIMEOUT \
+      "$BIN/allgather" -a "127.0.0.1:$((20000 + RANDOM % 20000))"
 
-  # GPU memory over libfabric (no CUDA FI_HMEM here: staged through pinned host memory), and
-  # communicators that mix P2P and network connections.
-  MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp run_step "test allgather over ib(tcp), 2 ranks" 90 \
-    bash -c 'ranks 2 "$BIN/allgather"'
-  MSCCLPP_EXAMPLE_TRANSPORT=shm run_step "test allgather over shm, 2 ranks" 90 bash -c 'ranks 2 "$BIN/allgather"'
-  MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp MSCCLPP_NET_STAGING_BYTES=65536 \
-    MSCCLPP_NET_STAGING_SLOTS=4 run_step "test allgather over ib(tcp), tiny staging ring" 90 \
-    bash -c 'ranks 2 "$BIN/allgather"'
-  MSCCLPP_EXAMPLE_TRANSPORT=mixed MSCCLPP_NET_PROVIDER=tcp run_step "test allgather mixed P2P + ib, 4 ranks" 150 \
-    bash -c 'ranks 4 "$BIN/allgather"'
+    # GPU memory over libfabric (no CUDA FI_HMEM here: staged through pinned host memory), and
+    # communicators that mix P2P and network connections.
+    MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp run_step "test allgather over ib(tcp), 2 ranks" 90 \
+      bash -c 'ranks 2 "$BIN/allgather"'
+    MSCCLPP_EXAMPLE_TRANSPORT=shm run_step "test allgather over shm, 2 ranks" 90 bash -c 'ranks 2 "$BIN/allgather"'
+    MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp MSCCLPP_NET_STAGING_BYTES=65536 \
+      MSCCLPP_NET_STAGING_SLOTS=4 run_step "test allgather over ib(tcp), tiny staging ring" 90 \
+      bash -c 'ranks 2 "$BIN/allgather"'
+    MSCCLPP_EXAMPLE_TRANSPORT=mixed MSCCLPP_NET_PROVIDER=tcp run_step "test allgather mixed P2P + ib, 4 ranks" 150 \
+      bash -c 'ranks 4 "$BIN/allgather"'
 
-  # Scaling (issue 6): 8 ranks on the GPUs there are (4 per GPU on 2 GPUs); with 8 GPUs also
-  # 16 ranks (two per GPU). NCCL refuses two ranks on one GPU, so it is measured only at one
-  # rank per GPU.
-  run_step "test allgather 8 ranks / $NGPU GPUs" 240 bash -c 'ranks 8 "$BIN/allgather"'
-  if ((NGPU >= 8)); then
-    run_step "test allgather 16 ranks / $NGPU GPUs" 300 bash -c 'ranks 16 "$BIN/allgather"'
+    # Scaling (issue 6): 8 ranks on the GPUs there are (4 per GPU on 2 GPUs); with 8 GPUs also
+    # 16 ranks (two per GPU). NCCL refuses two ranks on one GPU, so it is measured only at one
+    # rank per GPU.
+    run_step "test allgather 8 ranks / $NGPU GPUs" 240 bash -c 'ranks 8 "$BIN/allgather"'
+    if ((NGPU >= 8)); then
+      run_step "test allgather 16 ranks / $NGPU GPUs" 300 bash -c 'ranks 16 "$BIN/allgather"'
+    fi
+
+    # 4. Benchmarks (RESULT lines go to results.txt).
+    bench "bench pingpong" 60 - bash -c 'ranks 2 "$BIN/pingpong"'
+    MSCCLPP_P2P_ENGINE=ce bench "bench pingpong, copy engines only" 60 ce bash -c 'ranks 2 "$BIN/pingpong"'
+    bench "bench bandwidth" 90 - bash -c 'ranks 2 "$BIN/bandwidth"'
+    bench "bench allgather" 90 - bash -c 'ranks 2 "$BIN/allgather" --bench'
+    MSCCLPP_P2P_ENGINE=ce bench "bench allgather, copy engines only" 90 ce \
+      bash -c 'ranks 2 "$BIN/allgather" --bench'
+    bench "bench allgather 8 ranks / $NGPU GPUs" 240 r8 bash -c 'ranks 8 "$BIN/allgather" --bench'
+    MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp bench "bench allgather over ib(tcp), staged" 120 ib \
+      bash -c 'ranks 2 "$BIN/allgather" --bench --sizes 1M,64M'
+    # Where the time goes: inside the kernel (put / flush / wait) and in the proxy's driver calls.
+    MSCCLPP_P2P_STATS=1 MSCCLPP_DEBUG=INFO bench "profile allgather" 60 - \
+      bash -c 'ranks 2 "$BIN/allgather" --profile --sizes 1M,64M'
+    grep -h -E "stats:" "$LAST_OUT" | sed 's/^/STATS /' >>"$RES"
+    # The SM engine's own round trips (a run of its own: the self-test delays what runs then).
+    MSCCLPP_P2P_SM_SELFTEST=1 MSCCLPP_DEBUG=INFO run_step "SM engine self-test" 60 \
+      bash -c 'ranks 2 "$BIN/allgather"'
   fi
-
-  # 4. Benchmarks (RESULT lines go to results.txt).
-  bench "bench pingpong" 60 - bash -c 'ranks 2 "$BIN/pingpong"'
-  MSCCLPP_P2P_FLAG=copy bench "bench pingpong, flags by copy" 60 copy bash -c 'ranks 2 "$BIN/pingpong"'
-  bench "bench bandwidth" 90 - bash -c 'ranks 2 "$BIN/bandwidth"'
-  bench "bench allgather" 90 - bash -c 'ranks 2 "$BIN/allgather" --bench'
-  MSCCLPP_P2P_FLAG=copy bench "bench allgather, flags by copy" 90 copy \
-    bash -c 'ranks 2 "$BIN/allgather" --bench'
-  bench "bench allgather 8 ranks / $NGPU GPUs" 240 r8 bash -c 'ranks 8 "$BIN/allgather" --bench'
-  MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp bench "bench allgather over ib(tcp), staged" 120 ib \
-    bash -c 'ranks 2 "$BIN/allgather" --bench --sizes 1M,64M'
-  # Where the time goes: inside the kernel (put / flush / wait) and in the proxy's driver calls.
-  MSCCLPP_P2P_STATS=1 MSCCLPP_DEBUG=INFO bench "profile allgather" 60 - \
-    bash -c 'ranks 2 "$BIN/allgather" --profile --sizes 1M,64M'
-  grep -h "stats:" "$LAST_OUT" | sed 's/^/STATS /' >>"$RES"
+  grep -h -E "self-test:" "$LAST_OUT" | sed 's/^/STATS /' >>"$RES"
 else
   FAILED+=("examples missing")
 fi
@@ -241,10 +271,10 @@ rows = [("1 MiB", 1 << 20, "17.3", "10"), ("64 MiB", 64 << 20, "103", "95"),
 import os
 print("all-gather, ours with 2 ranks on 2 GPUs, NCCL with one rank per GPU ("
       + os.environ.get("NGPU", "?") + " ranks): time per all-gather in us (10 x 10 CUDA-graph launches)")
-print("| size   | ours    | ours, flags by copy | NCCL    | 2023 anchor | target |")
-print("|--------|---------|---------------------|---------|-------------|--------|")
+print("| size   | ours    | ours, copy engines only | NCCL    | 2023 anchor | target |")
+print("|--------|---------|-------------------------|---------|-------------|--------|")
 for name, n, anchor, target in rows:
-    print(f"| {name:6} | {fmt(ag('allgather', n)):7} | {fmt(ag('allgather_copy', n)):19} | "
+    print(f"| {name:6} | {fmt(ag('allgather', n)):7} | {fmt(ag('allgather_ce', n)):23} | "
           f"{fmt(ag('nccl', n)):7} | {anchor:11} | {target:6} |")
 ib = res.get("allgather_ib", [])
 if ib:
@@ -254,7 +284,7 @@ r8 = res.get("allgather_r8", [])
 if r8:
     print("all-gather, 8 ranks on the machine's GPUs (4 per GPU on 2 GPUs), us per all-gather: " +
           ", ".join(f"{int(kv['bytes']) >> 20} MiB {fmt(kv)}" for kv in r8))
-for k in ("pingpong", "pingpong_copy", "fifo", "fifo_copy", "profile"):
+for k in ("pingpong", "pingpong_ce", "fifo", "fifo_ce", "profile"):
     for kv in res.get(k, []):
         print(k, " ".join(f"{a}={b}" for a, b in kv.items()))
 bw = res.get("bandwidth", [])

@@ -11,11 +11,13 @@
 //! [`available`] has checked both; optional symbols are probed before use.
 
 mod ipc;
+mod kernel;
 mod mem;
 mod stream;
 
 pub(crate) use ipc::IPC_HANDLE_BYTES;
 pub use ipc::{address_range, ipc_handle, IpcMapping};
+pub use kernel::{Function, Module, P2P_ENGINE_PTX};
 pub use mem::{DeviceMem, EpochMem, PinnedHost};
 pub use stream::{Event, Stream};
 
@@ -129,6 +131,12 @@ fn detect() -> Option<Driver> {
         if d.flush_rdma { "yes" } else { "no" }
     );
     Some(d)
+}
+
+/// True if the driver (found and initialised) exports `name`: for symbols used only by optional
+/// features, checked before their first call.
+fn has_symbol_loaded(name: &str) -> bool {
+    driver().is_some() && has_symbol(name)
 }
 
 fn driver() -> Option<&'static Driver> {

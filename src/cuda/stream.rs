@@ -40,6 +40,10 @@ impl Stream {
         self.device
     }
 
+    pub(super) fn raw(&self) -> sys::CUstream {
+        self.raw
+    }
+
     /// Queues a copy of `len` bytes; both addresses are unified (device, mapped peer or pinned
     /// host) addresses valid until the copy completes.
     pub fn copy(&self, dst: u64, src: u64, len: u64, device_to_device: bool) -> Result<()> {

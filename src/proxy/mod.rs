@@ -384,9 +384,14 @@ fn handle(w: &mut ProxyWork, t: &Trigger) -> Result<()> {
             c.remote_size,
             c.remote_rank,
         )?;
-        ep.write(c.peer, c.src, t.src_off, c.dst, t.dst_off, t.size)?;
-    }
-    if t.ty & mscclppFlag != 0 {
+        if t.ty & mscclppFlag != 0 {
+            c.signals += 1;
+            let flag = (c.remote_epoch, 8, c.signals);
+            ep.write_then_value(c.peer, c.src, t.src_off, c.dst, t.dst_off, t.size, flag)?;
+        } else {
+            ep.write(c.peer, c.src, t.src_off, c.dst, t.dst_off, t.size)?;
+        }
+    } else if t.ty & mscclppFlag != 0 {
         c.signals += 1;
         ep.write_value(c.peer, c.remote_epoch, 8, c.signals)?;
     }

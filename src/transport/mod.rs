@@ -80,6 +80,23 @@ pub trait Endpoint: Send {
     /// Starts a write of the 8-byte `value` into remote `dst`+`dst_off`, ordered after every
     /// earlier `write` to `peer`.
     fn write_value(&mut self, peer: PeerId, dst: RemoteId, dst_off: u64, value: u64) -> Result<()>;
+    /// A `write` and then a `write_value` (`(dst, dst_off, value)`) to the same peer, as one
+    /// operation where the transport does that cheaper (the P2P SM engine: one job whose flag
+    /// the kernel stores after the bytes). Default: the two calls.
+    #[allow(clippy::too_many_arguments)] // the arguments of `write`, plus the flag's
+    fn write_then_value(
+        &mut self,
+        peer: PeerId,
+        src: MrId,
+        src_off: u64,
+        dst: RemoteId,
+        dst_off: u64,
+        size: u64,
+        (vdst, voff, value): (RemoteId, u64, u64),
+    ) -> Result<()> {
+        self.write(peer, src, src_off, dst, dst_off, size)?;
+        self.write_value(peer, vdst, voff, value)
+    }
     /// Waits (bounded) until every earlier write to `peer` has reached the peer.
     fn flush(&mut self, peer: PeerId) -> Result<()>;
     /// Drives completions and the provider's progress engine; called by the proxy when idle.

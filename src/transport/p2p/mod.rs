@@ -1,24 +1,40 @@
-//! P2P transport: CUDA IPC plus copy-engine copies between GPUs of one host (NVLink or PCIe).
+//! P2P transport: CUDA IPC between GPUs of one host (NVLink or PCIe), data moved by the SM copy
+//! engine (`engine.rs`, a resident kernel) or by the copy engines.
 //!
 //! - Registration exports the IPC handle of the allocation that holds the region
 //!   (`cuMemGetAddressRange`) with the region's offset; importing opens it once per allocation
 //!   (cache keyed by exporting process, base and handle) with lazy peer access, and checks the
 //!   region against the mapped size. Regions of this same process are used directly.
-//! - One non-blocking stream per peer, owned by the endpoint: Data is `cuMemcpyAsync` on it;
-//!   Flag is an 8-byte write of the signal count into the peer's epoch, queued on the same
-//!   stream after the data (`cuStreamWriteValue64`, or a copy from a pinned staging ring);
-//!   Sync polls the stream until idle, bounded by `MSCCLPP_WAIT_TIMEOUT`.
+//! - Which engine: a put between device buffers, 16-byte aligned, of at most
+//!   `MSCCLPP_P2P_SM_MAX_BYTES` (2 MiB), and a flag, go to the SM engine when its kernel runs
+//!   (a put with its flag as one job); everything else, and everything while the kernel starts,
+//!   to the copy engines. Measured on 2x H200 (bench/RESULTS.md): a copy-engine copy takes
+//!   7-9 us from submission to completion whatever its size up to ~1 MiB, the SM engine ~3 us
+//!   for a flag and ~8 us for 512 KiB; above a few MiB the copy engine alone fills NVLink.
+//! - Copy engines: one non-blocking stream per peer, owned by the endpoint. Data is
+//!   `cuMemcpyAsync` on it; Flag is an 8-byte write of the signal count into the peer's epoch,
+//!   queued on the same stream after the data (`cuStreamWriteValue64`, or a copy from a pinned
+//!   staging ring).
+//! - Ordering between the two: work that must follow earlier work of the other path (a flag,
+//!   a put, a flush) waits for it first (`drain_sm`, `drain_ce`, and `Engine::order_flags`
+//!   before a flag changes path, so the signal count never steps back). Sync waits for both,
+//!   bounded by `MSCCLPP_WAIT_TIMEOUT`.
 //! - `remote_ptr` gives the mapped addresses, so kernels may also load/store peers directly.
-//! - Teardown waits for the streams, closes every mapping, then frees the streams.
+//! - Teardown stops the engine, waits for the streams, closes every mapping, then frees the
+//!   streams.
 //!
-//! Several ranks may share a GPU (processes on one device): IPC then maps within the device.
+//! Several ranks may share a GPU (processes on one device): IPC then maps within the device,
+//! and the SM engine stays off (its resident kernel would hold the GPU the processes
+//! time-slice).
 
 mod blob;
+mod engine;
 
 use super::{Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
 use crate::cuda::{self, Ctx, CtxGuard, IpcMapping, PinnedHost, Stream, IPC_HANDLE_BYTES};
 use crate::error::{Error, Result};
 use blob::{host_id, process_nonce, Address, RegionBlob};
+use engine::Engine;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -35,6 +51,8 @@ struct Stats {
     copies: (u64, Duration),
     values: (u64, Duration),
     flushes: (u64, Duration),
+    sm_waits: (u64, Duration),
+    sm_jobs: u64,
 }
 
 impl Stats {
@@ -60,10 +78,12 @@ impl Stats {
             format!("{n} x {avg:.2} us")
         };
         crate::info!(
-            "p2p:cuda{device} stats: copy calls {}, flag calls {}, flush waits {}",
+            "p2p:cuda{device} stats: copy calls {}, flag calls {}, stream waits {}; SM engine jobs {}, waits {}",
             f(self.copies),
             f(self.values),
-            f(self.flushes)
+            f(self.flushes),
+            self.sm_jobs,
+            f(self.sm_waits)
         );
     }
 }
@@ -76,6 +96,10 @@ enum FlagMode {
     WriteValue,
     /// An 8-byte `cuMemcpyAsync` from the pinned staging ring.
     Copy,
+}
+
+pub(super) fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
 }
 
 fn flag_mode_from_env() -> FlagMode {
@@ -100,6 +124,7 @@ pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
         device,
         ctx,
         mode,
+        engine: Engine::open(device),
         locals: Vec::new(),
         local_ids: HashMap::new(),
         peers: Vec::new(),
@@ -128,6 +153,16 @@ struct Peer {
     /// Work was queued since the stream was last seen idle (a flush with nothing queued
     /// returns without asking the driver).
     dirty: bool,
+    /// The last SM-engine job for this peer (done once the engine's DONE reaches it). Work
+    /// that must follow both paths' earlier work (a flag, a flush, a put by the other path)
+    /// drains the other path first.
+    sm_last: u64,
+    /// An SM-engine job for this peer stored a flag that may still be in flight (the kernel
+    /// does not fence after flags): a flag by the copy engine must wait for it.
+    sm_flag: bool,
+    /// The peer's GPU is ours (ranks sharing a GPU): no SM engine, whose resident kernel would
+    /// hold the GPU while the processes time-slice it.
+    same_device: bool,
 }
 
 struct Remote {
@@ -135,6 +170,26 @@ struct Remote {
     /// This process's address of the region (mapped, or the peer's own when same process).
     ptr: u64,
     len: u64,
+    /// Mapped through CUDA IPC (peer access enabled), so kernels may store to it.
+    mapped: bool,
+}
+
+/// A checked put: this process's addresses of both ends.
+struct PutTarget {
+    dst: u64,
+    src: u64,
+    size: u64,
+    /// The destination is mapped through CUDA IPC (kernels may store to it).
+    mapped: bool,
+    /// The source is device memory.
+    d2d: bool,
+}
+
+/// A checked flag write.
+struct FlagTarget {
+    addr: u64,
+    value: u64,
+    mapped: bool,
 }
 
 /// Mapping cache key: exporting process, allocation base there, handle.
@@ -144,6 +199,8 @@ struct P2p {
     device: i32,
     ctx: Ctx,
     mode: FlagMode,
+    /// Puts up to `Engine::max_bytes` and flags, when the kernel runs (`engine.rs`).
+    engine: Option<Engine>,
     locals: Vec<Local>,
     local_ids: HashMap<Region, MrId>,
     peers: Vec<Peer>,
@@ -171,6 +228,179 @@ impl P2p {
             )));
         }
         Ok(rem)
+    }
+
+    /// Whether the SM engine may carry work for `peer` into a remote region now. Starts the
+    /// engine when it is off (this operation then goes by the copy engines; later ones by the
+    /// SMs once every block is resident).
+    fn sm_route(&mut self, peer: PeerId, mapped: bool) -> Result<bool> {
+        let same_device = self.peer(peer)?.same_device;
+        let Some(e) = self.engine.as_mut() else {
+            return Ok(false);
+        };
+        if !mapped || same_device {
+            return Ok(false);
+        }
+        if e.ready()? {
+            return Ok(true);
+        }
+        e.start()?;
+        Ok(false)
+    }
+
+    /// Waits for the peer's SM-engine jobs: before its copy engine stream takes over, and in
+    /// a flush.
+    fn drain_sm(&mut self, peer: PeerId) -> Result<()> {
+        let last = self.peer(peer)?.sm_last;
+        if let Some(e) = &self.engine {
+            if e.done() < last {
+                let t = self.stats.start();
+                e.wait(last, "P2P puts by the SM copy engine")?;
+                Stats::add(&mut self.stats.sm_waits, t);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the peer's copy-engine stream: before the SM engine takes over, and in a
+    /// flush.
+    fn drain_ce(&mut self, peer: PeerId) -> Result<()> {
+        let t = self.stats.start();
+        let p = self.peer(peer)?;
+        if !p.dirty {
+            // Nothing queued since the stream was last seen idle.
+            return Ok(());
+        }
+        let rank = p.rank;
+        p.stream.wait(|| format!("P2P copies to rank {rank}"))?;
+        p.ring_busy = 0;
+        p.dirty = false;
+        Stats::add(&mut self.stats.flushes, t);
+        Ok(())
+    }
+
+    /// The addresses of a put, checked against both regions (the proxy checked the ranges;
+    /// re-checked because a stray write would land in another process's memory).
+    fn put_target(
+        &self,
+        peer: PeerId,
+        src: MrId,
+        src_off: u64,
+        dst: RemoteId,
+        dst_off: u64,
+        size: u64,
+    ) -> Result<PutTarget> {
+        let l = self
+            .locals
+            .get(src)
+            .ok_or_else(|| Error::internal(format!("P2P local region {src}")))?
+            .region;
+        let r = self.remote(dst, peer)?;
+        if src_off.checked_add(size).is_none_or(|e| e > l.len)
+            || dst_off.checked_add(size).is_none_or(|e| e > r.len)
+        {
+            return Err(Error::internal(format!(
+                "P2P write out of range: src [{src_off}, +{size}) of {}, dst [{dst_off}, +{size}) of {}",
+                l.len, r.len
+            )));
+        }
+        Ok(PutTarget {
+            dst: r.ptr + dst_off,
+            src: l.addr + src_off,
+            size,
+            mapped: r.mapped,
+            d2d: matches!(l.kind, MemKind::Device(_)),
+        })
+    }
+
+    /// The address of a flag (8 bytes, aligned, inside the peer's epoch region).
+    fn flag_target(
+        &self,
+        peer: PeerId,
+        dst: RemoteId,
+        dst_off: u64,
+        value: u64,
+    ) -> Result<FlagTarget> {
+        let r = self.remote(dst, peer)?;
+        if dst_off.checked_add(8).is_none_or(|e| e > r.len) || (r.ptr + dst_off) % 8 != 0 {
+            return Err(Error::internal(format!(
+                "P2P value write at offset {dst_off} of a {}-byte region (or misaligned)",
+                r.len
+            )));
+        }
+        Ok(FlagTarget {
+            addr: r.ptr + dst_off,
+            value,
+            mapped: r.mapped,
+        })
+    }
+
+    /// Posts the put (and `flag` after it) as one SM-engine job if the engine may carry it:
+    /// device memory on both ends, 16-byte aligned (the kernel copies 16-byte words), at most
+    /// `max_bytes`. False: nothing was done.
+    fn sm_put(&mut self, peer: PeerId, put: &PutTarget, flag: Option<(u64, u64)>) -> Result<bool> {
+        let small = self
+            .engine
+            .as_ref()
+            .is_some_and(|e| put.size <= e.max_bytes);
+        if !(put.d2d
+            && small
+            && (put.dst | put.src) % 16 == 0
+            && self.sm_route(peer, put.mapped)?)
+        {
+            return Ok(false);
+        }
+        self.drain_ce(peer)?;
+        let e = self.engine.as_mut().expect("sm_route said yes");
+        let k = e.post(put.dst, put.src, put.size, flag)?;
+        let p = self.peer(peer)?;
+        p.sm_last = k;
+        p.sm_flag |= flag.is_some();
+        Ok(true)
+    }
+
+    /// Queues the put on the peer's copy-engine stream (after the peer's SM jobs).
+    fn ce_put(&mut self, peer: PeerId, put: &PutTarget) -> Result<()> {
+        self.drain_sm(peer)?;
+        let t = self.stats.start();
+        let p = self.peer(peer)?;
+        p.stream.copy(put.dst, put.src, put.size, put.d2d)?;
+        p.dirty = true;
+        Stats::add(&mut self.stats.copies, t);
+        Ok(())
+    }
+
+    /// Queues the flag on the peer's stream, after its data (and after the peer's SM jobs and
+    /// their flags: the signal count must never step back).
+    fn ce_flag(&mut self, peer: PeerId, flag: &FlagTarget) -> Result<()> {
+        self.drain_sm(peer)?;
+        if self.peer(peer)?.sm_flag {
+            if let Some(e) = self.engine.as_mut() {
+                e.order_flags()?;
+            }
+            self.peer(peer)?.sm_flag = false;
+        }
+        let t = self.stats.start();
+        if self.mode == FlagMode::WriteValue {
+            let p = self.peer(peer)?;
+            match p.stream.write_value64(flag.addr, flag.value) {
+                Ok(()) => {
+                    p.dirty = true;
+                    Stats::add(&mut self.stats.values, t);
+                    return Ok(());
+                }
+                Err(e) => {
+                    crate::info!(
+                        "p2p:cuda{}: cuStreamWriteValue64 to a peer mapping refused ({e}); flags go by staged copies from now on",
+                        self.device
+                    );
+                    self.mode = FlagMode::Copy;
+                }
+            }
+        }
+        self.flag_by_copy(peer, flag.addr, flag.value)?;
+        Stats::add(&mut self.stats.values, t);
+        Ok(())
     }
 
     /// Switches to staging copies after the driver refused a stream write-value.
@@ -223,6 +453,7 @@ impl Endpoint for P2p {
             )));
         }
         let stream = Stream::new(self.device)?;
+        let same_device = addr.device == self.device;
         crate::trace!(
             "p2p:cuda{}: peer rank {remote_rank} on its device {}",
             self.device,
@@ -236,6 +467,9 @@ impl Endpoint for P2p {
             ring_next: 0,
             ring_busy: 0,
             dirty: false,
+            sm_last: 0,
+            sm_flag: false,
+            same_device,
         });
         Ok(self.peers.len() - 1)
     }
@@ -307,7 +541,8 @@ impl Endpoint for P2p {
                 "rank {rank} registered host memory on a P2P connection; P2P shares CUDA device memory only"
             )));
         }
-        let ptr = if b.nonce == process_nonce() {
+        let mapped = b.nonce != process_nonce();
+        let ptr = if !mapped {
             // Same process (ranks as threads): the exporter's address is ours.
             b.base + b.offset
         } else {
@@ -333,6 +568,7 @@ impl Endpoint for P2p {
             peer,
             ptr,
             len: b.len,
+            mapped,
         });
         Ok(self.remotes.len() - 1)
     }
@@ -350,85 +586,63 @@ impl Endpoint for P2p {
         dst_off: u64,
         size: u64,
     ) -> Result<()> {
-        let l = self
-            .locals
-            .get(src)
-            .ok_or_else(|| Error::internal(format!("P2P local region {src}")))?
-            .region;
-        let r = self.remote(dst, peer)?;
-        // The proxy checked both ranges; re-checked here because a stray copy engine write
-        // would land in another process's memory.
-        if src_off.checked_add(size).is_none_or(|e| e > l.len)
-            || dst_off.checked_add(size).is_none_or(|e| e > r.len)
-        {
-            return Err(Error::internal(format!(
-                "P2P write out of range: src [{src_off}, +{size}) of {}, dst [{dst_off}, +{size}) of {}",
-                l.len, r.len
-            )));
-        }
-        let dst_addr = r.ptr + dst_off;
+        let put = self.put_target(peer, src, src_off, dst, dst_off, size)?;
         let _g = CtxGuard::enter_ctx(self.ctx)?;
-        let d2d = matches!(l.kind, MemKind::Device(_));
-        let t = self.stats.start();
-        let p = self.peer(peer)?;
-        p.stream.copy(dst_addr, l.addr + src_off, size, d2d)?;
-        p.dirty = true;
-        Stats::add(&mut self.stats.copies, t);
-        Ok(())
+        if self.sm_put(peer, &put, None)? {
+            return Ok(());
+        }
+        self.ce_put(peer, &put)
     }
 
     fn write_value(&mut self, peer: PeerId, dst: RemoteId, dst_off: u64, value: u64) -> Result<()> {
-        let r = self.remote(dst, peer)?;
-        if dst_off.checked_add(8).is_none_or(|e| e > r.len) || (r.ptr + dst_off) % 8 != 0 {
-            return Err(Error::internal(format!(
-                "P2P value write at offset {dst_off} of a {}-byte region (or misaligned)",
-                r.len
-            )));
-        }
-        let addr = r.ptr + dst_off;
+        let flag = self.flag_target(peer, dst, dst_off, value)?;
         let _g = CtxGuard::enter_ctx(self.ctx)?;
-        let t = self.stats.start();
-        if self.mode == FlagMode::WriteValue {
+        // By the SM engine unless data for this peer is still queued on its stream (the flag
+        // must follow that data, which the stream orders).
+        if !self.peer(peer)?.dirty && self.sm_route(peer, flag.mapped)? {
+            let e = self.engine.as_mut().expect("sm_route said yes");
+            let k = e.post(0, 0, 0, Some((flag.addr, value)))?;
             let p = self.peer(peer)?;
-            match p.stream.write_value64(addr, value) {
-                Ok(()) => {
-                    p.dirty = true;
-                    Stats::add(&mut self.stats.values, t);
-                    return Ok(());
-                }
-                Err(e) => {
-                    crate::info!(
-                        "p2p:cuda{}: cuStreamWriteValue64 to a peer mapping refused ({e}); flags go by staged copies from now on",
-                        self.device
-                    );
-                    self.mode = FlagMode::Copy;
-                }
-            }
+            p.sm_last = k;
+            p.sm_flag = true;
+            return Ok(());
         }
-        self.flag_by_copy(peer, addr, value)?;
-        Stats::add(&mut self.stats.values, t);
-        Ok(())
+        self.ce_flag(peer, &flag)
+    }
+
+    fn write_then_value(
+        &mut self,
+        peer: PeerId,
+        src: MrId,
+        src_off: u64,
+        dst: RemoteId,
+        dst_off: u64,
+        size: u64,
+        (vdst, voff, value): (RemoteId, u64, u64),
+    ) -> Result<()> {
+        let put = self.put_target(peer, src, src_off, dst, dst_off, size)?;
+        let flag = self.flag_target(peer, vdst, voff, value)?;
+        let _g = CtxGuard::enter_ctx(self.ctx)?;
+        // One engine job carries both: the kernel stores the flag after the bytes.
+        if flag.mapped && self.sm_put(peer, &put, Some((flag.addr, value)))? {
+            return Ok(());
+        }
+        self.ce_put(peer, &put)?;
+        self.ce_flag(peer, &flag)
     }
 
     fn flush(&mut self, peer: PeerId) -> Result<()> {
-        let t = self.stats.start();
-        let ctx = self.ctx;
-        let p = self.peer(peer)?;
-        if !p.dirty {
-            // Nothing queued since the stream was last seen idle.
-            return Ok(());
-        }
-        let _g = CtxGuard::enter_ctx(ctx)?;
-        let rank = p.rank;
-        p.stream.wait(|| format!("P2P copies to rank {rank}"))?;
-        p.ring_busy = 0;
-        p.dirty = false;
-        Stats::add(&mut self.stats.flushes, t);
-        Ok(())
+        let _g = CtxGuard::enter_ctx(self.ctx)?;
+        self.drain_sm(peer)?;
+        self.drain_ce(peer)
     }
 
     fn progress(&mut self) -> Result<()> {
-        // Copies progress in the copy engines by themselves.
+        // Copies progress by themselves; an engine idle for its linger time stops.
+        if let Some(e) = self.engine.as_mut() {
+            let _g = CtxGuard::enter_ctx(self.ctx)?;
+            e.idle_tick()?;
+        }
         Ok(())
     }
 }
@@ -438,6 +652,11 @@ impl Drop for P2p {
         // Streams first (queued copies read and write the mappings), then the mappings, then the
         // streams and staging rings (dropped with `peers`).
         if let Ok(_g) = CtxGuard::enter_ctx(self.ctx) {
+            // The engine's kernel stores into the mappings too: stopped first.
+            if let Some(e) = self.engine.take() {
+                self.stats.sm_jobs = e.jobs;
+                drop(e);
+            }
             for p in &self.peers {
                 if let Err(e) = p.stream.wait(|| "P2P copies at teardown".into()) {
                     crate::warn!("p2p:cuda{} teardown: {e}", self.device);
