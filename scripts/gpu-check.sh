@@ -174,18 +174,23 @@ grep -v '^\s*$' "$NCCL_LOG" | tail -15
 grep '^RESULT' "$NCCL_LOG" >>"$RES"
 grep -q "nccl exit 0" "$NCCL_LOG" || FAILED+=("nccl")
 
+# The P2P benchmarks of both modes: SM copy engine (default) and copy engines only.
+p2p_benches() {
+  bench "bench pingpong" 60 - bash -c 'ranks 2 "$BIN/pingpong"'
+  MSCCLPP_P2P_ENGINE=ce bench "bench pingpong, copy engines only" 60 ce bash -c 'ranks 2 "$BIN/pingpong"'
+  bench "bench bandwidth" 90 - bash -c 'ranks 2 "$BIN/bandwidth"'
+  bench "bench allgather" 90 - bash -c 'ranks 2 "$BIN/allgather" --bench'
+  MSCCLPP_P2P_ENGINE=ce bench "bench allgather, copy engines only" 90 ce \
+    bash -c 'ranks 2 "$BIN/allgather" --bench'
+}
+
 if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
   # 3. Tests. INFO logs once, to record what the library detected (driver, Flag path).
   MSCCLPP_DEBUG=INFO run_step "test allgather 2 ranks / 2 GPUs" 90 bash -c 'ranks 2 "$BIN/allgather"'
   if ((QUICK)); then
     MSCCLPP_P2P_ENGINE=ce run_step "test allgather 2 ranks, copy engines only" 90 \
       bash -c 'ranks 2 "$BIN/allgather"'
-    bench "bench pingpong" 60 - bash -c 'ranks 2 "$BIN/pingpong"'
-    MSCCLPP_P2P_ENGINE=ce bench "bench pingpong, copy engines only" 60 ce bash -c 'ranks 2 "$BIN/pingpong"'
-    bench "bench bandwidth" 90 - bash -c 'ranks 2 "$BIN/bandwidth"'
-    bench "bench allgather" 90 - bash -c 'ranks 2 "$BIN/allgather" --bench'
-    MSCCLPP_P2P_ENGINE=ce bench "bench allgather, copy engines only" 90 ce \
-      bash -c 'ranks 2 "$BIN/allgather" --bench'
+    p2p_benches
     MSCCLPP_P2P_STATS=1 MSCCLPP_DEBUG=INFO bench "profile allgather" 60 - \
       bash -c 'ranks 2 "$BIN/allgather" --profile --sizes 1M'
     grep -h -E "stats:" "$LAST_OUT" | sed 's/^/STATS /' >>"$RES"
@@ -221,12 +226,7 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
     fi
 
     # 4. Benchmarks (RESULT lines go to results.txt).
-    bench "bench pingpong" 60 - bash -c 'ranks 2 "$BIN/pingpong"'
-    MSCCLPP_P2P_ENGINE=ce bench "bench pingpong, copy engines only" 60 ce bash -c 'ranks 2 "$BIN/pingpong"'
-    bench "bench bandwidth" 90 - bash -c 'ranks 2 "$BIN/bandwidth"'
-    bench "bench allgather" 90 - bash -c 'ranks 2 "$BIN/allgather" --bench'
-    MSCCLPP_P2P_ENGINE=ce bench "bench allgather, copy engines only" 90 ce \
-      bash -c 'ranks 2 "$BIN/allgather" --bench'
+    p2p_benches
     bench "bench allgather 8 ranks / $NGPU GPUs" 240 r8 bash -c 'ranks 8 "$BIN/allgather" --bench'
     MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp bench "bench allgather over ib(tcp), staged" 120 ib \
       bash -c 'ranks 2 "$BIN/allgather" --bench --sizes 1M,64M'

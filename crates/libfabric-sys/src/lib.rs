@@ -66,3 +66,33 @@ pub const FI_ADDR_NOTAVAIL: fi_addr_t = u64::MAX;
 pub const FI_KEY_NOTAVAIL: u64 = u64::MAX;
 /// `FI_SHARED_CONTEXT` (`SIZE_MAX`).
 pub const FI_SHARED_CONTEXT: usize = usize::MAX;
+
+/// Removes the shared-memory files that libfabric's shm provider left under this process's pid.
+///
+/// The provider names an endpoint's file `/dev/shm/<pid>:<n>[:<m>...]` and fails `fi_enable`
+/// with -EBUSY when the file exists. A process killed before closing its endpoints leaves its
+/// files behind, and once the kernel hands its pid to a new process, that process cannot open
+/// an shm endpoint. Call this before the process's first shm endpoint exists: every such file
+/// is then a leftover. Returns each file it tried, with the outcome. Plain file handling, not
+/// a binding: it lives here so that the library and the raw examples share it.
+pub fn remove_stale_shm_files() -> Vec<(String, std::io::Result<()>)> {
+    let prefix = format!("{}:", std::process::id());
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(rest) = name.strip_prefix(&prefix) else {
+            continue;
+        };
+        if rest
+            .split(':')
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        {
+            out.push((name.to_owned(), std::fs::remove_file(entry.path())));
+        }
+    }
+    out
+}

@@ -88,25 +88,15 @@ pub fn open(domain: Option<&str>, shm: bool, device: Option<i32>) -> Result<Box<
     )?))
 }
 
-/// libfabric's shm provider names an endpoint's shared-memory file `/dev/shm/<pid>:<n>:<m>`
-/// and fails `fi_enable` with -EBUSY when the file exists. A process killed before closing its
-/// endpoints leaves its files behind, and once the kernel hands its pid to a new process (pid_max
-/// is 32768 on many systems) that process cannot open an shm endpoint. Before this process's
-/// first endpoint exists, every file with its pid is such a leftover: remove them, once.
+/// Removes the shm provider's files left under this pid by a dead process
+/// (`libfabric_sys::remove_stale_shm_files` says why), once, before the first endpoint.
 fn remove_stale_shm_names() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let prefix = format!("{}:", std::process::id());
-        let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
-        for entry in dir.flatten() {
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            let Some(rest) = name.strip_prefix(&prefix) else { continue };
-            if rest.split(':').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())) {
-                match std::fs::remove_file(entry.path()) {
-                    Ok(()) => crate::info!("net: removed /dev/shm/{name}, left by a dead process that had this pid"),
-                    Err(e) => crate::warn!("net: cannot remove stale /dev/shm/{name} ({e}); shm endpoints may fail with EBUSY"),
-                }
+        for (name, r) in libfabric_sys::remove_stale_shm_files() {
+            match r {
+                Ok(()) => crate::info!("net: removed /dev/shm/{name}, left by a dead process that had this pid"),
+                Err(e) => crate::warn!("net: cannot remove stale /dev/shm/{name} ({e}); shm endpoints may fail with EBUSY"),
             }
         }
     });
