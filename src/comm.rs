@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 const CONN_MAGIC: u32 = 0x4d53_434e; // "MSCN"
-const WIRE_VERSION: u32 = 1;
+const WIRE_VERSION: u32 = 2;
 // Bootstrap tag spaces (top byte) for the messages of connection setup; the low 32 bits carry
 // the connection's tag. Public so that protocol tests can speak to a real rank.
 /// Tag space of the [`ConnBlob`]s (`TAG_CONN | tag as u32`).
@@ -25,7 +25,9 @@ pub const TAG_REG: u64 = 3 << 56;
 /// One rank's half of a connection, sent to the peer on `TAG_CONN | tag` during setup: magic,
 /// version, transport, tag, sender rank (u32 LE each), buffer size (u64 LE), then the
 /// transport's endpoint address, data-region blob and epoch-region blob (u32 LE length, at
-/// most `wire::MAX_FIELD` bytes each). The three blobs are the transport's to validate.
+/// most `wire::MAX_FIELD` bytes each), then the name of the shared-memory object holding the
+/// epoch block (SHM over host memory; empty otherwise, at most 64 bytes). The three blobs are
+/// the transport's to validate; the name, `mem::SharedBlock::open`'s.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnBlob<'a> {
     pub transport: u32,
@@ -35,6 +37,7 @@ pub struct ConnBlob<'a> {
     pub addr: &'a [u8],
     pub data: &'a [u8],
     pub epoch: &'a [u8],
+    pub epoch_shm: &'a [u8],
 }
 
 impl<'a> ConnBlob<'a> {
@@ -49,6 +52,7 @@ impl<'a> ConnBlob<'a> {
             .bytes(self.addr)
             .bytes(self.data)
             .bytes(self.epoch)
+            .bytes(self.epoch_shm)
             .finish()
     }
 
@@ -69,7 +73,7 @@ impl<'a> ConnBlob<'a> {
             )));
         }
         let (tr, rtag, rank, size) = (rd.u32()?, rd.u32()? as i32, rd.u32()? as usize, rd.u64()?);
-        let (addr, data, epoch) = (rd.bytes()?, rd.bytes()?, rd.bytes()?);
+        let (addr, data, epoch, epoch_shm) = (rd.bytes()?, rd.bytes()?, rd.bytes()?, rd.bytes()?);
         rd.finish()?;
         if rank != from || rtag != tag {
             return Err(Error::remote(format!(
@@ -86,6 +90,14 @@ impl<'a> ConnBlob<'a> {
                 "rank {from}: peer registered a 0-byte buffer"
             )));
         }
+        if !epoch_shm.is_empty()
+            && (transport != mscclppTransport_t::mscclppTransportSHM || epoch_shm.len() > 64)
+        {
+            return Err(Error::remote(format!(
+                "rank {from}: setup blob names a shared epoch block ({} bytes) on a {transport:?} connection",
+                epoch_shm.len()
+            )));
+        }
         Ok(ConnBlob {
             transport: tr,
             tag: rtag,
@@ -94,6 +106,7 @@ impl<'a> ConnBlob<'a> {
             addr,
             data,
             epoch,
+            epoch_shm,
         })
     }
 }
@@ -353,7 +366,15 @@ impl Comm {
         for r in &reqs {
             let key = Self::endpoint_key(r);
             let s = self.slot_for(&key)?;
-            let epoch = crate::cuda::alloc_epoch(r.kind)?;
+            // SHM over host memory: the epoch block in shared memory, so the peer can store a
+            // signal into it without a libfabric call (`proxy::direct_flag`).
+            let epoch = if r.transport == mscclppTransport_t::mscclppTransportSHM
+                && r.kind == MemKind::Host
+            {
+                crate::cuda::EpochMem::Shared(crate::mem::SharedBlock::create(32)?)
+            } else {
+                crate::cuda::alloc_epoch(r.kind)?
+            };
             let (addr, (src, data_blob), (_, epoch_blob)) = {
                 let mut ep = proxy::lock(&self.slots[s].ep);
                 (
@@ -379,6 +400,7 @@ impl Comm {
                 addr: &addr,
                 data: &data_blob,
                 epoch: &epoch_blob,
+                epoch_shm: epoch.shared_name().unwrap_or("").as_bytes(),
             }
             .encode();
             self.boot
@@ -395,8 +417,24 @@ impl Comm {
                 addr,
                 data: data_blob,
                 epoch: epoch_blob,
+                epoch_shm,
                 ..
             } = ConnBlob::decode(&msg, r.remote_rank, r.tag, r.transport)?;
+            // The peer's epoch block, mapped when both sides are SHM over host memory.
+            let direct = if epoch_shm.is_empty() || r.kind != MemKind::Host {
+                None
+            } else {
+                let name = std::str::from_utf8(epoch_shm).map_err(|_| {
+                    Error::remote(format!(
+                        "rank {}: shared epoch name is not UTF-8",
+                        r.remote_rank
+                    ))
+                })?;
+                let block = crate::mem::SharedBlock::open(name, 32).map_err(|e| {
+                    Error::remote(format!("rank {}: its epoch block: {e}", r.remote_rank))
+                })?;
+                Some(proxy::DirectEpoch(std::sync::Arc::new(block)))
+            };
             let slot = &mut self.slots[s];
             let mut ep = proxy::lock(&slot.ep);
             let peer = match slot.peers.get(&r.remote_rank) {
@@ -428,6 +466,8 @@ impl Comm {
                 remote_size: rsize,
                 remote_epoch,
                 signals: 0,
+                direct,
+                undelivered: false,
             });
             let ep_ptr = epoch.ptr();
             self.dev_conns.push(mscclppDevConn {
@@ -456,7 +496,8 @@ impl Comm {
                 r.tag
             );
         }
-        // 3. Both sides have imported each other's regions before either returns.
+        // 3. Both sides have imported each other's regions (and mapped the shared epoch
+        // blocks) before either returns; the names can go then.
         for c in &self.conns {
             self.boot
                 .send(c.remote_rank, TAG_ACK | c.tag as u32 as u64, b"ok")?;
@@ -471,6 +512,9 @@ impl Comm {
                     c.remote_rank
                 )));
             }
+        }
+        for c in &mut self.conns {
+            c._epoch.unlink_shared();
         }
         // From now on a peer that dies (closes its bootstrap connection without a goodbye)
         // is noticed by the proxies, which abort every wait on this communicator.

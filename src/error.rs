@@ -37,6 +37,10 @@ pub enum Error {
     /// A bug or an impossible state in this library.
     #[error("internal error: {0}")]
     Internal(String),
+    /// An error the communicator's background work met earlier (a proxy, or a host thread doing
+    /// its work), reported again by a later call with its original result code.
+    #[error("{1}")]
+    Earlier(crate::abi::mscclppResult_t, String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

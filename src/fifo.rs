@@ -19,12 +19,22 @@ use std::time::{Duration, Instant};
 pub trait Assist: Send + Sync {
     /// Does a round of the consumer's work if nobody else is doing it; never blocks on it.
     fn assist(&self);
+    /// Delivers a signal on connection `conn` at once, without a trigger, if that is allowed
+    /// now (nothing queued or undelivered before it, and a transport that needs no call for
+    /// it); false: push the trigger. Never blocks.
+    fn direct_signal(&self, conn: usize) -> bool;
+}
+
+/// The consumer of a host FIFO, and whether host threads may do its work (`assist`).
+struct Consumer {
+    work: Weak<dyn Assist>,
+    helps: bool,
 }
 
 /// Head addresses of the live host-memory FIFOs, with their consumer once the communicator has
 /// one. The host-driven API accepts a connection only if its FIFO is here, so a device-memory or
 /// foreign `mscclppDevConn` is an error rather than a stray access.
-type HostFifos = HashMap<usize, Option<Weak<dyn Assist>>>;
+type HostFifos = HashMap<usize, Option<Consumer>>;
 static HOST_FIFOS: LazyLock<RwLock<HostFifos>> = LazyLock::new(Default::default);
 
 fn host_fifos() -> std::sync::RwLockReadGuard<'static, HostFifos> {
@@ -36,31 +46,43 @@ pub fn is_host_fifo(head: *const u64) -> bool {
     host_fifos().contains_key(&(head as usize))
 }
 
-/// Names the consumer of the host FIFO whose head is `head`.
-pub fn set_assist(head: *const u64, consumer: Weak<dyn Assist>) {
+/// Names the consumer of the host FIFO whose head is `head`; `helps`: host threads may do its
+/// work (`assist`).
+pub fn set_consumer(head: *const u64, work: Weak<dyn Assist>, helps: bool) {
     if let Some(e) = HOST_FIFOS
         .write()
         .unwrap_or_else(|p| p.into_inner())
         .get_mut(&(head as usize))
     {
-        *e = Some(consumer);
+        *e = Some(Consumer { work, helps });
     }
+}
+
+fn consumer(head: *const u64, helping: bool) -> Option<std::sync::Arc<dyn Assist>> {
+    host_fifos()
+        .get(&(head as usize))
+        .and_then(|c| c.as_ref())
+        .filter(|c| c.helps || !helping)
+        .and_then(|c| c.work.upgrade())
 }
 
 /// Lets the calling host thread do a round of the consumer's work for the FIFO at `head`.
 /// Returns false when the FIFO has no consumer that host threads may help (not launched, or
 /// an endpoint only its proxy thread may enter).
 fn assist(head: *const u64) -> bool {
-    let consumer = host_fifos()
-        .get(&(head as usize))
-        .and_then(|c| c.as_ref()?.upgrade());
-    match consumer {
+    match consumer(head, true) {
         Some(c) => {
             c.assist();
             true
         }
         None => false,
     }
+}
+
+/// See [`Assist::direct_signal`]: true if the signal on connection `conn` of the host FIFO at
+/// `head` was delivered without a trigger.
+pub fn direct_signal(head: *const u64, conn: usize) -> bool {
+    consumer(head, false).is_some_and(|c| c.direct_signal(conn))
 }
 
 pub const SIZE: u64 = MSCCLPP_PROXY_FIFO_SIZE;
@@ -322,6 +344,8 @@ pub(crate) struct Spin {
 /// Spin iterations before yielding, and how long to keep yielding before napping.
 const SPIN_ITERS: u32 = 256;
 const YIELD_FOR: Duration = Duration::from_millis(20);
+/// Polls before a waiter that cannot help starts yielding.
+const UNHELPED_SPINS: u32 = 8;
 
 impl Spin {
     /// A wait on the host FIFO `fifo` (its abort word ends the wait).
@@ -369,8 +393,11 @@ impl Spin {
             return Err(Error::timeout(what.to_string(), self.deadline));
         }
         // Without help to give, the proxy thread does the work: on a machine with fewer cores
-        // than busy threads, yielding at once hands it the core.
-        if waited < YIELD_FOR {
+        // than busy threads, yielding soon hands it the core. A few polls first: a signal
+        // stored straight into our epoch (SHM, `proxy::direct_flag`) needs no other thread.
+        if self.n < UNHELPED_SPINS {
+            std::hint::spin_loop();
+        } else if waited < YIELD_FOR {
             std::thread::yield_now();
         } else {
             std::thread::sleep(Duration::from_micros(50));

@@ -46,3 +46,219 @@ impl Drop for HostBlock {
         unsafe { dealloc(self.ptr, self.layout) }
     }
 }
+
+/// Zeroed host memory in a POSIX shared-memory object, so that another process of this host
+/// can map it by name ([`SharedBlock::open`]). The SHM transport keeps each connection's epoch
+/// block in one: a peer then stores a signal straight into it, without entering libfabric
+/// (`proxy::direct`).
+///
+/// Names are `/mscclpp-epoch-<pid>-<n>`; the creator unlinks the name once the peer has mapped
+/// it (end of connection setup) or on drop, so a crash leaves at most the objects of
+/// unfinished setups behind.
+pub struct SharedBlock {
+    ptr: *mut u8,
+    len: usize,
+    name: String,
+    /// Created here (unlinked by us) rather than opened.
+    owner: bool,
+    unlinked: bool,
+}
+
+// SAFETY: as for HostBlock: an owned mapping, touched only through raw pointers and atomics.
+unsafe impl Send for SharedBlock {}
+unsafe impl Sync for SharedBlock {}
+
+/// The prefix of every name `SharedBlock` creates; `open` accepts no other.
+pub const SHARED_PREFIX: &str = "/mscclpp-epoch-";
+
+impl SharedBlock {
+    /// A new object of `len` bytes (rounded up to a page), zeroed.
+    pub fn create(len: usize) -> Result<Self> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("{SHARED_PREFIX}{}-{n}", std::process::id());
+        let len = len.max(1).next_multiple_of(4096);
+        let cname = std::ffi::CString::new(name.clone()).expect("no NUL in the name");
+        // SAFETY: valid NUL-terminated name; O_EXCL: never another process's object.
+        let fd = unsafe {
+            libc::shm_open(
+                cname.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                0o600,
+            )
+        };
+        if fd < 0 {
+            return Err(Error::sys(
+                format!("shm_open({name})"),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // From here on the name exists: a failure unlinks it (Drop of the half-made block).
+        let mut b = SharedBlock {
+            ptr: std::ptr::null_mut(),
+            len,
+            name,
+            owner: true,
+            unlinked: false,
+        };
+        // SAFETY: fd is ours; ftruncate zero-fills the new object.
+        let r = unsafe { libc::ftruncate(fd, len as libc::off_t) };
+        let r = if r == 0 {
+            map(fd, len)
+        } else {
+            Err(std::io::Error::last_os_error())
+        };
+        // SAFETY: fd is ours, closed once (the mapping stays).
+        unsafe { libc::close(fd) };
+        b.ptr = r.map_err(|e| Error::sys(format!("sizing and mapping {}", b.name), e))?;
+        Ok(b)
+    }
+
+    /// Maps the object another process of this host created with [`SharedBlock::create`].
+    /// Only names of that form, and only an object of exactly `len` (rounded to a page) bytes.
+    pub fn open(name: &str, len: usize) -> Result<Self> {
+        let len = len.max(1).next_multiple_of(4096);
+        let rest = name.strip_prefix(SHARED_PREFIX).unwrap_or("");
+        if rest.is_empty()
+            || name.len() > 64
+            || !rest.bytes().all(|b| b.is_ascii_digit() || b == b'-')
+        {
+            return Err(Error::remote(format!(
+                "shared-memory name {name:?} is not one this library creates"
+            )));
+        }
+        let cname = std::ffi::CString::new(name).expect("checked: digits and dashes");
+        // SAFETY: valid NUL-terminated name; no O_CREAT: only an existing object.
+        let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR, 0) };
+        if fd < 0 {
+            return Err(Error::sys(
+                format!("shm_open({name})"),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        let r = (|| {
+            // SAFETY: fd is valid; st is written by fstat.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            if unsafe { libc::fstat(fd, &mut st) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if st.st_size as usize != len {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{} bytes, expected {len}", st.st_size),
+                ));
+            }
+            map(fd, len)
+        })();
+        // SAFETY: fd is ours, closed once.
+        unsafe { libc::close(fd) };
+        let ptr = r.map_err(|e| Error::remote(format!("mapping the peer's {name}: {e}")))?;
+        Ok(SharedBlock {
+            ptr,
+            len,
+            name: name.to_owned(),
+            owner: false,
+            unlinked: true,
+        })
+    }
+
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Removes the name (mappings stay valid); the creator does it once the peer mapped it.
+    pub fn unlink(&mut self) {
+        if self.owner && !self.unlinked {
+            self.unlinked = true;
+            let cname = std::ffi::CString::new(self.name.clone()).expect("no NUL in the name");
+            // SAFETY: valid NUL-terminated name. A failure (already gone) changes nothing.
+            unsafe { libc::shm_unlink(cname.as_ptr()) };
+        }
+    }
+}
+
+/// Maps `len` bytes of `fd`, shared and writable.
+fn map(fd: libc::c_int, len: usize) -> std::io::Result<*mut u8> {
+    // SAFETY: a fresh shared mapping of an fd we hold; the kernel picks the address.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(p.cast())
+    }
+}
+
+impl Drop for SharedBlock {
+    fn drop(&mut self) {
+        self.unlink();
+        if !self.ptr.is_null() {
+            // SAFETY: mapped in create/open with this length, unmapped once.
+            unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[test]
+    fn shared_block_is_seen_through_its_name_until_unlinked() {
+        let mut a = SharedBlock::create(32).unwrap();
+        let b = SharedBlock::open(a.name(), 32).unwrap();
+        // SAFETY: both map the same page; aligned u64 at offset 8.
+        unsafe { AtomicU64::from_ptr(a.ptr().add(8).cast()) }.store(42, Ordering::Release);
+        assert_eq!(
+            unsafe { AtomicU64::from_ptr(b.ptr().add(8).cast()) }.load(Ordering::Acquire),
+            42
+        );
+        a.unlink();
+        assert!(
+            SharedBlock::open(a.name(), 32).is_err(),
+            "unlinked name still opens"
+        );
+        // The mapping outlives the name.
+        assert_eq!(
+            unsafe { AtomicU64::from_ptr(b.ptr().add(8).cast()) }.load(Ordering::Acquire),
+            42
+        );
+    }
+
+    #[test]
+    fn open_refuses_foreign_names_and_sizes() {
+        let a = SharedBlock::create(32).unwrap();
+        for bad in [
+            "",
+            "/etc/passwd",
+            "/mscclpp-epoch-",
+            "/mscclpp-epoch-1/../x",
+            "/other-1-2",
+        ] {
+            assert!(SharedBlock::open(bad, 32).is_err(), "{bad:?} accepted");
+        }
+        assert!(
+            SharedBlock::open(a.name(), 8192).is_err(),
+            "wrong size accepted"
+        );
+        assert!(SharedBlock::open("/mscclpp-epoch-999999999-0", 32).is_err());
+    }
+}

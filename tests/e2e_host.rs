@@ -154,6 +154,65 @@ fn pingpong_100k_shm() {
     ranks("pingpong_100k_shm", 2, "shm", pingpong);
 }
 
+// ---- signals alone, and after data ------------------------------------------------------
+
+/// Rank 0 sends a repeating pattern: a signal alone, a put with its signal, a signal right
+/// after it (the put may not have arrived yet), a flush, a signal alone again; rank 1 waits for
+/// every signal and checks each put's bytes. On SHM the lone signals after a flush are stores
+/// into the peer's mapped epoch block while the others go through libfabric: a store that
+/// overtook a put would fail the byte check, and one that overtook an earlier signal would make
+/// the count step back and a later wait run into its timeout.
+fn signals_mixed(e: Env) {
+    const ROUNDS: u64 = 3000;
+    let c = init(&e.root, e.rank, e.n);
+    let mut buf = vec![0u8; 64];
+    ok(connect(c, 1 - e.rank, 4, &mut buf));
+    ok(mscclppConnectionSetup(c));
+    ok(mscclppProxyLaunch(c));
+    let d = &mut dev_conns(c)[0];
+    let bp = buf.as_mut_ptr();
+    for round in 0..ROUNDS {
+        let off = (round as usize % 4) * 8;
+        if e.rank == 0 {
+            signal(d);
+            // SAFETY: within buf; the peer reads this slot only after the next signal.
+            unsafe { (bp.add(off) as *mut u64).write_volatile(round) };
+            put_signal(d, off as u64, off as u64, 8);
+            signal(d);
+            if round % 3 == 0 {
+                flush(d);
+            }
+            signal(d);
+        } else {
+            wait(d);
+            wait(d);
+            // SAFETY: within buf; written by the peer's put before its signal.
+            let v = unsafe { (bp.add(off) as *const u64).read_volatile() };
+            assert_eq!(v, round, "round {round}: slot holds {v}");
+            wait(d);
+            wait(d);
+        }
+        // Keep the sender at most a round ahead: its next put reuses a slot only after the
+        // receiver read it.
+        if round % 2 == 1 {
+            ok(mscclppBootstrapBarrier(c));
+        }
+    }
+    flush(d);
+    ok(mscclppBootstrapBarrier(c));
+    ok(mscclppProxyStop(c));
+    ok(mscclppCommDestroy(c));
+}
+
+#[test]
+fn signals_mixed_shm() {
+    ranks("signals_mixed_shm", 2, "shm", signals_mixed);
+}
+#[test]
+fn signals_mixed_tcp() {
+    ranks("signals_mixed_tcp", 2, "tcp", signals_mixed);
+}
+
 // ---- registered buffers --------------------------------------------------------------------
 
 fn registered_write(e: Env) {

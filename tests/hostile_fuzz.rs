@@ -207,7 +207,7 @@ proptest! {
         raw in proptest::collection::vec(any::<u8>(), 0..120),
     ) {
         let tr = if shm { mscclppTransport_t::mscclppTransportSHM } else { mscclppTransport_t::mscclppTransportIB };
-        let valid = ConnBlob { transport: tr as u32, tag, rank, size, addr: &addr, data: &data, epoch: &epoch }.encode();
+        let valid = ConnBlob { transport: tr as u32, tag, rank, size, addr: &addr, data: &data, epoch: &epoch, epoch_shm: &[] }.encode();
         let round = ConnBlob::decode(&valid, rank, tag, tr).unwrap();
         prop_assert_eq!(round.encode(), valid.clone());
         let m = mutate(valid, &flips, cut.map(|c| c % 300), &extra);

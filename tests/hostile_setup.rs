@@ -121,6 +121,7 @@ impl Fake {
             addr: &self.addr,
             data: &self.data,
             epoch: &self.epoch_blob,
+            epoch_shm: &[],
         }
     }
 
@@ -417,6 +418,35 @@ fn cases(f: &Fake, own: &[u8]) -> Vec<Case> {
         }),
         "empty region",
     );
+    // The name of a shared epoch block: only on SHM, only one this library makes, only one
+    // that exists.
+    if is_shm() {
+        add(
+            "shared epoch: a foreign name",
+            with_blob(ConnBlob {
+                epoch_shm: b"/dev/../etc/passwd",
+                ..f.blob()
+            }),
+            "not one this library creates",
+        );
+        add(
+            "shared epoch: no such object",
+            with_blob(ConnBlob {
+                epoch_shm: b"/mscclpp-epoch-999999999-0",
+                ..f.blob()
+            }),
+            "shm_open",
+        );
+    } else {
+        add(
+            "shared epoch on a network connection",
+            with_blob(ConnBlob {
+                epoch_shm: b"/mscclpp-epoch-1-0",
+                ..f.blob()
+            }),
+            "shared epoch block",
+        );
+    }
     // A valid blob on the wrong tag space: nothing arrives where the real rank listens.
     v.push(Case {
         name: "valid blob on the registration tag space".into(),

@@ -72,6 +72,11 @@ pub extern "C" fn mscclppDevConnSignal(conn: *mut mscclppDevConn_t) -> mscclppRe
     ffi_boundary!("mscclppDevConnSignal", {
         let c = host_conn(conn)?;
         epoch_increment(&c);
+        // SHM: straight into the peer's mapped epoch block when nothing is queued or
+        // undelivered before it (no trigger, no thread hand-off); otherwise by the proxy.
+        if fifo::direct_signal(c.fifo.triggerFifoHead, c.fifo.connId as usize) {
+            return Ok(());
+        }
         push(&c, mscclppFlag, 0, 0, 1).map(|_| ())
     })
 }

@@ -43,6 +43,7 @@ pub fn result_of(e: &Error) -> mscclppResult_t {
         Error::Cuda { .. } => mscclppUnhandledCudaError,
         Error::Fabric { .. } => mscclppSystemError,
         Error::Internal(_) => mscclppInternalError,
+        Error::Earlier(code, _) => *code,
     }
 }
 

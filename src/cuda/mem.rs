@@ -128,9 +128,11 @@ impl Drop for PinnedHost {
     }
 }
 
-/// A connection's epoch block: host memory for host connections, device memory for GPU ones.
+/// A connection's epoch block: host memory for host connections (shared memory for SHM ones),
+/// device memory for GPU ones.
 pub enum EpochMem {
     Host(HostBlock),
+    Shared(crate::mem::SharedBlock),
     Device(DeviceMem),
 }
 
@@ -140,7 +142,23 @@ impl EpochMem {
     pub fn ptr(&self) -> *mut u8 {
         match self {
             EpochMem::Host(h) => h.ptr(),
+            EpochMem::Shared(h) => h.ptr(),
             EpochMem::Device(d) => d.ptr() as usize as *mut u8,
+        }
+    }
+
+    /// The shared-memory name a peer maps the block by (`Shared` only).
+    pub fn shared_name(&self) -> Option<&str> {
+        match self {
+            EpochMem::Shared(h) => Some(h.name()),
+            _ => None,
+        }
+    }
+
+    /// Removes the shared-memory name once the peer mapped the block (`Shared` only).
+    pub fn unlink_shared(&mut self) {
+        if let EpochMem::Shared(h) = self {
+            h.unlink();
         }
     }
 }

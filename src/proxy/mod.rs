@@ -7,7 +7,7 @@ use crate::abi::{mscclppData, mscclppFlag, mscclppResult_t, mscclppSync};
 use crate::error::{Error, Result};
 use crate::fifo::{Fifo, Trigger};
 use crate::transport::{Endpoint, MrId, PeerId, RemoteId};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -52,6 +52,10 @@ pub struct ProxyConn {
     /// Flags sent so far: the value the next Flag writes is this + 1. Counting here rather than
     /// reading the producer's `device` epoch keeps the value in FIFO order with the data.
     pub signals: u64,
+    /// The peer's epoch block, mapped (SHM over host memory): a Flag may be a plain store.
+    pub direct: Option<DirectEpoch>,
+    /// A write on this connection went through the endpoint since its last flush.
+    pub undelivered: bool,
 }
 
 pub type SharedEndpoint = Arc<Mutex<Box<dyn Endpoint>>>;
@@ -101,9 +105,12 @@ impl ProxyWork {
     ) -> SharedWork {
         // Host producers may do the work only if `assist`: an endpoint that can wedge when a
         // peer dies (libfabric 1.17 shm: locks in shared memory) must be entered by the proxy
-        // thread alone, which can be abandoned; a user thread stuck there could not.
-        let host_head =
-            (assist && fifo.device().is_none()).then(|| fifo.producer_view(0).triggerFifoHead);
+        // thread alone, which can be abandoned; a user thread stuck there could not. They may
+        // still deliver a signal that needs no endpoint call (`direct_signal`).
+        let host_head = fifo
+            .device()
+            .is_none()
+            .then(|| fifo.producer_view(0).triggerFifoHead);
         let work = Arc::new(Mutex::new(ProxyWork {
             fifo,
             conns: Vec::new(),
@@ -112,7 +119,7 @@ impl ProxyWork {
             sticky,
             name,
             active: false,
-            assisted: host_head.is_some(),
+            assisted: assist && host_head.is_some(),
             handled: 0,
             last_watch: Instant::now(),
             stop_seen: None,
@@ -120,7 +127,7 @@ impl ProxyWork {
         if let Some(head) = host_head {
             let weak: Weak<dyn crate::fifo::Assist> =
                 Arc::downgrade(&work) as Weak<Mutex<ProxyWork>>;
-            crate::fifo::set_assist(head, weak);
+            crate::fifo::set_consumer(head, weak, assist);
         }
         work
     }
@@ -203,6 +210,58 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
             }
         }
     }
+
+    fn direct_signal(&self, conn: usize) -> bool {
+        // The lock (try_lock: never wait) keeps the proxy out of this connection's state, and
+        // an empty FIFO means every trigger this thread pushed before was executed: the signal
+        // then follows them as a trigger would.
+        // The proxy thread takes the lock for each of its rounds (short unless it is stuck in
+        // the transport): a few tries, then the trigger path, which has bounded waits.
+        let mut tries = 0;
+        let mut w = loop {
+            match self.try_lock() {
+                Ok(w) => break w,
+                Err(_) if tries < 64 => {
+                    tries += 1;
+                    std::hint::spin_loop();
+                }
+                Err(_) => return false,
+            }
+        };
+        if !w.active || !w.fifo.is_empty() {
+            return false;
+        }
+        w.conns.get_mut(conn).is_some_and(direct_flag)
+    }
+}
+
+/// The peer's epoch block mapped into this process (SHM connections over host memory, see
+/// `mem::SharedBlock`).
+#[derive(Clone)]
+pub struct DirectEpoch(pub Arc<crate::mem::SharedBlock>);
+
+impl std::fmt::Debug for DirectEpoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DirectEpoch({})", self.0.name())
+    }
+}
+
+/// Delivers connection `c`'s next Flag as a store into the peer's mapped epoch block, if it has
+/// one and nothing written on the connection since the last flush may still be on its way (a
+/// store could overtake it: the data, or an earlier flag and the count would step back).
+/// Returns whether it did; then the count went up by one.
+fn direct_flag(c: &mut ProxyConn) -> bool {
+    let Some(d) = &c.direct else { return false };
+    if c.undelivered {
+        return false;
+    }
+    c.signals += 1;
+    // SAFETY: the peer's epoch block is mapped for the connection's lifetime (`d` holds it),
+    // at least 32 bytes; the signal count (`proxy`) is the aligned u64 at offset 8. Release
+    // pairs with the Acquire load of the peer's wait().
+    unsafe { AtomicU64::from_ptr(d.0.ptr().add(8).cast::<u64>()) }
+        .store(c.signals, Ordering::Release);
+    true
 }
 
 pub struct Running {
@@ -286,11 +345,13 @@ fn run(work: &Mutex<ProxyWork>, stop: &AtomicBool, assisted: bool) -> Result<()>
         let round = {
             let mut w = lock(work);
             if !w.active {
-                // A host thread's assist failed and recorded the error.
-                let msg = w.sticky.get().map(|x| x.1).unwrap_or_default();
-                return Err(Error::remote(format!(
-                    "stopped after an earlier error: {msg}"
-                )));
+                // A host thread's assist failed and recorded the error: report that one, with
+                // its code (mscclppProxyStop returns the first error the proxy's work met).
+                let (code, msg) = w.sticky.get().unwrap_or((
+                    crate::abi::mscclppResult_t::mscclppInternalError,
+                    String::new(),
+                ));
+                return Err(Error::Earlier(code, msg));
             }
             // Acquire pairs with `Running::stop`.
             match w.service(stop.load(Ordering::Acquire)) {
@@ -394,6 +455,7 @@ fn handle(w: &mut ProxyWork, t: &Trigger) -> Result<()> {
             c.remote_size,
             c.remote_rank,
         )?;
+        c.undelivered = true;
         if t.ty & mscclppFlag != 0 {
             c.signals += 1;
             let flag = (c.remote_epoch, 8, c.signals);
@@ -401,12 +463,19 @@ fn handle(w: &mut ProxyWork, t: &Trigger) -> Result<()> {
         } else {
             ep.write(c.peer, c.src, t.src_off, c.dst, t.dst_off, t.size)?;
         }
-    } else if t.ty & mscclppFlag != 0 {
+    } else if t.ty & mscclppFlag != 0 && !direct_flag(c) {
+        c.undelivered = true;
         c.signals += 1;
         ep.write_value(c.peer, c.remote_epoch, 8, c.signals)?;
     }
     if t.ty & mscclppSync != 0 {
-        ep.flush(c.peer)?;
+        let peer = c.peer;
+        ep.flush(peer)?;
+        // Everything written to that peer has arrived, on every connection to it.
+        drop(ep);
+        for x in w.conns.iter_mut().filter(|x| x.peer == peer) {
+            x.undelivered = false;
+        }
     }
     Ok(())
 }
