@@ -123,9 +123,7 @@ fn many_puts_one_signal(e: Env) {
             assert_eq!(*b, pattern(7, i), "byte {i}");
         }
     }
-    ok(mscclppBootstrapBarrier(c));
-    ok(mscclppProxyStop(c));
-    ok(mscclppCommDestroy(c));
+    finish(c);
 }
 
 #[test]
@@ -199,9 +197,7 @@ fn signals_mixed(e: Env) {
         }
     }
     flush(d);
-    ok(mscclppBootstrapBarrier(c));
-    ok(mscclppProxyStop(c));
-    ok(mscclppCommDestroy(c));
+    finish(c);
 }
 
 #[test]
@@ -271,9 +267,7 @@ fn registered_write(e: Env) {
             .all(|&b| b == 0),
         "nobody writes our own slot"
     );
-    ok(mscclppBootstrapBarrier(c));
-    ok(mscclppProxyStop(c));
-    ok(mscclppCommDestroy(c));
+    finish(c);
 }
 
 #[test]
@@ -483,9 +477,7 @@ fn bad_usage(e: Env) {
     ok(mscclppGetDeviceConnection(c, peer as i32, 0, &mut one));
     assert!(!one.is_null());
     // Still fully usable: one clean exchange.
-    ok(mscclppBootstrapBarrier(c));
-    ok(mscclppProxyStop(c));
-    ok(mscclppCommDestroy(c));
+    finish(c);
     assert_eq!(
         mscclppCommDestroy(c),
         mscclppInvalidArgument,

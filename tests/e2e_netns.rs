@@ -7,7 +7,6 @@ mod common;
 use common::api::*;
 use common::netns::Hosts;
 use common::*;
-use mscclpp::capi::comm::*;
 use mscclpp::capi::conn::*;
 use std::time::Duration;
 
@@ -41,9 +40,7 @@ fn rank_body() {
             "byte {i} from rank {peer}"
         );
     }
-    ok(mscclppBootstrapBarrier(c));
-    ok(mscclppProxyStop(c));
-    ok(mscclppCommDestroy(c));
+    finish(c);
 }
 
 #[test]

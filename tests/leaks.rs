@@ -45,9 +45,7 @@ fn cycle(root: &str, rank: usize, transport: mscclppTransport_t) {
     for i in 0..half {
         assert_eq!(buf[peer * half + i], pattern(peer, i));
     }
-    ok(mscclppBootstrapBarrier(c));
-    ok(mscclppProxyStop(c));
-    ok(mscclppCommDestroy(c));
+    finish(c);
 }
 
 fn cycles(n: usize, transport: mscclppTransport_t) {

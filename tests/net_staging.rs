@@ -204,9 +204,7 @@ fn asymmetric(e: Env) {
             e.rank
         );
     }
-    ok(mscclppBootstrapBarrier(c));
-    ok(mscclppProxyStop(c));
-    ok(mscclppCommDestroy(c));
+    finish(c);
     if e.rank == 1 {
         assert_staged();
     }
@@ -303,9 +301,7 @@ fn registered(e: Env) {
             assert_eq!(target[p * CH + i], want, "from rank {p} byte {i}");
         }
     }
-    ok(mscclppBootstrapBarrier(c));
-    ok(mscclppProxyStop(c));
-    ok(mscclppCommDestroy(c));
+    finish(c);
     assert_staged();
 }
 

@@ -196,9 +196,7 @@ fn producers_rank(root: String, rank: usize, tr: mscclppTransport_t) {
             w.join().expect("producer panicked");
         }
     }
-    ok(mscclppBootstrapBarrier(c));
-    ok(mscclppProxyStop(c));
-    ok(mscclppCommDestroy(c));
+    finish(c);
 }
 
 fn producers_body() {

@@ -88,6 +88,13 @@ pub fn register(c: mscclppComm_t, buf: &mut [u8]) -> mscclppRegisteredMemory {
     ));
     m
 }
+/// The end of a test rank: wait for every rank, stop the proxies, destroy the communicator.
+pub fn finish(c: mscclppComm_t) {
+    ok(mscclppBootstrapBarrier(c));
+    ok(mscclppProxyStop(c));
+    ok(mscclppCommDestroy(c));
+}
+
 pub fn async_error(c: mscclppComm_t) -> mscclppResult_t {
     let mut r = mscclppSuccess;
     ok(mscclppCommGetAsyncError(c, &mut r));
@@ -139,9 +146,7 @@ pub fn pingpong(e: &super::Env, rounds: u64) {
         }
     }
     flush(d);
-    ok(mscclppBootstrapBarrier(c));
-    ok(mscclppProxyStop(c));
-    ok(mscclppCommDestroy(c));
+    finish(c);
 }
 
 /// The all-to-all step of the end-to-end tests, once connections are set up and proxies run:
@@ -169,7 +174,5 @@ pub fn alltoall_and_finish(c: mscclppComm_t, buf: &[u8], rank: usize, n: usize, 
             assert_eq!(b, pattern(p, i), "rank {rank} byte {i} of rank {p}'s chunk");
         }
     }
-    ok(mscclppBootstrapBarrier(c));
-    ok(mscclppProxyStop(c));
-    ok(mscclppCommDestroy(c));
+    finish(c);
 }
