@@ -7,30 +7,16 @@
 //! schedule as the raw baseline (crates/libfabric-sys/examples/raw_rma.rs).
 //! Latency: 8-byte `putWithSignal` ping-pong, half the round trip, median of many rounds.
 
-use mscclpp::abi::mscclppResult_t::{self, *};
 use mscclpp::abi::*;
 use mscclpp::capi::comm::*;
 use mscclpp::capi::conn::*;
 use mscclpp::capi::devconn::*;
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::process::Command;
 use std::time::Instant;
 
-fn ok(r: mscclppResult_t, what: &str) {
-    if r != mscclppSuccess {
-        let e = unsafe { CStr::from_ptr(mscclppGetLastError()) }.to_string_lossy();
-        eprintln!("{what} failed: {e}");
-        std::process::exit(1);
-    }
-}
-
-fn arg(name: &str, default: &str) -> String {
-    let a: Vec<String> = std::env::args().collect();
-    a.iter()
-        .position(|x| x == name)
-        .and_then(|i| a.get(i + 1).cloned())
-        .unwrap_or_else(|| default.to_string())
-}
+mod common;
+use common::{arg, ok};
 
 fn main() {
     let provider = arg("--provider", "tcp");

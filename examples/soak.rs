@@ -12,35 +12,21 @@
 //! is reused only after the flush. Prints operations, bytes, errors and RSS; exit 1 on any
 //! error.
 
-use mscclpp::abi::mscclppResult_t::{self, *};
 use mscclpp::abi::*;
 use mscclpp::capi::comm::*;
 use mscclpp::capi::conn::*;
 use mscclpp::capi::devconn::*;
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+mod common;
+use common::{arg, ok};
 
 /// Each sender owns a region of SLOT bytes in each half of every receiver's buffer.
 const SLOT: usize = 256 * 1024;
 /// RSS may grow by at most this much between warm-up and the end.
 const RSS_SLACK_KIB: u64 = 8 * 1024;
-
-fn ok(r: mscclppResult_t, what: &str) {
-    if r != mscclppSuccess {
-        let e = unsafe { CStr::from_ptr(mscclppGetLastError()) }.to_string_lossy();
-        eprintln!("soak: {what} failed: {e}");
-        std::process::exit(1);
-    }
-}
-
-fn arg(name: &str, default: &str) -> String {
-    let a: Vec<String> = std::env::args().collect();
-    a.iter()
-        .position(|x| x == name)
-        .and_then(|i| a.get(i + 1).cloned())
-        .unwrap_or_else(|| default.to_string())
-}
 
 /// splitmix64: a tiny, good-enough generator that every rank evaluates identically.
 fn mix(mut x: u64) -> u64 {
