@@ -187,6 +187,12 @@ p2p_benches() {
 if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
   # 3. Tests. INFO logs once, to record what the library detected (driver, Flag path).
   MSCCLPP_DEBUG=INFO run_step "test allgather 2 ranks / 2 GPUs" 90 bash -c 'ranks 2 "$BIN/allgather"'
+  # The SM engine kept resident (3 s linger) until mscclppProxyStop, which must end it: the
+  # examples' teardown synchronizes the device right after the stop (c_examples/cuda/common.cuh).
+  # Meanwhile the first launch of each kernel waits for the linger to end (CUDA's lazy module
+  # loading synchronizes the context): measured 21 s for this test with a 10 s linger.
+  MSCCLPP_P2P_SM_LINGER_US=3000000 run_step "test allgather, engine ended by mscclppProxyStop" 60 \
+    bash -c 'ranks 2 "$BIN/allgather"'
   if ((QUICK)); then
     MSCCLPP_P2P_ENGINE=ce run_step "test allgather 2 ranks, copy engines only" 90 \
       bash -c 'ranks 2 "$BIN/allgather"'

@@ -142,9 +142,13 @@ static inline void connectPeers(Ctx& c, void* buf, uint64_t bytes, const std::ve
 
 static inline void teardown(Ctx& c)
 {
-  CUDACHECK(cudaDeviceSynchronize());
+  /* Every kernel of this rank has finished (each example waits for its stream), and after the
+   * barrier every peer's too. The proxies stop before the device-wide synchronization on
+   * purpose: nothing the library runs on the GPU (its P2P copy kernel) may outlive
+   * mscclppProxyStop, or this call would wait for it forever. */
   MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
   MSCCLPPCHECK(mscclppProxyStop(c.comm));
+  CUDACHECK(cudaDeviceSynchronize());
   MSCCLPPCHECK(mscclppCommDestroy(c.comm));
   c.comm = nullptr;
 }

@@ -184,6 +184,8 @@ impl ProxyWork {
                 for p in peers {
                     ep.flush(p)?;
                 }
+                // Nothing of ours may keep running on the GPU once the proxy is stopped.
+                ep.quiesce()?;
                 return Ok(Round::Done);
             }
         }
@@ -362,6 +364,10 @@ fn run(work: &Mutex<ProxyWork>, stop: &AtomicBool, assisted: bool) -> Result<()>
                 Ok(r) => r,
                 Err(e) => {
                     w.fail(&e);
+                    // Best effort (the endpoint may be what failed): as at a normal stop.
+                    if let Err(q) = lock(&w.endpoint).quiesce() {
+                        crate::warn!("{}: after the error, quiescing failed too: {q}", w.name);
+                    }
                     return Err(e);
                 }
             }

@@ -108,6 +108,12 @@ pub trait Endpoint: Send {
     fn poll_incoming(&mut self) -> Result<()> {
         Ok(())
     }
+    /// The proxy stops (or failed): end whatever runs on the device on its behalf (the P2P SM
+    /// engine's kernel), so that the user's device-wide synchronisations (`cudaDeviceSynchronize`,
+    /// `cudaFree`) after `mscclppProxyStop` do not wait for it. Bounded. Default: nothing.
+    fn quiesce(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Installs a check that the endpoint's bounded waits (flush, a full queue, retries) poll:
     /// when it returns why, the wait fails at once instead of running to its timeout. The
     /// proxy installs "a peer of this endpoint died". Default: ignored.

@@ -328,17 +328,32 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// Ends the kernel (after its posted jobs), bounded by `MSCCLPP_WAIT_TIMEOUT`; a later job
+    /// launches it again. Off when this returns Ok.
+    pub fn stop(&mut self) -> Result<()> {
+        if self.state == State::Off {
+            return Ok(());
+        }
+        let waited = self.wait(self.next - 1, "the SM copy engine's last jobs");
+        // Release: as in idle_tick. A kernel still Starting sees it as soon as it runs.
+        self.word(STOP).store(1, Ordering::Release);
+        self.stream.wait(|| "the SM copy engine to stop".into())?;
+        self.state = State::Off;
+        waited
+    }
+}
+
 impl Drop for Engine {
     fn drop(&mut self) {
         let mut stopped = self.state == State::Off;
         if !stopped {
-            if let Err(e) = self.wait(self.next - 1, "the SM copy engine's last jobs at teardown") {
-                crate::warn!("{e}");
-            }
-            // Release: as in idle_tick. A kernel still Starting sees it as soon as it runs.
-            self.word(STOP).store(1, Ordering::Release);
-            match self.stream.wait(|| "the SM copy engine to stop".into()) {
+            match self.stop() {
                 Ok(()) => stopped = true,
+                Err(e) if self.state == State::Off => {
+                    crate::warn!("{e}");
+                    stopped = true;
+                }
                 Err(e) => crate::warn!("{e}; its memory is leaked rather than freed under it"),
             }
         }

@@ -637,6 +637,14 @@ impl Endpoint for P2p {
         self.drain_ce(peer)
     }
 
+    fn quiesce(&mut self) -> Result<()> {
+        if let Some(e) = self.engine.as_mut() {
+            let _g = CtxGuard::enter_ctx(self.ctx)?;
+            e.stop()?;
+        }
+        Ok(())
+    }
+
     fn progress(&mut self) -> Result<()> {
         // Copies progress by themselves; an engine idle for its linger time stops.
         if let Some(e) = self.engine.as_mut() {
