@@ -203,14 +203,17 @@ impl ProxyWork {
 /// progresses the endpoint through which its data arrives. On a machine with fewer cores than
 /// busy threads this removes the hand-offs between threads from every round trip.
 impl crate::fifo::Assist for Mutex<ProxyWork> {
-    fn assist(&self) {
+    fn assist(&self) -> bool {
         // try_lock: if the proxy thread (or another producer) is consuming, it does the work.
-        let Ok(mut w) = self.try_lock() else { return };
+        let Ok(mut w) = self.try_lock() else {
+            return false;
+        };
         if w.active {
             if let Err(e) = w.service(false) {
                 w.fail(&e);
             }
         }
+        true
     }
 
     fn direct_signal(&self, conn: usize) -> bool {
