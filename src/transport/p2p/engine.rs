@@ -3,16 +3,21 @@
 //!
 //! Why a kernel: a copy-engine copy takes 7-9 us from `cuMemcpyAsync` to its completion on the
 //! machines measured, whatever its size up to ~1 MiB (bench/RESULTS.md, "driver costs"), which
-//! puts a floor of ~15 us under a 1 MiB all-gather. A kernel that is already resident picks a
-//! job from pinned host memory in ~1 us and moves 512 KiB over NVLink in ~1.5 us.
+//! puts a floor of ~15 us under a 1 MiB all-gather. A kernel that is already resident sees a
+//! job ~1.5 us after the proxy posts it (a CPU -> kernel -> CPU round trip is 3 us) and copies
+//! 512 KiB over NVLink in ~1.5 us.
 //!
-//! Life cycle, all driven by the proxy thread (the only caller):
+//! Life cycle, all driven by the proxy thread (the only caller; user threads calling
+//! `mscclppRegisteredBufferWrite` hold the same endpoint lock):
 //! - Off -> Starting: the first eligible put or flag launches the kernel (and itself goes by the
 //!   copy engine); Starting -> On once every block checked in (`ALIVE`): only then are jobs
 //!   posted, so a job never waits for a block that user kernels keep off the SMs.
 //! - On -> Stopping: after `linger` without jobs, with every job done, the proxy raises `STOP`;
 //!   Stopping -> Off once the kernel's stream is idle. An idle communicator thus holds no SMs,
-//!   and `cudaDeviceSynchronize` in the user's code waits at most `linger` for the engine.
+//!   and whatever synchronizes the whole device in the user's code waits at most `linger` for
+//!   the engine.
+//! - Any state -> Off when the proxy stops or fails (`stop`, through `Endpoint::quiesce`):
+//!   nothing of ours runs on the GPU after `mscclppProxyStop`.
 
 use super::env_u64;
 use crate::cuda::{DeviceMem, Function, Module, PinnedHost, Stream, P2P_ENGINE_PTX};
