@@ -7,10 +7,9 @@
 
 mod common;
 
-use common::raw::{fetch, pattern, publish, region, word};
+use common::raw::{fetch, initiator_rounds, publish, region, target_rounds};
 use mscclpp::error::Error;
 use mscclpp::transport::net;
-use mscclpp::transport::Endpoint;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,16 +17,6 @@ use std::time::{Duration, Instant};
 const WORDS: usize = (1 << 20) / 8;
 const ROUNDS: u64 = 10;
 const DEADLINE: Duration = Duration::from_secs(30);
-
-fn wait_for(ep: &mut dyn Endpoint, v: &[u64], i: usize, want: u64, what: &str) {
-    let t0 = Instant::now();
-    // Ends when the value arrives or at DEADLINE.
-    while word(v, i) < want {
-        ep.progress().unwrap();
-        assert!(t0.elapsed() < DEADLINE, "{what}: timed out");
-        std::thread::yield_now();
-    }
-}
 
 fn target(dir: &Path) {
     let mut ep = net::open(None, false, None).unwrap();
@@ -40,19 +29,7 @@ fn target(dir: &Path) {
     let ini = fetch(dir, "initiator", DEADLINE);
     let peer = ep.add_peer(0, &ini[0]).unwrap();
     let ack = ep.import(peer, &ini[1]).unwrap();
-    for r in 1..=ROUNDS {
-        wait_for(&mut *ep, &epoch, 1, r, "target waiting for the flag");
-        for i in 0..WORDS {
-            assert_eq!(word(&dst, i), pattern(r, i), "round {r} word {i}");
-        }
-        ep.write_value(peer, ack, 0, r).unwrap();
-        ep.flush(peer).unwrap();
-    }
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_millis(200) {
-        ep.progress().unwrap();
-        std::thread::yield_now();
-    }
+    target_rounds(&mut *ep, peer, ack, &dst, &epoch, ROUNDS, DEADLINE);
 }
 
 fn initiator(dir: &Path) {
@@ -81,16 +58,7 @@ fn initiator(dir: &Path) {
     let d = ep.import(peer, &t[1]).unwrap();
     let e = ep.import(peer, &t[2]).unwrap();
     let s = ep.register(region(&src)).unwrap().0;
-    let t0 = Instant::now();
-    for r in 1..=ROUNDS {
-        for (i, w) in src.iter_mut().enumerate() {
-            *w = pattern(r, i);
-        }
-        ep.write(peer, s, 0, d, 0, (WORDS * 8) as u64).unwrap();
-        ep.write_value(peer, e, 8, r).unwrap();
-        ep.flush(peer).unwrap();
-        wait_for(&mut *ep, &ackw, 0, r, "initiator waiting for the ack");
-    }
+    let per_round = initiator_rounds(&mut *ep, peer, (s, d, e), &mut src, &ackw, ROUNDS, DEADLINE);
     // The target flushes its last ack with a delivery marker that lands here: keep progressing
     // a moment before closing, as a destroyed communicator does (`comm::LINGER`).
     let t1 = Instant::now();
@@ -101,7 +69,7 @@ fn initiator(dir: &Path) {
     eprintln!(
         "net across namespaces ({}): {:?} per round of 1 MiB + flag + ack",
         ep.describe(),
-        t0.elapsed() / ROUNDS as u32
+        per_round
     );
 }
 

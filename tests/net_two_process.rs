@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::raw::{fetch, pattern, publish, region, word};
+use common::raw::{fetch, initiator_rounds, publish, region, target_rounds, wait_for};
 use mscclpp::transport::net;
 use mscclpp::transport::Endpoint;
 use std::path::{Path, PathBuf};
@@ -26,21 +26,6 @@ fn open(shm: bool) -> Box<dyn Endpoint> {
     .unwrap()
 }
 
-/// Waits until word `i` of `v` reaches `want`, progressing `ep` (its CQ must be polled for
-/// anything to move). Bounded by DEADLINE.
-fn wait_for(ep: &mut dyn Endpoint, v: &[u64], i: usize, want: u64, what: &str) {
-    let t0 = Instant::now();
-    while word(v, i) < want {
-        ep.progress().unwrap();
-        assert!(
-            t0.elapsed() < DEADLINE,
-            "{what}: timed out at {} < {want}",
-            word(v, i)
-        );
-        std::thread::yield_now();
-    }
-}
-
 /// The peer process: target of the data, initiator of the acknowledgements.
 fn child(dir: &Path, shm: bool) {
     let mut ep = open(shm);
@@ -52,24 +37,7 @@ fn child(dir: &Path, shm: bool) {
     let parent = fetch(dir, "parent", DEADLINE);
     let peer = ep.add_peer(0, &parent[0]).unwrap();
     let ack = ep.import(peer, &parent[1]).unwrap();
-    for r in 1..=ROUNDS {
-        wait_for(&mut *ep, &epoch, 1, r, "child waiting for the flag");
-        for i in 0..WORDS {
-            assert_eq!(
-                word(&dst, i),
-                pattern(r, i),
-                "round {r} word {i}: data behind the flag"
-            );
-        }
-        ep.write_value(peer, ack, 0, r).unwrap();
-        ep.flush(peer).unwrap();
-    }
-    // Keep progressing briefly so the parent's last completions can be acknowledged.
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_millis(200) {
-        ep.progress().unwrap();
-        std::thread::yield_now();
-    }
+    target_rounds(&mut *ep, peer, ack, &dst, &epoch, ROUNDS, DEADLINE);
 }
 
 fn parent(shm: bool) {
@@ -97,17 +65,7 @@ fn parent(shm: bool) {
     let d = ep.import(peer, &c[1]).unwrap();
     let e = ep.import(peer, &c[2]).unwrap();
     let s = ep.register(region(&src)).unwrap().0;
-    let t0 = Instant::now();
-    for r in 1..=ROUNDS {
-        for (i, w) in src.iter_mut().enumerate() {
-            *w = pattern(r, i);
-        }
-        ep.write(peer, s, 0, d, 0, (WORDS * 8) as u64).unwrap();
-        ep.write_value(peer, e, 8, r).unwrap();
-        ep.flush(peer).unwrap();
-        wait_for(&mut *ep, &ackw, 0, r, "parent waiting for the ack");
-    }
-    let per_round = t0.elapsed() / ROUNDS as u32;
+    let per_round = initiator_rounds(&mut *ep, peer, (s, d, e), &mut src, &ackw, ROUNDS, DEADLINE);
     eprintln!(
         "net two-process {}: {ROUNDS} rounds of 1 MiB + flag + ack, {per_round:?} per round",
         ep.describe()
@@ -168,7 +126,7 @@ fn pingpong(dir: &Path, shm: bool, parent: bool) {
             ep.write(peer, s, 0, theirs, 0, 8).unwrap();
             ep.write_value(peer, theirs, 64, r).unwrap();
         }
-        wait_for(&mut *ep, &mine, 8, r, "ping-pong");
+        wait_for(&mut *ep, &mine, 8, r, "ping-pong", DEADLINE);
         if !parent {
             ep.write(peer, s, 0, theirs, 0, 8).unwrap();
             ep.write_value(peer, theirs, 64, r).unwrap();

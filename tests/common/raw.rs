@@ -3,7 +3,7 @@
 //! through files in a private directory.
 #![allow(dead_code)]
 
-use mscclpp::transport::{MemKind, Region};
+use mscclpp::transport::{Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -62,4 +62,86 @@ pub fn fetch(dir: &Path, name: &str, deadline: Duration) -> Vec<Vec<u8>> {
             take(&mut p, n).to_vec()
         })
         .collect()
+}
+
+/// Waits until word `i` of `v` reaches `want`, progressing `ep` (its CQ must be polled for
+/// anything to move). Ends then, or fails at `deadline`.
+pub fn wait_for(
+    ep: &mut dyn Endpoint,
+    v: &[u64],
+    i: usize,
+    want: u64,
+    what: &str,
+    deadline: Duration,
+) {
+    let t0 = Instant::now();
+    while word(v, i) < want {
+        ep.progress().unwrap();
+        assert!(
+            t0.elapsed() < deadline,
+            "{what}: timed out at {} < {want}",
+            word(v, i)
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// The target's side of the rounds the two-process suites run: per round, wait for the flag
+/// (word 1 of `epoch`), check every word of `dst` against the round's pattern, then write the
+/// round number to the initiator's ack word and flush. Then keep progressing a moment: the
+/// last flush's delivery marker needs the initiator's side, and the initiator's last
+/// completions need ours (as a destroyed communicator does, `comm::LINGER`).
+pub fn target_rounds(
+    ep: &mut dyn Endpoint,
+    peer: PeerId,
+    ack: RemoteId,
+    dst: &[u64],
+    epoch: &[u64],
+    rounds: u64,
+    deadline: Duration,
+) {
+    for r in 1..=rounds {
+        wait_for(ep, epoch, 1, r, "target waiting for the flag", deadline);
+        for i in 0..dst.len() {
+            assert_eq!(
+                word(dst, i),
+                pattern(r, i),
+                "round {r} word {i}: data behind the flag"
+            );
+        }
+        ep.write_value(peer, ack, 0, r).unwrap();
+        ep.flush(peer).unwrap();
+    }
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(200) {
+        ep.progress().unwrap();
+        std::thread::yield_now();
+    }
+}
+
+/// The initiator's side: per round, fill `src` with the round's pattern, write all of it to
+/// `dst`, the round number to word 1 of `epoch`, flush, and wait for the target's ack (word 0
+/// of `ackw`). Returns the time per round.
+#[allow(clippy::too_many_arguments)] // the endpoint, its ids and buffers, the schedule
+pub fn initiator_rounds(
+    ep: &mut dyn Endpoint,
+    peer: PeerId,
+    (src_id, dst, epoch): (MrId, RemoteId, RemoteId),
+    src: &mut [u64],
+    ackw: &[u64],
+    rounds: u64,
+    deadline: Duration,
+) -> Duration {
+    let t0 = Instant::now();
+    for r in 1..=rounds {
+        for (i, w) in src.iter_mut().enumerate() {
+            *w = pattern(r, i);
+        }
+        ep.write(peer, src_id, 0, dst, 0, (src.len() * 8) as u64)
+            .unwrap();
+        ep.write_value(peer, epoch, 8, r).unwrap();
+        ep.flush(peer).unwrap();
+        wait_for(ep, ackw, 0, r, "initiator waiting for the ack", deadline);
+    }
+    t0.elapsed() / rounds as u32
 }
