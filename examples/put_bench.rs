@@ -11,44 +11,19 @@ use mscclpp::abi::*;
 use mscclpp::capi::comm::*;
 use mscclpp::capi::conn::*;
 use mscclpp::capi::devconn::*;
-use std::ffi::CString;
-use std::process::Command;
 use std::time::Instant;
 
 mod common;
-use common::{arg, ok};
+use common::{arg, ok, rank_env, spawn_ranks, transport};
 
 fn main() {
     let provider = arg("--provider", "tcp");
     let max_mib: usize = arg("--max-mib", "64").parse().unwrap();
-    let Ok(rank) = std::env::var("PUT_BENCH_RANK") else {
-        // Parent: start two ranks and wait.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let exe = std::env::current_exe().unwrap();
-        let kids: Vec<_> = (0..2)
-            .map(|r| {
-                let mut c = Command::new(&exe);
-                c.args(std::env::args().skip(1))
-                    .env("PUT_BENCH_RANK", r.to_string())
-                    .env("PUT_BENCH_ROOT", format!("127.0.0.1:{port}"));
-                if provider != "shm" {
-                    c.env("MSCCLPP_NET_PROVIDER", &provider);
-                }
-                c.spawn().unwrap()
-            })
-            .collect();
-        let mut fail = false;
-        for mut k in kids {
-            fail |= !k.wait().unwrap().success();
-        }
-        std::process::exit(fail as i32);
+    let Some((rank, root)) = rank_env("PUT_BENCH") else {
+        // Parent: start the ranks and wait.
+        let all_ok = spawn_ranks(2, "PUT_BENCH", &provider);
+        std::process::exit(!all_ok as i32);
     };
-    let rank: usize = rank.parse().unwrap();
-    let root = CString::new(std::env::var("PUT_BENCH_ROOT").unwrap()).unwrap();
     let mut comm = std::ptr::null_mut();
     ok(
         mscclppCommInitRank(&mut comm, 2, root.as_ptr(), rank as i32),
@@ -56,11 +31,7 @@ fn main() {
     );
     let max = max_mib << 20;
     let mut buf = vec![1u8; max + 4096];
-    let tr = if provider == "shm" {
-        mscclppTransport_t::mscclppTransportSHM
-    } else {
-        mscclppTransport_t::mscclppTransportIB
-    };
+    let tr = transport(&provider);
     ok(
         mscclppConnect(
             comm,

@@ -16,12 +16,10 @@ use mscclpp::abi::*;
 use mscclpp::capi::comm::*;
 use mscclpp::capi::conn::*;
 use mscclpp::capi::devconn::*;
-use std::ffi::CString;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{arg, ok};
+use common::{arg, ok, rank_env, spawn_ranks, transport};
 
 /// Each sender owns a region of SLOT bytes in each half of every receiver's buffer.
 const SLOT: usize = 256 * 1024;
@@ -71,37 +69,15 @@ fn main() {
     let provider = arg("--provider", "tcp");
     let n: usize = arg("--ranks", "4").parse().unwrap();
     let seconds: f64 = arg("--seconds", "60").parse().unwrap();
-    let Ok(rank) = std::env::var("SOAK_RANK") else {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let exe = std::env::current_exe().unwrap();
-        let kids: Vec<_> = (0..n)
-            .map(|r| {
-                let mut c = Command::new(&exe);
-                c.args(std::env::args().skip(1))
-                    .env("SOAK_RANK", r.to_string())
-                    .env("SOAK_ROOT", format!("127.0.0.1:{port}"));
-                if provider != "shm" {
-                    c.env("MSCCLPP_NET_PROVIDER", &provider);
-                }
-                c.spawn().unwrap()
-            })
-            .collect();
-        let mut fail = false;
-        for mut k in kids {
-            fail |= !k.wait().unwrap().success();
-        }
+    let Some((rank, root)) = rank_env("SOAK") else {
+        // Parent: start the ranks and wait.
+        let all_ok = spawn_ranks(n, "SOAK", &provider);
         println!(
             "soak {provider} {n} ranks {seconds}s: {}",
-            if fail { "FAILED" } else { "OK" }
+            if all_ok { "OK" } else { "FAILED" }
         );
-        std::process::exit(fail as i32);
+        std::process::exit(!all_ok as i32);
     };
-    let rank: usize = rank.parse().unwrap();
-    let root = CString::new(std::env::var("SOAK_ROOT").unwrap()).unwrap();
     let mut comm = std::ptr::null_mut();
     ok(
         mscclppCommInitRank(&mut comm, n as i32, root.as_ptr(), rank as i32),
@@ -112,11 +88,7 @@ fn main() {
     let half = n * SLOT;
     let send = 2 * half;
     let mut buf = vec![0u8; 2 * half + n * SLOT];
-    let tr = if provider == "shm" {
-        mscclppTransport_t::mscclppTransportSHM
-    } else {
-        mscclppTransport_t::mscclppTransportIB
-    };
+    let tr = transport(&provider);
     let peers: Vec<usize> = (0..n).filter(|&p| p != rank).collect();
     for &p in &peers {
         ok(

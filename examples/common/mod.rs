@@ -23,3 +23,53 @@ pub fn arg(name: &str, default: &str) -> String {
         .and_then(|i| a.get(i + 1).cloned())
         .unwrap_or_else(|| default.to_string())
 }
+
+/// In a rank started by [`spawn_ranks`] with `prefix`: its rank and the root's `ip:port`.
+/// None in the parent (no `<prefix>_RANK`).
+pub fn rank_env(prefix: &str) -> Option<(usize, std::ffi::CString)> {
+    let rank = std::env::var(format!("{prefix}_RANK")).ok()?;
+    let rank = rank.parse().expect("a numeric rank");
+    let root = std::env::var(format!("{prefix}_ROOT")).expect("the root address");
+    Some((
+        rank,
+        std::ffi::CString::new(root).expect("no NUL in the root address"),
+    ))
+}
+
+/// Runs `n` copies of this program with the same arguments as the ranks of one communicator
+/// rooted on a free loopback port (`<prefix>_RANK`, `<prefix>_ROOT`), over libfabric provider
+/// `provider` unless it is `shm`; true if every rank succeeded.
+pub fn spawn_ranks(n: usize, prefix: &str, provider: &str) -> bool {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port();
+    let exe = std::env::current_exe().expect("this program's path");
+    let kids: Vec<_> = (0..n)
+        .map(|r| {
+            let mut c = std::process::Command::new(&exe);
+            c.args(std::env::args().skip(1))
+                .env(format!("{prefix}_RANK"), r.to_string())
+                .env(format!("{prefix}_ROOT"), format!("127.0.0.1:{port}"));
+            if provider != "shm" {
+                c.env("MSCCLPP_NET_PROVIDER", provider);
+            }
+            c.spawn().expect("starting a rank")
+        })
+        .collect();
+    let mut all_ok = true;
+    for mut k in kids {
+        all_ok &= k.wait().is_ok_and(|s| s.success());
+    }
+    all_ok
+}
+
+/// The transport a `--provider` selects: SHM for `shm`, libfabric (IB) for any other.
+pub fn transport(provider: &str) -> mscclpp::abi::mscclppTransport_t {
+    use mscclpp::abi::mscclppTransport_t::*;
+    if provider == "shm" {
+        mscclppTransportSHM
+    } else {
+        mscclppTransportIB
+    }
+}
