@@ -162,11 +162,8 @@ fn pingpong_100k_shm() {
 /// the count step back and a later wait run into its timeout.
 fn signals_mixed(e: Env) {
     const ROUNDS: u64 = 3000;
-    let c = init(&e.root, e.rank, e.n);
     let mut buf = vec![0u8; 64];
-    ok(connect(c, 1 - e.rank, 4, &mut buf));
-    ok(mscclppConnectionSetup(c));
-    ok(mscclppProxyLaunch(c));
+    let c = connected_pair(&e, 4, &mut buf);
     let d = &mut dev_conns(c)[0];
     let bp = buf.as_mut_ptr();
     for round in 0..ROUNDS {
@@ -284,12 +281,8 @@ fn registered_buffer_write_shm_2() {
 /// A put beyond the peer's buffer is refused by the sender's proxy: nothing is written, the
 /// error is sticky and reported by flush, mscclppCommGetAsyncError and mscclppProxyStop.
 fn out_of_range_trigger(e: Env) {
-    let c = init(&e.root, e.rank, e.n);
     let mut buf = vec![0u8; 4096];
-    let peer = 1 - e.rank;
-    ok(connect(c, peer, 0, &mut buf));
-    ok(mscclppConnectionSetup(c));
-    ok(mscclppProxyLaunch(c));
+    let c = connected_pair(&e, 0, &mut buf);
     let d = &mut dev_conns(c)[0];
     if e.rank == 0 {
         buf.fill(0xAB);
@@ -525,11 +518,8 @@ fn missing_counterpart_times_out() {
 /// A peer that dies while we wait for its signal: wait() fails within the timeout instead of
 /// hanging, and the communicator can still be destroyed.
 fn peer_dies_during_transfer(e: Env) {
-    let c = init(&e.root, e.rank, e.n);
     let mut buf = vec![0u8; 4096];
-    ok(connect(c, 1 - e.rank, 0, &mut buf));
-    ok(mscclppConnectionSetup(c));
-    ok(mscclppProxyLaunch(c));
+    let c = connected_pair(&e, 0, &mut buf);
     let d = &mut dev_conns(c)[0];
     if e.rank == 1 {
         put_signal(d, 0, 0, 64);

@@ -98,12 +98,8 @@ fn fill(buf: &mut [u8], round: usize) {
 /// Rank 0 sends; rank 1 keeps SENTINEL in its gaps and checks every byte after each wait,
 /// then signals back so that the next round cannot overwrite what it is checking.
 fn gaps_and_rounds(e: Env) {
-    let c = init(&e.root, e.rank, e.n);
     let mut buf = vec![SENTINEL; BIG_AT + BIG];
-    let peer = 1 - e.rank;
-    ok(connect(c, peer, 3, &mut buf));
-    ok(mscclppConnectionSetup(c));
-    ok(mscclppProxyLaunch(c));
+    let c = connected_pair(&e, 3, &mut buf);
     let d = &mut dev_conns(c)[0];
     for round in 0..ROUNDS {
         if e.rank == 0 {
@@ -224,12 +220,8 @@ fn asymmetric_shm() {
 /// A put beyond the receiver's buffer is refused by the sender's proxy before anything is
 /// staged: nothing arrives, the error is sticky; the receiver is unaffected.
 fn out_of_range(e: Env) {
-    let c = init(&e.root, e.rank, e.n);
     let mut buf = vec![0u8; 4096];
-    let peer = 1 - e.rank;
-    ok(connect(c, peer, 0, &mut buf));
-    ok(mscclppConnectionSetup(c));
-    ok(mscclppProxyLaunch(c));
+    let c = connected_pair(&e, 0, &mut buf);
     let d = &mut dev_conns(c)[0];
     if e.rank == 0 {
         buf.fill(0xAB);

@@ -88,6 +88,17 @@ pub fn register(c: mscclppComm_t, buf: &mut [u8]) -> mscclppRegisteredMemory {
     ));
     m
 }
+
+/// Rank `e.rank` of a 2-rank test: a communicator with one connection (tag `tag`, buffer
+/// `buf`) to the other rank, set up, its proxy running.
+pub fn connected_pair(e: &super::Env, tag: i32, buf: &mut [u8]) -> mscclppComm_t {
+    let c = init(&e.root, e.rank, e.n);
+    ok(connect(c, 1 - e.rank, tag, buf));
+    ok(mscclppConnectionSetup(c));
+    ok(mscclppProxyLaunch(c));
+    c
+}
+
 /// The end of a test rank: wait for every rank, stop the proxies, destroy the communicator.
 pub fn finish(c: mscclppComm_t) {
     ok(mscclppBootstrapBarrier(c));
@@ -114,12 +125,8 @@ pub fn pattern(rank: usize, i: usize) -> u8 {
 /// signal fails. Ends with a flush, a barrier, proxy stop and destroy.
 pub fn pingpong(e: &super::Env, rounds: u64) {
     const SLOTS: usize = 16;
-    let c = init(&e.root, e.rank, e.n);
     let mut buf = vec![0u8; 2 * SLOTS * 8];
-    let peer = 1 - e.rank;
-    ok(connect(c, peer, 1, &mut buf));
-    ok(mscclppConnectionSetup(c));
-    ok(mscclppProxyLaunch(c));
+    let c = connected_pair(e, 1, &mut buf);
     let d = &mut dev_conns(c)[0];
     let base = |r: usize| if r == 0 { 0 } else { SLOTS * 8 };
     let bp = buf.as_mut_ptr();
