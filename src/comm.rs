@@ -457,6 +457,9 @@ impl Comm {
                 )));
             }
             let conn_id = work.conns.len();
+            if direct.is_some() {
+                crate::fifo::set_direct(work.fifo.producer_view(0).triggerFifoHead);
+            }
             work.conns.push(ProxyConn {
                 remote_rank: r.remote_rank,
                 peer,

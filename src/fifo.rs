@@ -26,10 +26,12 @@ pub trait Assist: Send + Sync {
     fn direct_signal(&self, conn: usize) -> bool;
 }
 
-/// The consumer of a host FIFO, and whether host threads may do its work (`assist`).
+/// The consumer of a host FIFO, whether host threads may do its work (`assist`), and whether
+/// any of its connections can take a signal without a trigger (`direct_signal`).
 struct Consumer {
     work: Weak<dyn Assist>,
     helps: bool,
+    direct: bool,
 }
 
 /// Head addresses of the live host-memory FIFOs, with their consumer once the communicator has
@@ -55,15 +57,36 @@ pub fn set_consumer(head: *const u64, work: Weak<dyn Assist>, helps: bool) {
         .unwrap_or_else(|p| p.into_inner())
         .get_mut(&(head as usize))
     {
-        *e = Some(Consumer { work, helps });
+        *e = Some(Consumer {
+            work,
+            helps,
+            direct: false,
+        });
     }
 }
 
-fn consumer(head: *const u64, helping: bool) -> Option<std::sync::Arc<dyn Assist>> {
+/// Notes that a connection of the host FIFO at `head` can take signals directly (SHM over
+/// host memory): only then does `direct_signal` try the consumer, whose lock it may have to
+/// wait a little for.
+pub fn set_direct(head: *const u64) {
+    if let Some(Some(c)) = HOST_FIFOS
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_mut(&(head as usize))
+    {
+        c.direct = true;
+    }
+}
+
+/// The consumer of the host FIFO at `head`, if it has one that `wanted` accepts.
+fn consumer(
+    head: *const u64,
+    wanted: impl Fn(&Consumer) -> bool,
+) -> Option<std::sync::Arc<dyn Assist>> {
     host_fifos()
         .get(&(head as usize))
         .and_then(|c| c.as_ref())
-        .filter(|c| c.helps || !helping)
+        .filter(|c| wanted(c))
         .and_then(|c| c.work.upgrade())
 }
 
@@ -71,7 +94,7 @@ fn consumer(head: *const u64, helping: bool) -> Option<std::sync::Arc<dyn Assist
 /// Returns false when the FIFO has no consumer that host threads may help (not launched, or
 /// an endpoint only its proxy thread may enter).
 fn assist(head: *const u64) -> bool {
-    match consumer(head, true) {
+    match consumer(head, |c| c.helps) {
         Some(c) => {
             c.assist();
             true
@@ -93,7 +116,7 @@ enum Help {
 /// See [`Assist::direct_signal`]: true if the signal on connection `conn` of the host FIFO at
 /// `head` was delivered without a trigger.
 pub fn direct_signal(head: *const u64, conn: usize) -> bool {
-    consumer(head, false).is_some_and(|c| c.direct_signal(conn))
+    consumer(head, |c| c.direct).is_some_and(|c| c.direct_signal(conn))
 }
 
 pub const SIZE: u64 = MSCCLPP_PROXY_FIFO_SIZE;
@@ -369,7 +392,7 @@ impl Spin {
             // SAFETY: the abort word follows the tail in every FIFO's control block.
             abort: unsafe { fifo.triggerFifoTail.add(1) },
             head: fifo.triggerFifoHead,
-            consumer: consumer(fifo.triggerFifoHead, true),
+            consumer: consumer(fifo.triggerFifoHead, |c| c.helps),
             start: Instant::now(),
             deadline,
             n: 0,
@@ -387,7 +410,7 @@ impl Spin {
         // which the peer's data comes progressed): do it here rather than wait for a thread
         // that may not even have a core.
         if self.consumer.is_none() && self.n % SPIN_ITERS == 0 {
-            self.consumer = consumer(self.head, true);
+            self.consumer = consumer(self.head, |c| c.helps);
         }
         let help = match &self.consumer {
             Some(c) if c.assist() => Help::Did,

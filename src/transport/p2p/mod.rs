@@ -351,12 +351,23 @@ impl P2p {
             return Ok(false);
         }
         self.drain_ce(peer)?;
+        self.sm_post(peer, (put.dst, put.src, put.size), flag)?;
+        Ok(true)
+    }
+
+    /// Posts a job for `peer` (`sm_route` said yes) and records it as the peer's last.
+    fn sm_post(
+        &mut self,
+        peer: PeerId,
+        (dst, src, size): (u64, u64, u64),
+        flag: Option<(u64, u64)>,
+    ) -> Result<()> {
         let e = self.engine.as_mut().expect("sm_route said yes");
-        let k = e.post(put.dst, put.src, put.size, flag)?;
+        let k = e.post(dst, src, size, flag)?;
         let p = self.peer(peer)?;
         p.sm_last = k;
         p.sm_flag |= flag.is_some();
-        Ok(true)
+        Ok(())
     }
 
     /// Queues the put on the peer's copy-engine stream (after the peer's SM jobs).
@@ -600,12 +611,7 @@ impl Endpoint for P2p {
         // By the SM engine unless data for this peer is still queued on its stream (the flag
         // must follow that data, which the stream orders).
         if !self.peer(peer)?.dirty && self.sm_route(peer, flag.mapped)? {
-            let e = self.engine.as_mut().expect("sm_route said yes");
-            let k = e.post(0, 0, 0, Some((flag.addr, value)))?;
-            let p = self.peer(peer)?;
-            p.sm_last = k;
-            p.sm_flag = true;
-            return Ok(());
+            return self.sm_post(peer, (0, 0, 0), Some((flag.addr, value)));
         }
         self.ce_flag(peer, &flag)
     }
