@@ -242,14 +242,7 @@ int main(int argc, char** argv)
                  : bench ? runBench(c, buf, maxBytes, sizes, s)
                          : runTest(c, buf, maxBytes, s);
 
-  enum mscclppResult_t async = mscclppSuccess;
-  MSCCLPPCHECK(mscclppCommGetAsyncError(c.comm, &async));
-  if (async != mscclppSuccess) {
-    fprintf(stderr, "rank %d: asynchronous error %d: %s\n", c.rank, (int)async,
-            mscclppGetLastError());
-    failures++;
-  }
-  teardown(c);
+  failures += teardown(c);
   CUDACHECK(cudaStreamDestroy(s));
   CUDACHECK(cudaFree(buf));
   if (failures) fprintf(stderr, "rank %d: %d failures\n", c.rank, failures);

@@ -80,14 +80,7 @@ int main(int argc, char** argv)
       fflush(stdout);
     }
   }
-  enum mscclppResult_t async = mscclppSuccess;
-  MSCCLPPCHECK(mscclppCommGetAsyncError(c.comm, &async));
-  if (async != mscclppSuccess) {
-    fprintf(stderr, "rank %d: asynchronous error %d: %s\n", c.rank, (int)async,
-            mscclppGetLastError());
-    failures++;
-  }
-  teardown(c);
+  failures += teardown(c);
   CUDACHECK(cudaEventDestroy(t0));
   CUDACHECK(cudaEventDestroy(t1));
   CUDACHECK(cudaStreamDestroy(s));

@@ -140,8 +140,15 @@ static inline void connectPeers(Ctx& c, void* buf, uint64_t bytes, const std::ve
   MSCCLPPCHECK(mscclppProxyLaunch(c.comm));
 }
 
-static inline void teardown(Ctx& c)
+/* Ends the rank: reports a background (proxy) error of the communicator, then stops and
+ * destroys it. Returns 1 if there was such an error, else 0 (to add to the failures). */
+static inline int teardown(Ctx& c)
 {
+  enum mscclppResult_t async = mscclppSuccess;
+  MSCCLPPCHECK(mscclppCommGetAsyncError(c.comm, &async));
+  if (async != mscclppSuccess)
+    fprintf(stderr, "rank %d: asynchronous error %d: %s\n", c.rank, (int)async,
+            mscclppGetLastError());
   /* Every kernel of this rank has finished (each example waits for its stream), and after the
    * barrier every peer's too. The proxies stop before the device-wide synchronization on
    * purpose: nothing the library runs on the GPU (its P2P copy kernel) may outlive
@@ -151,6 +158,7 @@ static inline void teardown(Ctx& c)
   CUDACHECK(cudaDeviceSynchronize());
   MSCCLPPCHECK(mscclppCommDestroy(c.comm));
   c.comm = nullptr;
+  return async != mscclppSuccess;
 }
 
 /* A position- and owner-dependent 32-bit pattern: a word that landed in the wrong place, or

@@ -166,14 +166,7 @@ int main(int argc, char** argv)
       break;
     }
   }
-  enum mscclppResult_t async = mscclppSuccess;
-  MSCCLPPCHECK(mscclppCommGetAsyncError(c.comm, &async));
-  if (async != mscclppSuccess) {
-    fprintf(stderr, "rank %d: asynchronous error %d: %s\n", c.rank, (int)async,
-            mscclppGetLastError());
-    failures++;
-  }
-  teardown(c);
+  failures += teardown(c);
   CUDACHECK(cudaFree(d));
   CUDACHECK(cudaFree(buf));
   CUDACHECK(cudaStreamDestroy(s));
