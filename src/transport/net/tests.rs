@@ -33,17 +33,14 @@ fn word(v: &[u64], i: usize) -> u64 {
     unsafe { AtomicU64::from_ptr(v.as_ptr().add(i) as *mut u64) }.load(AtOrd::Acquire)
 }
 
-/// Runs `f` with an initiator `a` while a thread progresses the target `b` (as its proxy
-/// would); returns `a` and `b` for inspection.
-fn with_pair(
-    kind: Kind,
-    ta: &Tuning,
+/// Runs `body` with the initiator `a` (peer `pa` is `b`) while a thread progresses the target
+/// `b`, as its proxy would; returns both for inspection.
+fn with_target_progressed(
+    mut a: NetEndpoint,
+    b: NetEndpoint,
+    pa: PeerId,
     body: impl FnOnce(&mut NetEndpoint, &Mutex<NetEndpoint>, PeerId),
 ) -> (NetEndpoint, NetEndpoint) {
-    let mut a = open(kind, ta);
-    let mut b = open(kind, &Tuning::default());
-    let pa = a.add_peer(1, &b.address().unwrap()).unwrap();
-    b.add_peer(0, &a.address().unwrap()).unwrap();
     let b = Arc::new(Mutex::new(b));
     let stop = Arc::new(AtomicBool::new(false));
     let (b2, s2) = (b.clone(), stop.clone());
@@ -59,6 +56,20 @@ fn with_pair(
     t.join().unwrap();
     let b = Arc::try_unwrap(b).ok().unwrap().into_inner().unwrap();
     (a, b)
+}
+
+/// Runs `f` with an initiator `a` while a thread progresses the target `b` (as its proxy
+/// would); returns `a` and `b` for inspection.
+fn with_pair(
+    kind: Kind,
+    ta: &Tuning,
+    body: impl FnOnce(&mut NetEndpoint, &Mutex<NetEndpoint>, PeerId),
+) -> (NetEndpoint, NetEndpoint) {
+    let mut a = open(kind, ta);
+    let mut b = open(kind, &Tuning::default());
+    let pa = a.add_peer(1, &b.address().unwrap()).unwrap();
+    b.add_peer(0, &a.address().unwrap()).unwrap();
+    with_target_progressed(a, b, pa, body)
 }
 
 /// Writes `n` 8-byte words one write each (far more than the provider queue), checks them.
@@ -325,21 +336,7 @@ fn with_staged_pair(
     let (addr_a, addr_b) = (a.address_for(1).unwrap(), b.address_for(0).unwrap());
     let pa = a.add_peer(1, &addr_b).unwrap();
     b.add_peer(0, &addr_a).unwrap();
-    let b = Arc::new(Mutex::new(b));
-    let stop = Arc::new(AtomicBool::new(false));
-    let (b2, s2) = (b.clone(), stop.clone());
-    let t = std::thread::spawn(move || {
-        // Ends when the test sets `stop` (Release below, Acquire here).
-        while !s2.load(AtOrd::Acquire) {
-            b2.lock().unwrap().progress().unwrap();
-            std::thread::yield_now();
-        }
-    });
-    body(&mut a, &b, pa);
-    stop.store(true, AtOrd::Release);
-    t.join().unwrap();
-    let b = Arc::try_unwrap(b).ok().unwrap().into_inner().unwrap();
-    (a, b)
+    with_target_progressed(a, b, pa, body)
 }
 
 /// Calls `b.poll_incoming()` until `done` holds (bounded: 20 s).
