@@ -206,6 +206,29 @@ fn root_killed_during_bootstrap() {
     assert!(el < Duration::from_secs(15), "{el:?}");
 }
 
+/// Runs 2 ranks of test `name`; once every mark in `marks` is there (each within
+/// `mark_wait`) and another `settle` has passed, SIGKILLs rank 1 and marks the time
+/// ("killed") for the survivor. Returns the exit codes.
+fn kill_rank1_when(
+    name: &str,
+    provider: &str,
+    marks: &[&str],
+    mark_wait: Duration,
+    settle: Duration,
+) -> Vec<Option<i32>> {
+    let dir = Dir::new(name);
+    let mut env = rank_env(provider, BOOT_S, WAIT_S);
+    env.push(dir.env());
+    let mut ranks = spawn(name, 2, &env);
+    for m in marks {
+        wait_mark_in(&dir.0, m, mark_wait).expect(m);
+    }
+    std::thread::sleep(settle);
+    ranks.children[1].1.kill().unwrap();
+    mark_in(&dir.0, "killed", &now_ms().to_string());
+    ranks.wait(DEADLINE)
+}
+
 // ---- (b) during connection setup -----------------------------------------------------------
 
 /// Rank 1 declares a second connection that rank 0 never declares, so it stays inside
@@ -242,17 +265,13 @@ fn killed_during_setup(name: &str, provider: &str) {
         fresh_exchange_in_process();
         return;
     }
-    let dir = Dir::new(name);
-    let mut env = rank_env(provider, BOOT_S, WAIT_S);
-    env.push(dir.env());
-    let mut ranks = spawn(name, 2, &env);
-    for m in ["r0_setup", "r1_setup"] {
-        wait_mark_in(&dir.0, m, Duration::from_secs(20)).expect(m);
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    ranks.children[1].1.kill().unwrap();
-    mark_in(&dir.0, "killed", &now_ms().to_string());
-    let codes = ranks.wait(DEADLINE);
+    let codes = kill_rank1_when(
+        name,
+        provider,
+        &["r0_setup", "r1_setup"],
+        Duration::from_secs(20),
+        Duration::from_millis(300),
+    );
     assert_eq!(
         codes,
         vec![Some(0), None],
@@ -441,17 +460,13 @@ fn killed_in_wait(name: &str, provider: &str) {
         finish_survivor(c, Duration::from_millis(since), provider);
         return;
     }
-    let dir = Dir::new(name);
-    let mut env = rank_env(provider, BOOT_S, WAIT_S);
-    env.push(dir.env());
-    let mut ranks = spawn(name, 2, &env);
-    for m in ["r1_waiting", "r0_putting"] {
-        wait_mark_in(&dir.0, m, Duration::from_secs(30)).expect(m);
-    }
-    std::thread::sleep(Duration::from_millis(100));
-    ranks.children[1].1.kill().unwrap();
-    mark_in(&dir.0, "killed", &now_ms().to_string());
-    let codes = ranks.wait(DEADLINE);
+    let codes = kill_rank1_when(
+        name,
+        provider,
+        &["r1_waiting", "r0_putting"],
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+    );
     assert_eq!(codes, vec![Some(0), None]);
 }
 
