@@ -20,7 +20,8 @@
 #   6. prints the table: size | ours | NCCL | 2023 anchor | target.
 # Everything is bounded by `timeout`, the whole by GPU_CHECK_BUDGET seconds (default 470).
 # GPU_CHECK_QUICK=1: while tuning, only the 2-rank test and the P2P benchmarks (no NCCL, no
-# network or scaling runs); the profile then runs at 1 MiB alone.
+# network or scaling runs); the profile then runs at 1 MiB alone. GPU_CHECK_EXTRA: more
+# commands to run before the table (see step 5b).
 # Logs and results go to $OUT (gpu-check.log, results.txt).
 #
 # NVLink multicast stays off (it can take the host's GPUs down for others): never unset these.
@@ -247,6 +248,14 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
   grep -h -E "self-test:" "$LAST_OUT" | sed 's/^/STATS /' >>"$RES"
 else
   FAILED+=("examples missing")
+fi
+
+# 5b. While tuning: GPU_CHECK_EXTRA, a bash command line run as one more step (bounded by the
+#     budget like the others), with `ranks` and the variables BIN, RES, WORK, PREFIX, NVCC; e.g.
+#     'source "$ROOT/bench/gpu/tune.sh"; tune 5 allgather "--bench" "a:" "b:VAR=1"'.
+if [[ -n ${GPU_CHECK_EXTRA:-} && -x $BIN/allgather ]]; then
+  export RES
+  run_step "extra" $(($(left) - 15)) bash -c "$GPU_CHECK_EXTRA"
 fi
 
 # 6. The table.

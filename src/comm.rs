@@ -90,9 +90,11 @@ impl<'a> ConnBlob<'a> {
                 "rank {from}: peer registered a 0-byte buffer"
             )));
         }
-        if !epoch_shm.is_empty()
-            && (transport != mscclppTransport_t::mscclppTransportSHM || epoch_shm.len() > 64)
-        {
+        let shares_epoch = matches!(
+            transport,
+            mscclppTransport_t::mscclppTransportSHM | mscclppTransport_t::mscclppTransportP2P
+        );
+        if !epoch_shm.is_empty() && (!shares_epoch || epoch_shm.len() > 64) {
             return Err(Error::remote(format!(
                 "rank {from}: setup blob names a shared epoch block ({} bytes) on a {transport:?} connection",
                 epoch_shm.len()
@@ -134,6 +136,12 @@ struct Request {
     kind: MemKind,
 }
 
+/// Whether P2P connections get a host signal word (`MSCCLPP_P2P_HOST_SIGNAL=0` turns it off:
+/// every signal then reaches the peer's GPU through the SM or copy engines).
+fn p2p_host_signals() -> bool {
+    !std::env::var("MSCCLPP_P2P_HOST_SIGNAL").is_ok_and(|v| v == "0")
+}
+
 /// One endpoint with its FIFO, proxy state and the epoch counters of its connections.
 struct Slot {
     key: EndpointKey,
@@ -154,8 +162,9 @@ struct Conn {
     remote_rank: usize,
     tag: i32,
     peer: PeerId,
-    /// Epoch block: `mscclppDevConnSignalEpochId` (16 bytes) then `waitEpochId` (8 bytes);
-    /// host memory for host buffers, device memory for CUDA buffers.
+    /// Epoch block: `mscclppDevConnSignalEpochId` (16 bytes), `waitEpochId` (8 bytes), then
+    /// the device address of the host signal word or 0 (`cuda::SignaledEpoch`); host memory for
+    /// host buffers, device memory for CUDA buffers.
     _epoch: crate::cuda::EpochMem,
 }
 
@@ -305,7 +314,7 @@ impl Comm {
         if let Some(i) = self.slots.iter().position(|s| &s.key == key) {
             return Ok(i);
         }
-        let ep = transport::open(key)?;
+        let mut ep = transport::open(key)?;
         crate::info!("rank {}: opened endpoint {}", self.rank(), ep.describe());
         let fifo = match key {
             EndpointKey::P2p { device }
@@ -316,6 +325,11 @@ impl Comm {
             EndpointKey::Net { device: None, .. } => Fifo::new_host()?,
         };
         let abort = fifo.abort_word();
+        if let Some(word) = fifo.done_word() {
+            if ep.use_done_word(word)? {
+                fifo.enable_done_word()?;
+            }
+        }
         let ep: SharedEndpoint = Arc::new(Mutex::new(ep));
         let name = format!("mscclpp-proxy-{}.{}", self.rank(), self.slots.len());
         let work = ProxyWork::new(
@@ -368,12 +382,25 @@ impl Comm {
             let s = self.slot_for(&key)?;
             // SHM over host memory: the epoch block in shared memory, so the peer can store a
             // signal into it without a libfabric call (`proxy::direct_flag`).
-            let epoch = if r.transport == mscclppTransport_t::mscclppTransportSHM
-                && r.kind == MemKind::Host
-            {
-                crate::cuda::EpochMem::Shared(crate::mem::SharedBlock::create(32)?)
-            } else {
-                crate::cuda::alloc_epoch(r.kind)?
+            // P2P: a host word beside the device block, where the peer's proxy may store a
+            // signal that has no data to follow (`proxy::direct_flag`), which this GPU's
+            // wait() polls too: one PCIe leg instead of the proxy -> GPU -> NVLink chain.
+            let epoch = match (r.transport, r.kind) {
+                (mscclppTransport_t::mscclppTransportSHM, MemKind::Host) => {
+                    crate::cuda::EpochMem::Shared(crate::mem::SharedBlock::create(32)?)
+                }
+                (mscclppTransport_t::mscclppTransportP2P, MemKind::Device(d))
+                    if p2p_host_signals() =>
+                {
+                    match crate::cuda::EpochMem::signaled(d) {
+                        Ok(e) => e,
+                        Err(e) => {
+                            crate::info!("connection to rank {}: no host signal word ({e}): its signals reach this GPU through the peer's engines", r.remote_rank);
+                            crate::cuda::alloc_epoch(r.kind)?
+                        }
+                    }
+                }
+                _ => crate::cuda::alloc_epoch(r.kind)?,
             };
             let (addr, (src, data_blob), (_, epoch_blob)) = {
                 let mut ep = proxy::lock(&self.slots[s].ep);
@@ -420,8 +447,11 @@ impl Comm {
                 epoch_shm,
                 ..
             } = ConnBlob::decode(&msg, r.remote_rank, r.tag, r.transport)?;
-            // The peer's epoch block, mapped when both sides are SHM over host memory.
-            let direct = if epoch_shm.is_empty() || r.kind != MemKind::Host {
+            // The peer's epoch block, mapped when both sides are SHM over host memory; or
+            // the host word of its P2P epoch block.
+            let direct_ok =
+                r.kind == MemKind::Host || r.transport == mscclppTransport_t::mscclppTransportP2P;
+            let direct = if epoch_shm.is_empty() || !direct_ok {
                 None
             } else {
                 let name = std::str::from_utf8(epoch_shm).map_err(|_| {

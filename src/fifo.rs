@@ -181,9 +181,11 @@ enum FifoMem {
     },
     /// Producers are kernels on `device`. Slots and `[tail, abort]` sit in one pinned, mapped
     /// host block: a kernel's trigger store is a posted PCIe write and the proxy polls its own
-    /// memory. `[head, tail cache]` sits in device memory: the ticket atomic and the room check
-    /// stay on the GPU; a kernel reads the host tail (a PCIe round trip) only when the cached
-    /// tail says the FIFO looks full, and refreshes the cache (include/mscclpp/fifo_methods.inc).
+    /// memory. `[head, tail cache, done, done on, poll hint]` sits in device memory: the ticket atomic and
+    /// the room check stay on the GPU; a kernel reads the host tail (a PCIe round trip) only
+    /// when the cached tail says the FIFO looks full, and refreshes the cache
+    /// (include/mscclpp/fifo_methods.inc). `done` (see [`Fifo::done_word`]) lets a flush end
+    /// on a word of its own GPU's memory instead of a PCIe read of its Sync slot.
     Cuda {
         device: i32,
         _host: crate::cuda::PinnedHost,
@@ -194,6 +196,14 @@ enum FifoMem {
 /// Byte offset of `[tail, abort]` inside a CUDA FIFO's pinned block (after the slots, on its
 /// own cache line so that tail publications don't disturb slot polling).
 const CUDA_CTRL_OFFSET: usize = SIZE as usize * 16;
+
+/// Words of a CUDA FIFO's device block: the ticket counter, the producers' tail cache, the
+/// done word, the switch that tells producers to poll it (see [`Fifo::done_word`]) and their
+/// poll hint (`pollEither` in include/mscclpp/device.h).
+const DEV_HEAD: usize = 0;
+const DEV_DONE: usize = 2;
+const DEV_DONE_ON: usize = 3;
+const DEV_WORDS: usize = 8;
 
 /// Shared handle to a FIFO's abort word, for the API thread (valid while the comm lives).
 #[derive(Clone, Copy)]
@@ -239,8 +249,9 @@ impl Fifo {
     /// A FIFO whose producers are kernels on CUDA `device` (layout: see `FifoMem::Cuda`).
     pub fn new_cuda(device: i32) -> Result<Self> {
         let host = crate::cuda::PinnedHost::zeroed(device, CUDA_CTRL_OFFSET + 64)?;
-        // [head, tail cache]: both start at 0, the cache may only lag the real tail.
-        let head = crate::cuda::DeviceMem::zeroed(device, 16)?;
+        // [head, tail cache, done, done on, hint]: all start at 0 (the cache may only lag the
+        // real tail; done = 0 claims nothing; producers ignore done until switched on).
+        let head = crate::cuda::DeviceMem::zeroed(device, DEV_WORDS * 8)?;
         // SAFETY: the block is CUDA_CTRL_OFFSET + 64 bytes; slots come first, ctrl after.
         let (ctrl, prod_ctrl) = unsafe {
             (
@@ -251,7 +262,7 @@ impl Fifo {
         Ok(Fifo {
             slots: host.host().cast(),
             ctrl: ctrl.cast(),
-            head: head.ptr() as usize as *mut u64,
+            head: (head.ptr() + DEV_HEAD as u64 * 8) as usize as *mut u64,
             tail: 0,
             prod_slots: host.dev() as usize as *mut mscclppTrigger,
             prod_ctrl,
@@ -268,6 +279,35 @@ impl Fifo {
         match &self._mem {
             FifoMem::Host { .. } => None,
             FifoMem::Cuda { device, .. } => Some(*device),
+        }
+    }
+
+    /// The ticket of the trigger at the tail (the next one `peek` returns): tickets count
+    /// triggers from 0 in FIFO order, as the producers' head does.
+    pub fn ticket(&self) -> u64 {
+        self.tail
+    }
+
+    /// A CUDA FIFO's done word (device address): where a transport that completes work on the
+    /// FIFO's GPU may store `d`, meaning "every trigger with a ticket below `d` has completed",
+    /// with values that never decrease (the P2P SM copy engine stores it after a job's bytes).
+    /// A producer's flush() then ends as soon as it sees its tickets covered there, a read of
+    /// its own GPU's memory instead of a PCIe round trip to its Sync slot, which only the proxy
+    /// clears after it has itself seen the completion. Producers look at it only once
+    /// [`Fifo::enable_done_word`] was called. None for host FIFOs.
+    pub fn done_word(&self) -> Option<u64> {
+        match &self._mem {
+            FifoMem::Host { .. } => None,
+            FifoMem::Cuda { _head, .. } => Some(_head.ptr() + DEV_DONE as u64 * 8),
+        }
+    }
+
+    /// Tells the producers to poll the done word in their flush() (once, before any kernel
+    /// uses the FIFO: a stream write followed by a wait).
+    pub fn enable_done_word(&self) -> Result<()> {
+        match &self._mem {
+            FifoMem::Host { .. } => Ok(()),
+            FifoMem::Cuda { _head, .. } => _head.write_u64(DEV_DONE_ON * 8, 1),
         }
     }
 

@@ -27,8 +27,13 @@
  *     device cache 0.16 us, so a host tail read by every push would double its cost (a
  *     signal() push measured 1.5-1.7 us back to back); a device-memory tail written by the
  *     proxy would cost it a driver call (~2 us measured for cuStreamWriteValue64) per update.
+ *     triggerFifoHead[2]: the done word, triggerFifoHead[3]: its switch, device memory too: a
+ *     transport working on this GPU (the P2P SM copy engine) stores "every ticket below d has
+ *     completed" there, and flush() ends on it without a round trip through the proxy.
  *   - localSignalEpochId / waitEpochId: device memory of the buffer's GPU; wait() polls it in
- *     L2, the peer's copy engine writes the signal count into it through CUDA IPC.
+ *     L2, the peer's SM copy engine or copy engine writes the signal count into it through
+ *     CUDA IPC. Word 3 of that block (after waitEpochId): on P2P connections, the device
+ *     address of a host word where the peer's proxy may store a signal itself; 0 otherwise.
  */
 #ifndef MSCCLPP_DEVICE_H_
 #define MSCCLPP_DEVICE_H_
@@ -74,6 +79,8 @@ namespace device {
  * memory are slow already, polls of device memory are cheap and need it rarely. */
 constexpr uint32_t kAbortCheckSysmem = 16;
 constexpr uint32_t kAbortCheckDevice = 1024;
+/* pollEither(), device-first: device reads per host read. */
+constexpr uint32_t kDevicePolls = 15;
 
 /* A load that is never cached in L1 or kept in a register: sees other agents' stores. */
 MSCCLPP_DEVICE_INLINE uint64_t loadVolatile(const uint64_t* p)
@@ -100,6 +107,45 @@ MSCCLPP_DEVICE_INLINE void storeTrigger(uint64_t* slot, uint64_t w0, uint64_t w1
 {
   asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot), "l"(w0), "l"(w1)
                : "memory");
+}
+
+/* What ended a pollEither(). */
+enum class Polled { Device, Host, Stopped };
+
+/* Waits until `deviceReady()` (a read of device memory, ~0.16 us) or `hostReady()` (a read of
+ * pinned host memory: a PCIe round trip, ~1.1 us on H200) returns true, or `stop()` does
+ * (called once every kAbortCheckSysmem rounds: the abort word is a host read too).
+ *
+ * A thread's host read holds up its later loads until it returns (measured on 2x H200: six
+ * device reads queued behind each slot read made an empty flush() 1.6 us slower than reading
+ * the slot alone), so the two cannot overlap and the loop chooses whom to watch closely:
+ * host-first (`hostFirst`: the host word ended the last wait of this kind) reads host memory
+ * every round and device memory every other round; device-first reads device memory
+ * kDevicePolls times per host read. Callers keep the hint in device memory (updatePollHint).
+ * Ends when one of the three does. */
+template <class DeviceReady, class HostReady, class Stop>
+MSCCLPP_DEVICE_INLINE Polled pollEither(bool hostFirst, DeviceReady deviceReady,
+                                        HostReady hostReady, Stop stop)
+{
+  for (uint32_t round = 1;; round++) {
+    if (hostFirst) {
+      if (hostReady()) return Polled::Host;
+      if ((round & 1) == 0 && deviceReady()) return Polled::Device;
+    } else {
+      for (uint32_t i = 0; i < kDevicePolls; i++)
+        if (deviceReady()) return Polled::Device;
+      if (hostReady()) return Polled::Host;
+    }
+    if (round % kAbortCheckSysmem == 0 && stop()) return Polled::Stopped;
+  }
+}
+
+/* Records in `*hint` (device memory; racing writers only disturb a heuristic) whether the
+ * host word ended the last pollEither(); a store only when it changes. */
+MSCCLPP_DEVICE_INLINE void updatePollHint(uint64_t* hint, bool hostFirst, Polled how)
+{
+  if (how == Polled::Stopped || hostFirst == (how == Polled::Host)) return;
+  *reinterpret_cast<volatile uint64_t*>(hint) = how == Polled::Host ? 1 : 0;
 }
 
 } // namespace device

@@ -36,6 +36,20 @@ impl DeviceMem {
     pub fn ptr(&self) -> u64 {
         self.ptr
     }
+    /// Stores `value` at byte `offset` (8-byte aligned, inside the allocation); done when this
+    /// returns. Setup only: a private stream and a wait, as in `zeroed`.
+    pub fn write_u64(&self, offset: usize, value: u64) -> Result<()> {
+        if offset % 8 != 0 || offset + 8 > self.len {
+            return Err(crate::error::Error::internal(format!(
+                "8-byte store at offset {offset} of a {}-byte device allocation",
+                self.len
+            )));
+        }
+        let _g = CtxGuard::enter(self.device)?;
+        with_util_stream(self.device, |s| {
+            s.upload(self.ptr + offset as u64, &value.to_ne_bytes())
+        })
+    }
     pub fn len(&self) -> usize {
         self.len
     }
@@ -128,12 +142,95 @@ impl Drop for PinnedHost {
     }
 }
 
+/// Host memory allocated elsewhere (a shared-memory mapping), registered with the driver and
+/// mapped into the device (`cuMemHostRegister`, DEVICEMAP | PORTABLE); unregistered on drop,
+/// which must come before the memory goes.
+pub struct HostRegistration {
+    host: *mut u8,
+    dev: u64,
+    device: i32,
+}
+
+// SAFETY: the handle only names the registration; the memory's users synchronise themselves.
+unsafe impl Send for HostRegistration {}
+// SAFETY: as above.
+unsafe impl Sync for HostRegistration {}
+
+impl HostRegistration {
+    /// Registers `len` bytes at `host` (page aligned, mapped for as long as this lives).
+    pub fn new(device: i32, host: *mut u8, len: usize) -> Result<Self> {
+        let _g = CtxGuard::enter(device)?;
+        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+        // SAFETY: the caller keeps `host..host + len` mapped until this is dropped; context
+        // current (guard).
+        check(
+            unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) },
+            || format!("cuMemHostRegister({len} bytes, DEVICEMAP|PORTABLE)"),
+        )?;
+        let mut m = HostRegistration {
+            host,
+            dev: 0,
+            device,
+        };
+        // SAFETY: `host` is registered with DEVICEMAP just above; flags must be 0.
+        check(
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut m.dev, host.cast(), 0) },
+            || "cuMemHostGetDevicePointer (registered memory)".into(),
+        )?;
+        Ok(m)
+    }
+    /// The device's address of the registered memory.
+    pub fn dev(&self) -> u64 {
+        self.dev
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        let g = CtxGuard::enter(self.device);
+        // SAFETY: registered in `new`, unregistered once, while still mapped.
+        let r = unsafe { sys::cuMemHostUnregister(self.host.cast()) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            crate::warn!("cuMemHostUnregister failed: {}", describe(r));
+        }
+        drop(g);
+    }
+}
+
+/// The epoch block of a P2P connection whose peer's proxy may also deliver signals into host
+/// memory: the device block, whose word 3 holds the device address of the host word (the
+/// `proxy` word of the shared block, offset 8) and word 4 wait()'s poll hint, and that shared
+/// block, registered so this GPU's wait() can poll it (include/mscclpp/devconn_methods.inc). Fields drop in order: the
+/// registration before the mapping it covers.
+pub struct SignaledEpoch {
+    dev: DeviceMem,
+    _reg: HostRegistration,
+    host: crate::mem::SharedBlock,
+}
+
 /// A connection's epoch block: host memory for host connections (shared memory for SHM ones),
-/// device memory for GPU ones.
+/// device memory for GPU ones (with a host word for P2P ones, see [`SignaledEpoch`]).
 pub enum EpochMem {
     Host(HostBlock),
     Shared(crate::mem::SharedBlock),
     Device(DeviceMem),
+    Signaled(SignaledEpoch),
+}
+
+impl EpochMem {
+    /// A [`SignaledEpoch`] on `device`.
+    pub fn signaled(device: i32) -> Result<Self> {
+        // [device, proxy, waitEpochId, host word address, poll hint]
+        let dev = DeviceMem::zeroed(device, 64)?;
+        let host = crate::mem::SharedBlock::create(32)?;
+        let reg = HostRegistration::new(device, host.ptr(), host.len())?;
+        dev.write_u64(24, reg.dev() + 8)?;
+        Ok(EpochMem::Signaled(SignaledEpoch {
+            dev,
+            _reg: reg,
+            host,
+        }))
+    }
 }
 
 impl EpochMem {
@@ -144,21 +241,25 @@ impl EpochMem {
             EpochMem::Host(h) => h.ptr(),
             EpochMem::Shared(h) => h.ptr(),
             EpochMem::Device(d) => d.ptr() as usize as *mut u8,
+            EpochMem::Signaled(s) => s.dev.ptr() as usize as *mut u8,
         }
     }
 
-    /// The shared-memory name a peer maps the block by (`Shared` only).
+    /// The shared-memory name a peer maps the block (or its host word) by.
     pub fn shared_name(&self) -> Option<&str> {
         match self {
             EpochMem::Shared(h) => Some(h.name()),
+            EpochMem::Signaled(s) => Some(s.host.name()),
             _ => None,
         }
     }
 
-    /// Removes the shared-memory name once the peer mapped the block (`Shared` only).
+    /// Removes the shared-memory name once the peer mapped the block.
     pub fn unlink_shared(&mut self) {
-        if let EpochMem::Shared(h) = self {
-            h.unlink();
+        match self {
+            EpochMem::Shared(h) => h.unlink(),
+            EpochMem::Signaled(s) => s.host.unlink(),
+            _ => {}
         }
     }
 }

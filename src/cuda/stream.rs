@@ -79,6 +79,18 @@ impl Stream {
         check(r, || format!("cuStreamWriteValue64({addr:#x})"))
     }
 
+    /// Copies `bytes` from host memory to device address `dst` and waits for the copy (bounded):
+    /// for setup-time stores only.
+    pub fn upload(&self, dst: u64, bytes: &[u8]) -> Result<()> {
+        // SAFETY: `dst..dst + len` is device memory owned by the caller; `bytes` outlives the
+        // copy, which the wait below completes before returning; context current.
+        check(
+            unsafe { sys::cuMemcpyHtoDAsync_v2(dst, bytes.as_ptr().cast(), bytes.len(), self.raw) },
+            || format!("cuMemcpyHtoDAsync({dst:#x}, {} bytes)", bytes.len()),
+        )?;
+        self.wait(|| "a copy of a few bytes into device memory".into())
+    }
+
     /// Queues a zero fill of `len` bytes at device address `addr`.
     pub fn memset0(&self, addr: u64, len: u64) -> Result<()> {
         // SAFETY: `addr..addr+len` is device memory owned by the caller; context current.

@@ -65,9 +65,11 @@ pub type SharedEndpoint = Arc<Mutex<Box<dyn Endpoint>>>;
 /// of them may hold the lock and do the proxy's work (`ProxyWork::service`). The lock keeps one
 /// consumer at a time, so triggers still execute in FIFO order.
 pub struct ProxyWork {
+    /// Declared (so dropped) before the FIFO: the P2P SM copy engine stores into the FIFO's
+    /// done word until its endpoint is dropped.
+    pub endpoint: SharedEndpoint,
     pub fifo: Fifo,
     pub conns: Vec<ProxyConn>,
-    pub endpoint: SharedEndpoint,
     /// Polled for peers that died: their loss aborts every wait on this FIFO.
     pub boot: Arc<crate::bootstrap::Bootstrap>,
     pub sticky: Arc<Sticky>,
@@ -241,7 +243,8 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
 }
 
 /// The peer's epoch block mapped into this process (SHM connections over host memory, see
-/// `mem::SharedBlock`).
+/// `mem::SharedBlock`), or the host word of a P2P peer's epoch block (`cuda::SignaledEpoch`,
+/// which the peer's wait() polls beside the count the engines store).
 #[derive(Clone)]
 pub struct DirectEpoch(pub Arc<crate::mem::SharedBlock>);
 
@@ -441,6 +444,7 @@ fn backoff(idle: u32, idle_since: Instant, assisted: bool) {
 
 /// Checks one trigger against the connection's registered sizes, then acts on it.
 fn handle(w: &mut ProxyWork, t: &Trigger) -> Result<()> {
+    let ticket = w.fifo.ticket();
     let nconns = w.conns.len();
     let c = w.conns.get_mut(t.conn_id).ok_or_else(|| {
         Error::invalid_arg(format!(
@@ -455,6 +459,7 @@ fn handle(w: &mut ProxyWork, t: &Trigger) -> Result<()> {
         )));
     }
     let mut ep = lock(&w.endpoint);
+    ep.set_ticket(ticket);
     if t.ty & mscclppData != 0 {
         check_range("source", t.src_off, t.size, c.local_size, c.remote_rank)?;
         check_range(

@@ -114,6 +114,16 @@ pub trait Endpoint: Send {
     fn quiesce(&mut self) -> Result<()> {
         Ok(())
     }
+    /// The proxy's FIFO has a done word in device memory (`Fifo::done_word`, a device address):
+    /// an endpoint that can store into it, in order with its work, "every trigger with a ticket
+    /// below d has completed" may take it and return true; the producers' flush() then polls it
+    /// too. Default: false (the proxy's retirement of the Sync slot is the only signal).
+    fn use_done_word(&mut self, _addr: u64) -> Result<bool> {
+        Ok(false)
+    }
+    /// The trigger whose work the next calls start has FIFO ticket `ticket` (see
+    /// `use_done_word`). Default: ignored.
+    fn set_ticket(&mut self, _ticket: u64) {}
     /// Installs a check that the endpoint's bounded waits (flush, a full queue, retries) poll:
     /// when it returns why, the wait fails at once instead of running to its timeout. The
     /// proxy installs "a peer of this endpoint died". Default: ignored.

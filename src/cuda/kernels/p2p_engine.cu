@@ -29,6 +29,9 @@
  *   common path); a job of size 0 without a flag is a barrier whose DONE also orders every
  *   earlier flag (the proxy posts one before a flag of the same peer goes another way). Jobs
  *   never overlap in time, so a later put's bytes are the ones that stay.
+ * - A job's `done` (non-zero) is stored at doneAddr (the FIFO's done word in device memory)
+ *   after its flag: the proxy's claim that every trigger below that value has completed once
+ *   this job has, which the producer's flush() polls on this GPU (src/fifo.rs, done_word).
  * - ctrl[STOP] != 0 (written by the proxy only when every posted job is done) ends block 0,
  *   which passes STOP on to the others.
  * - At start every block checks in; block 0 then writes ctrl[ALIVE] = `launch`, after which
@@ -47,11 +50,11 @@ struct Job {
   unsigned long long size;
   unsigned long long flagAddr; /* 0: no flag */
   unsigned long long flagValue;
-  unsigned long long pad;
+  unsigned long long done; /* 0: none; else stored at doneAddr after the job (see below) */
   unsigned long long seqEnd;
 };
 
-enum { CTRL_STOP = 0, CTRL_ALIVE = 1, CTRL_DONE = 2 };
+enum { CTRL_STOP = 0, CTRL_ALIVE = 1, CTRL_DONE = 2, CTRL_STATS = 8 };
 enum { DEV_POSTED = 0, DEV_FINISHED = 1, DEV_JOB = 2, DEV_CHECKIN = 7 };
 static const unsigned long long kStop = ~0ull;
 /* Host-memory polls between two looks at ctrl[STOP]. */
@@ -74,6 +77,25 @@ __device__ __forceinline__ unsigned long long loadVolatile(const unsigned long l
 __device__ __forceinline__ void storeReleaseSys(unsigned long long* p, unsigned long long v)
 {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ void storeRelaxedSys(unsigned long long* p, unsigned long long v)
+{
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+/* Release and acquire at system scope (MEMBAR.ALL.SYS): what the engine needs, and lighter
+ * than __threadfence_system(), which is fence.sc.sys (MEMBAR.SC.SYS). */
+__device__ __forceinline__ void fenceAcqRelSys()
+{
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+
+__device__ __forceinline__ unsigned long long globalTimerNs()
+{
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
 }
 
 __device__ __forceinline__ void storeReleaseGpu(unsigned long long* p, unsigned long long v)
@@ -108,9 +130,10 @@ __device__ __forceinline__ void copyShare(unsigned long long dst, unsigned long 
 extern "C" __global__ void __launch_bounds__(1024)
   mscclpp_p2p_engine(const Job* ring, unsigned long long* ctrl, unsigned long long* dev,
                      unsigned int ringSize, unsigned long long first, unsigned long long launch,
-                     unsigned long long soloBytes, unsigned int pollSleepNs)
+                     unsigned long long soloBytes, unsigned int pollSleepNs,
+                     unsigned long long* doneAddr)
 {
-  __shared__ unsigned long long job[5]; /* dst, src, size, flagAddr, flagValue */
+  __shared__ unsigned long long job[6]; /* dst, src, size, flagAddr, flagValue, done */
   __shared__ int go;
   const unsigned long long others = gridDim.x - 1;
 
@@ -135,9 +158,12 @@ extern "C" __global__ void __launch_bounds__(1024)
         }
         go = p != kStop;
         if (go) {
-          job[0] = loadVolatile(&dev[DEV_JOB]);
-          job[1] = loadVolatile(&dev[DEV_JOB + 1]);
-          job[2] = loadVolatile(&dev[DEV_JOB + 2]);
+          /* Plain loads, all three in flight at once (strong ones would each wait for the one
+           * before): the acquire load of DEV_POSTED above orders them after block 0's stores
+           * of these fields, and keeps them from hitting stale L1 lines. */
+          job[0] = dev[DEV_JOB];
+          job[1] = dev[DEV_JOB + 1];
+          job[2] = dev[DEV_JOB + 2];
         }
       }
       __syncthreads();
@@ -148,7 +174,7 @@ extern "C" __global__ void __launch_bounds__(1024)
       if (threadIdx.x == 0) {
         /* Release this block's writes (ordered before thread 0 by the barrier) to the whole
          * system: pairs with block 0's fence once it counted every block done. */
-        __threadfence_system();
+        fenceAcqRelSys();
         atomicAdd(&dev[DEV_FINISHED], 1ull);
       }
       /* `job` is rewritten by thread 0 for the next grid job. */
@@ -158,6 +184,9 @@ extern "C" __global__ void __launch_bounds__(1024)
 
   /* Block 0: the sequencer. */
   unsigned long long grid = 0;
+  /* Thread 0's timing sums (see CTRL_STATS): grid jobs ns, count, others ns, count, then the
+   * grid jobs' phases: read -> block 0's share copied, -> every worker done, -> fenced. */
+  unsigned long long stat[7] = {0, 0, 0, 0, 0, 0, 0};
   for (unsigned long long k = first;; k++) {
     if (threadIdx.x < 32) {
       /* Warp 0: lane w reads word w of the slot, all in one request. */
@@ -185,8 +214,8 @@ extern "C" __global__ void __launch_bounds__(1024)
           if (__shfl_sync(0xffffffffu, stop, 0) != 0) break;
         }
       }
-      /* Fields of the same read as the sequence numbers: lanes 1-5 hold dst .. flagValue. */
-      if (ok && lane >= 1 && lane <= 5) job[lane - 1] = v;
+      /* Fields of the same read as the sequence numbers: lanes 1-6 hold dst .. done. */
+      if (ok && lane >= 1 && lane <= 6) job[lane - 1] = v;
       __syncwarp();
       if (lane == 0) {
         if (ok) {
@@ -207,23 +236,43 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
     __syncthreads();
     if (!go) return;
+    const unsigned long long tSeen = threadIdx.x == 0 ? globalTimerNs() : 0;
     const bool solo = job[2] <= soloBytes;
     copyShare(job[0], job[1], job[2], threadIdx.x, solo ? blockDim.x : (unsigned long long)gridDim.x * blockDim.x);
     __syncthreads();
     if (threadIdx.x == 0) {
+      const unsigned long long tCopied = globalTimerNs();
       if (!solo) {
         /* Ends when every worker finished this grid job (each does, unconditionally). */
         while (loadVolatile(&dev[DEV_FINISHED]) < grid * others) {
         }
       }
+      const unsigned long long tJoined = globalTimerNs();
       /* Acquire the workers' writes and release ours (ordered before thread 0 by the barrier)
-       * before the flag and DONE. A flag alone needs no fence: every earlier job's bytes were
-       * released before that job's DONE. A barrier job (no bytes, no flag) fences so that the
-       * earlier flags are delivered before its DONE. */
-      if (job[2] != 0 || job[3] == 0) __threadfence_system();
-      if (job[3] != 0)
-        asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(job[3]), "l"(job[4]) : "memory");
-      asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(&ctrl[CTRL_DONE]), "l"(k) : "memory");
+       * before the flag and DONE. A flag alone, or a done word alone, needs no fence: every
+       * earlier job's bytes were released before that job's DONE. A barrier job (nothing at
+       * all) fences so that the earlier flags are delivered before its DONE. */
+      if (job[2] != 0 || (job[3] == 0 && job[5] == 0)) fenceAcqRelSys();
+      if (job[3] != 0) storeRelaxedSys(reinterpret_cast<unsigned long long*>(job[3]), job[4]);
+      /* The FIFO's done word (src/fifo.rs, Fifo::done_word): after the fence like the flag.
+       * Values only grow: the proxy hands them out in job order. The producer's flush() polls
+       * it, then fences (acquire). */
+      if (job[5] != 0 && doneAddr != nullptr) storeRelaxedSys(doneAddr, job[5]);
+      storeRelaxedSys(&ctrl[CTRL_DONE], k);
+      /* Time from the job's read to its DONE, summed in registers and stored (posted writes,
+       * never read back over PCIe) for the proxy's MSCCLPP_P2P_STATS=1 report. */
+      const unsigned long long tEnd = globalTimerNs();
+      if (solo) {
+        stat[2] += tEnd - tSeen;
+        stat[3] += 1;
+      } else {
+        stat[0] += tEnd - tSeen;
+        stat[1] += 1;
+        stat[4] += tCopied - tSeen;
+        stat[5] += tJoined - tCopied;
+        stat[6] += tEnd - tJoined;
+      }
+      for (int i = 0; i < 7; i++) storeRelaxedSys(&ctrl[CTRL_STATS + i], stat[i]);
     }
     /* `job` and `go` are rewritten by thread 0 at the top of the next round. */
     __syncthreads();

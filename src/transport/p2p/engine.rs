@@ -31,10 +31,16 @@ use std::time::{Duration, Instant};
 const RING: u32 = 256;
 /// Bytes per job slot (`struct Job` of the kernel).
 const JOB_BYTES: usize = 64;
-/// Words of the control block: [STOP, ALIVE, DONE] (`enum` of the kernel).
+/// Words of the control block: [STOP, ALIVE, DONE] (`enum` of the kernel), then from `STATS`
+/// the kernel's timing sums: [grid jobs ns, grid jobs, other jobs ns, other jobs, then the grid
+/// jobs' phases: ns until block 0's share was copied, then until every worker was done, then
+/// until fenced and DONE].
 const STOP: usize = 0;
 const ALIVE: usize = 1;
 const DONE: usize = 2;
+const STATS: usize = 8;
+const STAT_WORDS: usize = 7;
+const CTRL_BYTES: usize = 128;
 const THREADS: u32 = 1024;
 /// The kernel's `dev[]`: 8 words.
 const DEV_BYTES: usize = 64;
@@ -70,6 +76,10 @@ pub struct Engine {
     solo_bytes: u64,
     /// Pause between the kernel's polls of the ring (`MSCCLPP_P2P_SM_POLL_NS`).
     poll_sleep_ns: u32,
+    /// The FIFO's done word (device address; 0: none), passed to the kernel at launch.
+    done_word: u64,
+    /// Timing sums of the kernels that ended (see `STATS`).
+    timing_base: [u64; STAT_WORDS],
     pub jobs: u64,
 }
 
@@ -108,7 +118,7 @@ impl Engine {
         // would not).
         let stream = Stream::new(device)?;
         let ring = PinnedHost::zeroed(device, RING as usize * JOB_BYTES)?;
-        let ctrl = PinnedHost::zeroed(device, 64)?;
+        let ctrl = PinnedHost::zeroed(device, CTRL_BYTES)?;
         let counters = DeviceMem::zeroed(device, DEV_BYTES)?;
         Ok(Engine {
             module: ManuallyDrop::new(module),
@@ -128,12 +138,26 @@ impl Engine {
             poll_sleep_ns: env_u64("MSCCLPP_P2P_SM_POLL_NS")
                 .unwrap_or(0)
                 .min(1_000_000) as u32,
+            done_word: 0,
+            timing_base: [0; STAT_WORDS],
             jobs: 0,
         })
     }
 
+    /// Where job `done` values go (the FIFO's done word, `Fifo::done_word`): from the next
+    /// launch on.
+    pub fn set_done_word(&mut self, addr: u64) {
+        self.done_word = addr;
+    }
+
+    /// The kernel's timing sums so far (see `STATS`): from the read of a job to its DONE.
+    pub fn timing(&self) -> [u64; STAT_WORDS] {
+        std::array::from_fn(|i| self.timing_base[i] + self.word(STATS + i).load(Ordering::Relaxed))
+    }
+
     fn word(&self, i: usize) -> &AtomicU64 {
-        // SAFETY: ctrl holds 8 u64s (64 bytes), page aligned; shared with the kernel, which
+        debug_assert!(i < CTRL_BYTES / 8);
+        // SAFETY: ctrl holds CTRL_BYTES / 8 u64s, page aligned; shared with the kernel, which
         // only uses aligned 8-byte loads and stores on it.
         unsafe { AtomicU64::from_ptr(self.ctrl.host().cast::<u64>().add(i)) }
     }
@@ -173,6 +197,11 @@ impl Engine {
         Ok(self.state == State::On)
     }
 
+    /// The kernel runs and takes jobs (as `ready`, without advancing the life cycle).
+    pub fn on(&self) -> bool {
+        self.state == State::On
+    }
+
     /// Launches the kernel if it is off (it becomes usable a few microseconds later).
     pub fn start(&mut self) -> Result<()> {
         if self.state != State::Off {
@@ -181,13 +210,18 @@ impl Engine {
         // Relaxed: the kernel of the last launch has exited (Off), and the launch below orders
         // this store before the new kernel's loads.
         self.word(STOP).store(0, Ordering::Relaxed);
+        // The kernel's timing sums restart at 0 (it stores its own totals): keep the last
+        // kernel's. Relaxed: that kernel has exited.
+        for i in 0..STAT_WORDS {
+            self.timing_base[i] += self.word(STATS + i).swap(0, Ordering::Relaxed);
+        }
         self.stream
             .memset_u32(self.counters.ptr(), 0, DEV_BYTES as u64 / 4)?;
         self.launches += 1;
         let (mut ring, mut ctrl, mut dev) = (self.ring.dev(), self.ctrl.dev(), self.counters.ptr());
         let (mut size, mut first, mut launch) = (RING, self.next, self.launches);
-        let (mut solo, mut sleep) = (self.solo_bytes, self.poll_sleep_ns);
-        let mut params: [*mut c_void; 8] = [
+        let (mut solo, mut sleep, mut done) = (self.solo_bytes, self.poll_sleep_ns, self.done_word);
+        let mut params: [*mut c_void; 9] = [
             (&mut ring as *mut u64).cast(),
             (&mut ctrl as *mut u64).cast(),
             (&mut dev as *mut u64).cast(),
@@ -196,9 +230,11 @@ impl Engine {
             (&mut launch as *mut u64).cast(),
             (&mut solo as *mut u64).cast(),
             (&mut sleep as *mut u32).cast(),
+            (&mut done as *mut u64).cast(),
         ];
-        // SAFETY: the eight parameters match `mscclpp_p2p_engine(const Job*, u64*, u64*, u32,
-        // u64, u64, u64, u32)` in type and order; ring, ctrl and counters live in `self`, whose drop
+        // SAFETY: the nine parameters match `mscclpp_p2p_engine(const Job*, u64*, u64*, u32,
+        // u64, u64, u64, u32, u64*)` in type and order; ring, ctrl and counters live in `self`,
+        // the done word in the FIFO, which outlives the endpoint's proxy; `self`'s drop
         // stops the kernel and waits for it before freeing them; the proxy thread has the
         // engine's context current.
         unsafe {
@@ -210,8 +246,14 @@ impl Engine {
     }
 
     /// Posts a job (`size` 0: a flag alone) and returns its sequence number. Only when
-    /// `ready()`. Waits, bounded, while the ring is full.
-    pub fn post(&mut self, dst: u64, src: u64, size: u64, flag: Option<(u64, u64)>) -> Result<u64> {
+    /// `ready()`. `done` (non-zero) goes to the done word once the job is done. Waits, bounded,
+    /// while the ring is full.
+    pub fn post(
+        &mut self,
+        (dst, src, size): (u64, u64, u64),
+        flag: Option<(u64, u64)>,
+        done: u64,
+    ) -> Result<u64> {
         debug_assert_eq!(self.state, State::On);
         let k = self.next;
         // Job k reuses the slot of job k - RING: wait until that one is done.
@@ -225,7 +267,7 @@ impl Engine {
             AtomicU64::from_ptr(self.ring.host().add(slot * JOB_BYTES).cast::<u64>().add(i))
         };
         let (fa, fv) = flag.unwrap_or((0, 0));
-        for (i, v) in [dst, src, size, fa, fv].into_iter().enumerate() {
+        for (i, v) in [dst, src, size, fa, fv, done].into_iter().enumerate() {
             w(i + 1).store(v, Ordering::Relaxed);
         }
         // Release: the fields above are visible before either sequence number (the kernel
@@ -266,7 +308,7 @@ impl Engine {
     pub fn order_flags(&mut self) -> Result<()> {
         match self.state {
             State::On => {
-                let k = self.post(0, 0, 0, None)?;
+                let k = self.post((0, 0, 0), None, 0)?;
                 self.wait(k, "the SM copy engine's earlier flags")
             }
             State::Stopping => {
@@ -288,7 +330,7 @@ impl Engine {
         let mut done = Vec::with_capacity(2000);
         for i in 1..=2000u64 {
             let t = Instant::now();
-            self.post(0, 0, 0, Some((self.ctrl.dev() + 8 * probe as u64, i)))?;
+            self.post((0, 0, 0), Some((self.ctrl.dev() + 8 * probe as u64, i)), 0)?;
             // Acquire pairs with the kernel's store of the probe; ends within the wait bound.
             let t0 = Instant::now();
             while self.word(probe).load(Ordering::Acquire) != i {
@@ -302,7 +344,7 @@ impl Engine {
             }
             flag.push(t.elapsed());
             let t = Instant::now();
-            let k = self.post(0, 0, 0, None)?;
+            let k = self.post((0, 0, 0), None, 0)?;
             self.wait(k, "the engine self-test")?;
             done.push(t.elapsed());
         }
@@ -394,7 +436,7 @@ mod tests {
             .collect();
         assert_eq!(
             params,
-            ["u64", "u64", "u64", "u32", "u64", "u64", "u64", "u32"]
+            ["u64", "u64", "u64", "u32", "u64", "u64", "u64", "u32", "u64"]
         );
         assert!(
             P2P_ENGINE_PTX.contains(".version 9.0"),

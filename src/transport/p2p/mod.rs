@@ -53,6 +53,8 @@ struct Stats {
     flushes: (u64, Duration),
     sm_waits: (u64, Duration),
     sm_jobs: u64,
+    /// The SM engine's own timing sums (`Engine::timing`).
+    sm_timing: [u64; 7],
 }
 
 impl Stats {
@@ -77,15 +79,43 @@ impl Stats {
             };
             format!("{n} x {avg:.2} us")
         };
+        let t = &self.sm_timing;
+        let g = |ns: u64, n: u64| f((n, Duration::from_nanos(ns)));
         crate::info!(
-            "p2p:cuda{device} stats: copy calls {}, flag calls {}, stream waits {}; SM engine jobs {}, waits {}",
+            "p2p:cuda{device} stats: copy calls {}, flag and done-word calls {}, stream waits {}; SM engine jobs {}, waits {}; in the kernel, read to DONE: grid jobs {} (block 0's share copied {}, workers joined {}, fenced {}), others {}",
             f(self.copies),
             f(self.values),
             f(self.flushes),
             self.sm_jobs,
-            f(self.sm_waits)
+            f(self.sm_waits),
+            g(t[0], t[1]),
+            g(t[4], t[1]),
+            g(t[5], t[1]),
+            g(t[6], t[1]),
+            g(t[2], t[3])
         );
     }
+}
+
+/// Whether work queued now may store `v` ("every trigger below `v` has completed") into the done
+/// word, once it has completed itself: `v` must exceed what was claimed before (the word never
+/// decreases), and every earlier trigger's work must be ordered before this work. SM-engine
+/// jobs run in order, so a job (`ce_peer` None) may claim unless a copy-engine stream may still
+/// be busy (`busy[p]`: work was queued on peer p's stream since it was last seen idle); a store
+/// queued on peer `ce_peer`'s stream follows that stream's own work, so only the other streams
+/// must be idle, and no SM-engine job may be unfinished (`engine_idle`).
+fn may_claim(
+    v: u64,
+    claimed: u64,
+    busy: &[bool],
+    ce_peer: Option<PeerId>,
+    engine_idle: bool,
+) -> bool {
+    let streams_idle = busy
+        .iter()
+        .enumerate()
+        .all(|(i, b)| Some(i) == ce_peer || !b);
+    v > claimed && streams_idle && (ce_peer.is_none() || engine_idle)
 }
 
 /// How a Flag reaches the peer's epoch.
@@ -130,6 +160,9 @@ pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
         peers: Vec::new(),
         remotes: Vec::new(),
         maps: HashMap::new(),
+        done_word: 0,
+        ticket: 0,
+        done_claimed: 0,
         stats: Stats {
             on: std::env::var("MSCCLPP_P2P_STATS").is_ok_and(|v| v == "1"),
             ..Stats::default()
@@ -206,6 +239,12 @@ struct P2p {
     peers: Vec<Peer>,
     remotes: Vec<Remote>,
     maps: HashMap<MapKey, IpcMapping>,
+    /// The proxy FIFO's done word (`Endpoint::use_done_word`; 0: none), and the ticket of the
+    /// trigger being handled.
+    done_word: u64,
+    ticket: u64,
+    /// The largest value queued for the done word so far (values must never decrease).
+    done_claimed: u64,
     stats: Stats,
 }
 
@@ -362,8 +401,9 @@ impl P2p {
         (dst, src, size): (u64, u64, u64),
         flag: Option<(u64, u64)>,
     ) -> Result<()> {
+        let done = self.claim(None);
         let e = self.engine.as_mut().expect("sm_route said yes");
-        let k = e.post(dst, src, size, flag)?;
+        let k = e.post((dst, src, size), flag, done)?;
         let p = self.peer(peer)?;
         p.sm_last = k;
         p.sm_flag |= flag.is_some();
@@ -410,6 +450,47 @@ impl P2p {
             }
         }
         self.flag_by_copy(peer, flag.addr, flag.value)?;
+        Stats::add(&mut self.stats.values, t);
+        Ok(())
+    }
+
+    /// The value the work queued next for the current trigger may store into the done word
+    /// (0: none), recorded as claimed: `ticket + 1`, "every trigger up to this one has
+    /// completed", which holds once that work has only if every earlier trigger's work is
+    /// ordered before it: earlier SM-engine jobs are (the engine runs jobs in order), except
+    /// for work queued on a copy-engine stream (`ce_peer`: this stream's own earlier work is
+    /// ordered too). So: no other busy stream, and for a stream store no unfinished engine job.
+    fn claim(&mut self, ce_peer: Option<PeerId>) -> u64 {
+        self.claim_below(self.ticket + 1, ce_peer)
+    }
+
+    /// As `claim`, for "every trigger below `v` has completed".
+    fn claim_below(&mut self, v: u64, ce_peer: Option<PeerId>) -> u64 {
+        let busy: Vec<bool> = self.peers.iter().map(|p| p.dirty).collect();
+        let engine_idle = self.engine.as_ref().is_none_or(|e| e.idle());
+        if self.done_word == 0 || !may_claim(v, self.done_claimed, &busy, ce_peer, engine_idle) {
+            return 0;
+        }
+        self.done_claimed = v;
+        v
+    }
+
+    /// After copy-engine work for `peer` was queued for the current trigger: queues the done
+    /// word's store (`Endpoint::use_done_word`) behind it on the same stream, if every earlier
+    /// trigger's work is then ordered before it: no other peer's stream may still be busy and
+    /// no SM-engine job still running. Otherwise the producers' flush() waits for the proxy.
+    fn ce_done(&mut self, peer: PeerId) -> Result<()> {
+        if self.mode != FlagMode::WriteValue {
+            return Ok(());
+        }
+        let value = self.claim(Some(peer));
+        if value == 0 {
+            return Ok(());
+        }
+        let t = self.stats.start();
+        let word = self.done_word;
+        // The stream's memory barrier orders the store after the copies queued before it.
+        self.peer(peer)?.stream.write_value64(word, value)?;
         Stats::add(&mut self.stats.values, t);
         Ok(())
     }
@@ -602,7 +683,8 @@ impl Endpoint for P2p {
         if self.sm_put(peer, &put, None)? {
             return Ok(());
         }
-        self.ce_put(peer, &put)
+        self.ce_put(peer, &put)?;
+        self.ce_done(peer)
     }
 
     fn write_value(&mut self, peer: PeerId, dst: RemoteId, dst_off: u64, value: u64) -> Result<()> {
@@ -613,7 +695,8 @@ impl Endpoint for P2p {
         if !self.peer(peer)?.dirty && self.sm_route(peer, flag.mapped)? {
             return self.sm_post(peer, (0, 0, 0), Some((flag.addr, value)));
         }
-        self.ce_flag(peer, &flag)
+        self.ce_flag(peer, &flag)?;
+        self.ce_done(peer)
     }
 
     fn write_then_value(
@@ -634,13 +717,52 @@ impl Endpoint for P2p {
             return Ok(());
         }
         self.ce_put(peer, &put)?;
-        self.ce_flag(peer, &flag)
+        self.ce_flag(peer, &flag)?;
+        self.ce_done(peer)
     }
 
     fn flush(&mut self, peer: PeerId) -> Result<()> {
         let _g = CtxGuard::enter_ctx(self.ctx)?;
         self.drain_sm(peer)?;
-        self.drain_ce(peer)
+        self.drain_ce(peer)?;
+        // A Sync whose earlier tickets no job claimed (nothing queued, or copy-engine work):
+        // a job that only stores the done word, so that the producer's flush() (which needs
+        // the tickets below its Sync's) still ends on its GPU's memory rather than on a PCIe
+        // read of its slot. Only while the kernel runs (starting it costs more than that
+        // read).
+        if self.engine.as_mut().is_some_and(|e| e.on()) {
+            let done = self.claim_below(self.ticket, None);
+            if done != 0 {
+                let e = self.engine.as_mut().expect("checked above");
+                e.post((0, 0, 0), None, done)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn use_done_word(&mut self, addr: u64) -> Result<bool> {
+        if let Some(e) = self.engine.as_mut() {
+            e.set_done_word(addr);
+        } else if self.mode != FlagMode::WriteValue {
+            // Neither the SM engine nor stream write-values: nobody could store it.
+            return Ok(false);
+        }
+        if std::env::var("MSCCLPP_P2P_DONE_WORD").is_ok_and(|v| v == "0") {
+            crate::info!(
+                "p2p:cuda{}: flush() waits for the proxy (MSCCLPP_P2P_DONE_WORD=0)",
+                self.device
+            );
+            if let Some(e) = self.engine.as_mut() {
+                e.set_done_word(0);
+            }
+            return Ok(false);
+        }
+        self.done_word = addr;
+        Ok(true)
+    }
+
+    fn set_ticket(&mut self, ticket: u64) {
+        self.ticket = ticket;
     }
 
     fn quiesce(&mut self) -> Result<()> {
@@ -669,6 +791,7 @@ impl Drop for P2p {
             // The engine's kernel stores into the mappings too: stopped first.
             if let Some(e) = self.engine.take() {
                 self.stats.sm_jobs = e.jobs;
+                self.stats.sm_timing = e.timing();
                 drop(e);
             }
             for p in &self.peers {
@@ -681,5 +804,24 @@ impl Drop for P2p {
         self.maps.clear();
         self.remotes.clear();
         self.peers.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_claim;
+
+    #[test]
+    fn done_word_claims_only_what_is_ordered_before_them() {
+        // An engine job with every stream idle claims; not twice, and never a smaller value.
+        assert!(may_claim(5, 4, &[false, false], None, false));
+        assert!(!may_claim(5, 5, &[false, false], None, true));
+        assert!(!may_claim(4, 5, &[false, false], None, true));
+        // Copy-engine work on some stream may still run: no engine job may claim past it.
+        assert!(!may_claim(5, 0, &[false, true], None, true));
+        // A store on stream 1 follows stream 1's work, not stream 0's, nor the engine's jobs.
+        assert!(may_claim(5, 0, &[false, true], Some(1), true));
+        assert!(!may_claim(5, 0, &[true, true], Some(1), true));
+        assert!(!may_claim(5, 0, &[false, true], Some(1), false));
     }
 }
