@@ -11,8 +11,8 @@ use crate::abi::*;
 use crate::error::{Error, Result};
 use crate::mem::HostBlock;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{LazyLock, RwLock, Weak};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 /// Whoever consumes a host FIFO, reachable from its producers (see `proxy::ProxyWork`).
@@ -26,12 +26,96 @@ pub trait Assist: Send + Sync {
     fn direct_signal(&self, conn: usize) -> bool;
 }
 
+/// Host threads that wait on a FIFO while doing its consumer's work (`Spin`), counted so that
+/// the proxy thread can stand aside meanwhile (`proxy::run`): on a machine with fewer cores than
+/// busy threads, a second thread taking turns at the same work only costs the first one its
+/// core, and both of them the futex hand-offs of the consumer's lock.
+pub struct HelperGate {
+    helpers: AtomicU32,
+    /// When a host producer last executed triggers itself (`host_push`), in ns since `epoch`.
+    last_push_assist: AtomicU64,
+    epoch: Instant,
+    /// The proxy thread, woken when the last helper leaves.
+    proxy: Mutex<Option<std::thread::Thread>>,
+}
+
+impl Default for HelperGate {
+    fn default() -> Self {
+        HelperGate {
+            helpers: AtomicU32::new(0),
+            last_push_assist: AtomicU64::new(0),
+            epoch: Instant::now(),
+            proxy: Mutex::new(None),
+        }
+    }
+}
+
+/// How long after a host producer executed its own trigger the proxy thread keeps standing
+/// aside: a stream of pushes (each executing itself) needs no second thread.
+const PUSH_ASSIST_HOLD: Duration = Duration::from_micros(200);
+
+impl HelperGate {
+    fn enter(&self) {
+        // Relaxed: the count is a hint; the proxy's lock orders the work itself.
+        self.helpers.fetch_add(1, Ordering::Relaxed);
+    }
+    fn leave(&self) {
+        // The last helper wakes the proxy thread, which may be parked (`helped`).
+        if self.helpers.fetch_sub(1, Ordering::Relaxed) == 1 {
+            if let Some(t) = self
+                .proxy
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+            {
+                t.unpark();
+            }
+        }
+    }
+    /// How long the proxy thread should stand aside (zero: not at all): while some host thread
+    /// waits doing the consumer's work, or shortly after a producer executed its own trigger.
+    pub fn stand_aside(&self) -> Duration {
+        if self.helpers.load(Ordering::Relaxed) > 0 {
+            return Duration::from_millis(1);
+        }
+        let last = self.last_push_assist.load(Ordering::Relaxed);
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        if last == 0 {
+            return Duration::ZERO;
+        }
+        PUSH_ASSIST_HOLD.saturating_sub(Duration::from_nanos(now.saturating_sub(last)))
+    }
+    /// A producer executed triggers itself.
+    fn pushed_and_assisted(&self) {
+        let now = (self.epoch.elapsed().as_nanos() as u64).max(1);
+        self.last_push_assist.store(now, Ordering::Relaxed);
+    }
+    /// A producer found the consumer busy: the proxy thread must not stay aside (the thread
+    /// holding the consumer may have finished its round before this trigger).
+    fn nudge(&self) {
+        self.last_push_assist.store(0, Ordering::Relaxed);
+        if let Some(t) = self
+            .proxy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            t.unpark();
+        }
+    }
+    /// Names the thread that `leave` wakes (the proxy thread, when it starts).
+    pub fn set_proxy_thread(&self, t: Option<std::thread::Thread>) {
+        *self.proxy.lock().unwrap_or_else(|p| p.into_inner()) = t;
+    }
+}
+
 /// The consumer of a host FIFO, whether host threads may do its work (`assist`), and whether
 /// any of its connections can take a signal without a trigger (`direct_signal`).
 struct Consumer {
     work: Weak<dyn Assist>,
     helps: bool,
     direct: bool,
+    gate: Arc<HelperGate>,
 }
 
 /// Head addresses of the live host-memory FIFOs, with their consumer once the communicator has
@@ -50,8 +134,8 @@ pub fn is_host_fifo(head: *const u64) -> bool {
 }
 
 /// Names the consumer of the host FIFO whose head is `head`; `helps`: host threads may do its
-/// work (`assist`).
-pub fn set_consumer(head: *const u64, work: Weak<dyn Assist>, helps: bool) {
+/// work (`assist`), and count themselves in `gate` while they wait doing it.
+pub fn set_consumer(head: *const u64, work: Weak<dyn Assist>, helps: bool, gate: Arc<HelperGate>) {
     if let Some(e) = HOST_FIFOS
         .write()
         .unwrap_or_else(|p| p.into_inner())
@@ -61,6 +145,7 @@ pub fn set_consumer(head: *const u64, work: Weak<dyn Assist>, helps: bool) {
             work,
             helps,
             direct: false,
+            gate,
         });
     }
 }
@@ -79,27 +164,31 @@ pub fn set_direct(head: *const u64) {
 }
 
 /// The consumer of the host FIFO at `head`, if it has one that `wanted` accepts.
-fn consumer(
+fn consumer(head: *const u64, wanted: impl Fn(&Consumer) -> bool) -> Option<Arc<dyn Assist>> {
+    consumer_and_gate(head, wanted).map(|(c, _)| c)
+}
+
+/// As `consumer`, with its helper gate.
+fn consumer_and_gate(
     head: *const u64,
     wanted: impl Fn(&Consumer) -> bool,
-) -> Option<std::sync::Arc<dyn Assist>> {
+) -> Option<(Arc<dyn Assist>, Arc<HelperGate>)> {
     host_fifos()
         .get(&(head as usize))
         .and_then(|c| c.as_ref())
         .filter(|c| wanted(c))
-        .and_then(|c| c.work.upgrade())
+        .and_then(|c| Some((c.work.upgrade()?, c.gate.clone())))
 }
 
-/// Lets the calling host thread do a round of the consumer's work for the FIFO at `head`.
-/// Returns false when the FIFO has no consumer that host threads may help (not launched, or
-/// an endpoint only its proxy thread may enter).
-fn assist(head: *const u64) -> bool {
-    match consumer(head, |c| c.helps) {
-        Some(c) => {
-            c.assist();
-            true
+/// Lets the calling host thread, which just pushed a trigger, do a round of the consumer's work
+/// for the FIFO at `head`, and tells the proxy thread whether it still has to (`HelperGate`).
+fn assist_after_push(head: *const u64) {
+    if let Some((c, gate)) = consumer_and_gate(head, |c| c.helps) {
+        if c.assist() {
+            gate.pushed_and_assisted();
+        } else {
+            gate.nudge();
         }
-        None => false,
     }
 }
 
@@ -413,10 +502,21 @@ pub(crate) struct Spin {
     /// That consumer, looked up once (and again now and then while there is none: the proxy
     /// may be launched during the wait) rather than in the registry on every step, which
     /// took a fifth of the CPU time of a tcp transfer on the 2-core VM.
-    consumer: Option<std::sync::Arc<dyn Assist>>,
+    consumer: Option<(Arc<dyn Assist>, Arc<HelperGate>)>,
+    /// This waiter counted itself in the consumer's gate (from its first step on; a push that
+    /// finds room at once never does).
+    entered: bool,
     start: Instant,
     deadline: Duration,
     n: u32,
+}
+
+impl Drop for Spin {
+    fn drop(&mut self) {
+        if let (true, Some((_, gate))) = (self.entered, &self.consumer) {
+            gate.leave();
+        }
+    }
 }
 
 /// Spin iterations before yielding, and how long to keep yielding before napping.
@@ -432,7 +532,8 @@ impl Spin {
             // SAFETY: the abort word follows the tail in every FIFO's control block.
             abort: unsafe { fifo.triggerFifoTail.add(1) },
             head: fifo.triggerFifoHead,
-            consumer: consumer(fifo.triggerFifoHead, |c| c.helps),
+            consumer: consumer_and_gate(fifo.triggerFifoHead, |c| c.helps),
+            entered: false,
             start: Instant::now(),
             deadline,
             n: 0,
@@ -450,10 +551,14 @@ impl Spin {
         // which the peer's data comes progressed): do it here rather than wait for a thread
         // that may not even have a core.
         if self.consumer.is_none() && self.n % SPIN_ITERS == 0 {
-            self.consumer = consumer(self.head, |c| c.helps);
+            self.consumer = consumer_and_gate(self.head, |c| c.helps);
+        }
+        if let (false, Some((_, gate))) = (self.entered, &self.consumer) {
+            gate.enter();
+            self.entered = true;
         }
         let help = match &self.consumer {
-            Some(c) if c.assist() => Help::Did,
+            Some((c, _)) if c.assist() => Help::Did,
             Some(_) => Help::Busy,
             None => Help::None,
         };
@@ -519,7 +624,7 @@ pub unsafe fn host_push(fifo: &mscclppConcurrentFifo, w: [u64; 2]) -> Result<u64
     // Release pairs with the proxy's Acquire load of word0 in `Fifo::peek`.
     w0.store(w[0], Ordering::Release);
     // Execute it now, on this core, unless a consumer is already at work.
-    let _ = assist(fifo.triggerFifoHead);
+    assist_after_push(fifo.triggerFifoHead);
     Ok(h)
 }
 
@@ -543,6 +648,46 @@ pub unsafe fn host_wait_retired(fifo: &mscclppConcurrentFifo, h: u64) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn helper_gate_sets_the_proxy_aside_while_helped_and_wakes_it() {
+        let gate = std::sync::Arc::new(HelperGate::default());
+        assert!(gate.stand_aside().is_zero(), "nobody helps yet");
+        gate.pushed_and_assisted();
+        let d = gate.stand_aside();
+        assert!(
+            !d.is_zero() && d <= PUSH_ASSIST_HOLD,
+            "{d:?} after a push that executed itself"
+        );
+        gate.nudge();
+        assert!(
+            gate.stand_aside().is_zero(),
+            "a producer that found the consumer busy"
+        );
+        // A parked proxy thread is woken by the last helper's leave, not by its timeout.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let g = gate.clone();
+        gate.enter();
+        let t = std::thread::spawn(move || {
+            tx.send(()).unwrap();
+            let t0 = Instant::now();
+            // Ends when unparked (leave), or after 20 s.
+            while !g.stand_aside().is_zero() && t0.elapsed() < Duration::from_secs(20) {
+                std::thread::park_timeout(Duration::from_secs(20));
+            }
+            t0.elapsed()
+        });
+        gate.set_proxy_thread(Some(t.thread().clone()));
+        rx.recv().unwrap();
+        assert_eq!(gate.stand_aside(), Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(50));
+        gate.leave();
+        let waited = t.join().unwrap();
+        assert!(
+            waited < Duration::from_secs(10),
+            "woken by leave, not the timeout: {waited:?}"
+        );
+    }
 
     #[test]
     fn trigger_roundtrip() {
