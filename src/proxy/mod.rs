@@ -370,10 +370,9 @@ fn run(
     let mut idle_since = Instant::now();
     loop {
         // While a host thread waits on this FIFO doing its work (every step of its wait is a
-        // round of it), or just executed its own trigger, stand aside: parked until the last
-        // waiter leaves (it unparks us), for at most 1 ms at a time, and never once asked to
-        // stop. Measured on the 2-core VM (medians of 7-9 runs, bench/RESULTS.md): 1 MiB puts
-        // over tcp 5.5 -> 6.2 GB/s, over net 5.4 -> 6.6 GB/s.
+        // round of it), or just executed its own trigger, stand aside: park a little at a time
+        // (`HelperGate`), never once asked to stop. Measured on the 2-core VM (bench/RESULTS.md, 8 runs alternating with the code
+        // before): 1 MiB puts over tcp 5.16 -> 5.61 GB/s, 4 MiB over net 4.25 -> 4.64 GB/s.
         // Acquire pairs with `Running::stop`.
         let aside = gate.map_or(Duration::ZERO, |g| g.stand_aside());
         if !aside.is_zero() && !stop.load(Ordering::Acquire) {
