@@ -371,9 +371,9 @@ fn run(
     loop {
         // While a host thread waits on this FIFO doing its work (every step of its wait is a
         // round of it), or just executed its own trigger, stand aside: park a little at a time
-        // (`HelperGate`), never once asked to stop. Measured on the 2-core VM (bench/RESULTS.md, 8 runs alternating with the code
-        // before): 1 MiB puts over tcp 5.16 -> 5.61 GB/s, 4 MiB over net 4.25 -> 4.64 GB/s.
-        // Acquire pairs with `Running::stop`.
+        // (`HelperGate`), never once asked to stop. Measured on the 2-core VM, 8 runs
+        // alternating with the code before (bench/RESULTS.md): 1 MiB puts over tcp 5.16 ->
+        // 5.61 GB/s, 4 MiB over net 4.25 -> 4.64 GB/s. Acquire pairs with `Running::stop`.
         let aside = gate.map_or(Duration::ZERO, |g| g.stand_aside());
         if !aside.is_zero() && !stop.load(Ordering::Acquire) {
             std::thread::park_timeout(aside);
