@@ -93,6 +93,10 @@ impl HelperGate {
     /// How long the proxy thread should park now (zero: not at all): while some host thread
     /// waits doing the consumer's work, or shortly after a producer executed its own trigger.
     pub fn stand_aside(&self) -> Duration {
+        self.stand_aside_at(self.now())
+    }
+    /// As `stand_aside`, at time `now` (ns since `epoch`).
+    fn stand_aside_at(&self, now: u64) -> Duration {
         if self.helpers.load(Ordering::Relaxed) > 0 {
             return ASIDE;
         }
@@ -100,14 +104,19 @@ impl HelperGate {
         if last == 0 {
             return Duration::ZERO;
         }
-        let since = (self.epoch.elapsed().as_nanos() as u64).saturating_sub(last);
         PUSH_ASSIST_HOLD
-            .saturating_sub(Duration::from_nanos(since))
+            .saturating_sub(Duration::from_nanos(now.saturating_sub(last)))
             .min(ASIDE)
+    }
+    fn now(&self) -> u64 {
+        // At least 1: 0 means "no push to stand aside for".
+        (self.epoch.elapsed().as_nanos() as u64).max(1)
     }
     /// A producer executed triggers itself.
     fn pushed_and_assisted(&self) {
-        let now = (self.epoch.elapsed().as_nanos() as u64).max(1);
+        self.pushed_and_assisted_at(self.now());
+    }
+    fn pushed_and_assisted_at(&self, now: u64) {
         self.last_push_assist.store(now, Ordering::Relaxed);
     }
     /// A producer found the consumer busy: the proxy thread must not stay aside for it (the
@@ -659,17 +668,25 @@ mod tests {
 
     #[test]
     fn helper_gate_sets_the_proxy_aside_while_helped() {
+        // Explicit times (ns since the gate's epoch): a slow run (valgrind) must not matter.
         let gate = HelperGate::default();
-        assert!(gate.stand_aside().is_zero(), "nobody helps yet");
-        gate.pushed_and_assisted();
-        let d = gate.stand_aside();
-        assert!(
-            !d.is_zero() && d <= ASIDE,
-            "{d:?} after a push that executed itself"
+        assert!(gate.stand_aside_at(1_000).is_zero(), "nobody helps yet");
+        gate.pushed_and_assisted_at(1_000);
+        assert_eq!(gate.stand_aside_at(1_000), ASIDE.min(PUSH_ASSIST_HOLD));
+        let hold = PUSH_ASSIST_HOLD.as_nanos() as u64;
+        assert_eq!(
+            gate.stand_aside_at(1_000 + hold - 10_000),
+            Duration::from_micros(10).min(ASIDE),
+            "the rest of the hold"
         );
+        assert!(
+            gate.stand_aside_at(1_000 + hold).is_zero(),
+            "the hold ran out"
+        );
+        gate.pushed_and_assisted_at(5_000);
         gate.nudge();
         assert!(
-            gate.stand_aside().is_zero(),
+            gate.stand_aside_at(5_000).is_zero(),
             "a producer that found the consumer busy"
         );
         gate.enter();
@@ -679,10 +696,6 @@ mod tests {
         assert_eq!(gate.stand_aside(), ASIDE, "one waiter still helps");
         gate.leave(Duration::ZERO);
         assert!(gate.stand_aside().is_zero(), "nobody helps any more");
-        // The hold after a push runs out.
-        gate.pushed_and_assisted();
-        std::thread::sleep(PUSH_ASSIST_HOLD + Duration::from_millis(5));
-        assert!(gate.stand_aside().is_zero());
     }
 
     #[test]
