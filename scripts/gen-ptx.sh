@@ -5,6 +5,12 @@
 # the GPU at run time (any GPU CUDA 13 supports; drivers older than 13.0 refuse it, and the
 # library then uses the copy engines alone).
 #   scripts/gen-ptx.sh [--check]      NVCC=/path/to/nvcc to choose the compiler
+# Without a CUDA toolkit, NVIDIA's pip wheels give this nvcc (no GPU needed):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux2014_x86_64 "nvidia-cuda-nvcc==13.0.*" "nvidia-nvvm==13.0.*" \
+#     "nvidia-cuda-crt==13.0.*" "nvidia-cuda-runtime==13.0.*"
+#   unzip each wheel into one folder R, then NVCC=R/nvidia/cu13/bin/nvcc. The same nvcc
+#   compile-checks the CUDA examples (-arch=sm_90 -Iinclude -Ic_examples/common -c).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
