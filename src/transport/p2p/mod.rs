@@ -107,12 +107,12 @@ impl Stats {
 fn may_claim(
     v: u64,
     claimed: u64,
-    busy: &[bool],
+    busy: impl IntoIterator<Item = bool>,
     ce_peer: Option<PeerId>,
     engine_idle: bool,
 ) -> bool {
     let streams_idle = busy
-        .iter()
+        .into_iter()
         .enumerate()
         .all(|(i, b)| Some(i) == ce_peer || !b);
     v > claimed && streams_idle && (ce_peer.is_none() || engine_idle)
@@ -466,9 +466,10 @@ impl P2p {
 
     /// As `claim`, for "every trigger below `v` has completed".
     fn claim_below(&mut self, v: u64, ce_peer: Option<PeerId>) -> u64 {
-        let busy: Vec<bool> = self.peers.iter().map(|p| p.dirty).collect();
+        // Called for every engine job: no allocation (the peers' flags as an iterator).
+        let busy = self.peers.iter().map(|p| p.dirty);
         let engine_idle = self.engine.as_ref().is_none_or(|e| e.idle());
-        if self.done_word == 0 || !may_claim(v, self.done_claimed, &busy, ce_peer, engine_idle) {
+        if self.done_word == 0 || !may_claim(v, self.done_claimed, busy, ce_peer, engine_idle) {
             return 0;
         }
         self.done_claimed = v;
@@ -730,7 +731,7 @@ impl Endpoint for P2p {
         // the tickets below its Sync's) still ends on its GPU's memory rather than on a PCIe
         // read of its slot. Only while the kernel runs (starting it costs more than that
         // read).
-        if self.engine.as_mut().is_some_and(|e| e.on()) {
+        if self.engine.as_ref().is_some_and(|e| e.on()) {
             let done = self.claim_below(self.ticket, None);
             if done != 0 {
                 let e = self.engine.as_mut().expect("checked above");
@@ -814,14 +815,14 @@ mod tests {
     #[test]
     fn done_word_claims_only_what_is_ordered_before_them() {
         // An engine job with every stream idle claims; not twice, and never a smaller value.
-        assert!(may_claim(5, 4, &[false, false], None, false));
-        assert!(!may_claim(5, 5, &[false, false], None, true));
-        assert!(!may_claim(4, 5, &[false, false], None, true));
+        assert!(may_claim(5, 4, [false, false], None, false));
+        assert!(!may_claim(5, 5, [false, false], None, true));
+        assert!(!may_claim(4, 5, [false, false], None, true));
         // Copy-engine work on some stream may still run: no engine job may claim past it.
-        assert!(!may_claim(5, 0, &[false, true], None, true));
+        assert!(!may_claim(5, 0, [false, true], None, true));
         // A store on stream 1 follows stream 1's work, not stream 0's, nor the engine's jobs.
-        assert!(may_claim(5, 0, &[false, true], Some(1), true));
-        assert!(!may_claim(5, 0, &[true, true], Some(1), true));
-        assert!(!may_claim(5, 0, &[false, true], Some(1), false));
+        assert!(may_claim(5, 0, [false, true], Some(1), true));
+        assert!(!may_claim(5, 0, [true, true], Some(1), true));
+        assert!(!may_claim(5, 0, [false, true], Some(1), false));
     }
 }
