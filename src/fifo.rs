@@ -93,10 +93,12 @@ impl HelperGate {
     /// How long the proxy thread should park now (zero: not at all): while some host thread
     /// waits doing the consumer's work, or shortly after a producer executed its own trigger.
     pub fn stand_aside(&self) -> Duration {
-        self.stand_aside_at(self.now())
+        self.stand_aside_with(|| self.now())
     }
-    /// As `stand_aside`, at time `now` (ns since `epoch`).
-    fn stand_aside_at(&self, now: u64) -> Duration {
+    /// As `stand_aside`, with `now` (ns since `epoch`) read only if a push's hold may run: the
+    /// proxy thread asks on every round, and reading the clock on each one cost ~1% of a tcp
+    /// transfer (see `ProxyWork::service`). A hold that ran out is cleared for the same reason.
+    fn stand_aside_with(&self, now: impl FnOnce() -> u64) -> Duration {
         if self.helpers.load(Ordering::Relaxed) > 0 {
             return ASIDE;
         }
@@ -104,9 +106,18 @@ impl HelperGate {
         if last == 0 {
             return Duration::ZERO;
         }
-        PUSH_ASSIST_HOLD
-            .saturating_sub(Duration::from_nanos(now.saturating_sub(last)))
-            .min(ASIDE)
+        let rest =
+            PUSH_ASSIST_HOLD.saturating_sub(Duration::from_nanos(now().saturating_sub(last)));
+        if rest.is_zero() {
+            // Only if no newer push stored its time meanwhile.
+            let _ = self.last_push_assist.compare_exchange(
+                last,
+                0,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+        rest.min(ASIDE)
     }
     fn now(&self) -> u64 {
         // At least 1: 0 means "no push to stand aside for".
@@ -180,9 +191,24 @@ pub fn set_direct(head: *const u64) {
     }
 }
 
+/// What `take` makes of the consumer of the host FIFO at `head`, if it has one that `wanted`
+/// accepts and that still lives.
+fn lookup<T>(
+    head: *const u64,
+    wanted: impl Fn(&Consumer) -> bool,
+    take: impl FnOnce(&Consumer, Arc<dyn Assist>) -> T,
+) -> Option<T> {
+    let fifos = host_fifos();
+    let c = fifos
+        .get(&(head as usize))?
+        .as_ref()
+        .filter(|c| wanted(c))?;
+    Some(take(c, c.work.upgrade()?))
+}
+
 /// The consumer of the host FIFO at `head`, if it has one that `wanted` accepts.
 fn consumer(head: *const u64, wanted: impl Fn(&Consumer) -> bool) -> Option<Arc<dyn Assist>> {
-    consumer_and_gate(head, wanted).map(|(c, _)| c)
+    lookup(head, wanted, |_, work| work)
 }
 
 /// As `consumer`, with its helper gate.
@@ -190,11 +216,7 @@ fn consumer_and_gate(
     head: *const u64,
     wanted: impl Fn(&Consumer) -> bool,
 ) -> Option<(Arc<dyn Assist>, Arc<HelperGate>)> {
-    host_fifos()
-        .get(&(head as usize))
-        .and_then(|c| c.as_ref())
-        .filter(|c| wanted(c))
-        .and_then(|c| Some((c.work.upgrade()?, c.gate.clone())))
+    lookup(head, wanted, |c, work| (work, c.gate.clone()))
 }
 
 /// Lets the calling host thread, which just pushed a trigger, do a round of the consumer's work
@@ -670,23 +692,29 @@ mod tests {
     fn helper_gate_sets_the_proxy_aside_while_helped() {
         // Explicit times (ns since the gate's epoch): a slow run (valgrind) must not matter.
         let gate = HelperGate::default();
-        assert!(gate.stand_aside_at(1_000).is_zero(), "nobody helps yet");
+        assert!(
+            gate.stand_aside_with(|| 1_000).is_zero(),
+            "nobody helps yet"
+        );
         gate.pushed_and_assisted_at(1_000);
-        assert_eq!(gate.stand_aside_at(1_000), ASIDE.min(PUSH_ASSIST_HOLD));
+        assert_eq!(gate.stand_aside_with(|| 1_000), ASIDE.min(PUSH_ASSIST_HOLD));
         let hold = PUSH_ASSIST_HOLD.as_nanos() as u64;
         assert_eq!(
-            gate.stand_aside_at(1_000 + hold - 10_000),
+            gate.stand_aside_with(|| 1_000 + hold - 10_000),
             Duration::from_micros(10).min(ASIDE),
             "the rest of the hold"
         );
         assert!(
-            gate.stand_aside_at(1_000 + hold).is_zero(),
+            gate.stand_aside_with(|| 1_000 + hold).is_zero(),
             "the hold ran out"
         );
+        assert!(gate
+            .stand_aside_with(|| unreachable!("a cleared hold reads no clock"))
+            .is_zero());
         gate.pushed_and_assisted_at(5_000);
         gate.nudge();
         assert!(
-            gate.stand_aside_at(5_000).is_zero(),
+            gate.stand_aside_with(|| 5_000).is_zero(),
             "a producer that found the consumer busy"
         );
         gate.enter();
