@@ -131,7 +131,7 @@ extern "C" __global__ void __launch_bounds__(1024)
   mscclpp_p2p_engine(const Job* ring, unsigned long long* ctrl, unsigned long long* dev,
                      unsigned int ringSize, unsigned long long first, unsigned long long launch,
                      unsigned long long soloBytes, unsigned int pollSleepNs,
-                     unsigned long long* doneAddr)
+                     unsigned long long* doneAddr, unsigned int timing)
 {
   __shared__ unsigned long long job[6]; /* dst, src, size, flagAddr, flagValue, done */
   __shared__ int go;
@@ -260,19 +260,22 @@ extern "C" __global__ void __launch_bounds__(1024)
       if (job[5] != 0 && doneAddr != nullptr) storeRelaxedSys(doneAddr, job[5]);
       storeRelaxedSys(&ctrl[CTRL_DONE], k);
       /* Time from the job's read to its DONE, summed in registers and stored (posted writes,
-       * never read back over PCIe) for the proxy's MSCCLPP_P2P_STATS=1 report. */
-      const unsigned long long tEnd = globalTimerNs();
-      if (solo) {
-        stat[2] += tEnd - tSeen;
-        stat[3] += 1;
-      } else {
-        stat[0] += tEnd - tSeen;
-        stat[1] += 1;
-        stat[4] += tCopied - tSeen;
-        stat[5] += tJoined - tCopied;
-        stat[6] += tEnd - tJoined;
+       * never read back over PCIe) for the proxy's MSCCLPP_P2P_STATS=1 report: only then
+       * (`timing`), so that seven more host stores do not follow every job otherwise. */
+      if (timing != 0) {
+        const unsigned long long tEnd = globalTimerNs();
+        if (solo) {
+          stat[2] += tEnd - tSeen;
+          stat[3] += 1;
+        } else {
+          stat[0] += tEnd - tSeen;
+          stat[1] += 1;
+          stat[4] += tCopied - tSeen;
+          stat[5] += tJoined - tCopied;
+          stat[6] += tEnd - tJoined;
+        }
+        for (int i = 0; i < 7; i++) storeRelaxedSys(&ctrl[CTRL_STATS + i], stat[i]);
       }
-      for (int i = 0; i < 7; i++) storeRelaxedSys(&ctrl[CTRL_STATS + i], stat[i]);
     }
     /* `job` and `go` are rewritten by thread 0 at the top of the next round. */
     __syncthreads();

@@ -80,18 +80,20 @@ pub struct Engine {
     done_word: u64,
     /// Timing sums of the kernels that ended (see `STATS`).
     timing_base: [u64; STAT_WORDS],
+    /// The kernel records them (for the endpoint's `MSCCLPP_P2P_STATS=1` report).
+    timing_on: bool,
     pub jobs: u64,
 }
 
 impl Engine {
     /// The engine of `device`, or None (with the reason at INFO) when it is turned off
     /// (`MSCCLPP_P2P_ENGINE=ce`) or the driver cannot load it.
-    pub fn open(device: i32) -> Option<Engine> {
+    pub fn open(device: i32, timing: bool) -> Option<Engine> {
         if std::env::var("MSCCLPP_P2P_ENGINE").is_ok_and(|v| v == "ce") {
             crate::info!("p2p:cuda{device}: SM copy engine off (MSCCLPP_P2P_ENGINE=ce): every put by the copy engines");
             return None;
         }
-        match Self::try_open(device) {
+        match Self::try_open(device, timing) {
             Ok(e) => {
                 crate::info!(
                     "p2p:cuda{device}: SM copy engine ready ({} blocks; puts up to {} bytes and flags; linger {:?})",
@@ -110,7 +112,7 @@ impl Engine {
         }
     }
 
-    fn try_open(device: i32) -> Result<Engine> {
+    fn try_open(device: i32, timing_on: bool) -> Result<Engine> {
         let module = Module::load_ptx(device, P2P_ENGINE_PTX)?;
         let func = module.function(c"mscclpp_p2p_engine")?;
         let blocks = env_u64("MSCCLPP_P2P_SM_BLOCKS").unwrap_or(8).clamp(1, 128) as u32;
@@ -140,6 +142,7 @@ impl Engine {
                 .min(1_000_000) as u32,
             done_word: 0,
             timing_base: [0; STAT_WORDS],
+            timing_on,
             jobs: 0,
         })
     }
@@ -221,7 +224,8 @@ impl Engine {
         let (mut ring, mut ctrl, mut dev) = (self.ring.dev(), self.ctrl.dev(), self.counters.ptr());
         let (mut size, mut first, mut launch) = (RING, self.next, self.launches);
         let (mut solo, mut sleep, mut done) = (self.solo_bytes, self.poll_sleep_ns, self.done_word);
-        let mut params: [*mut c_void; 9] = [
+        let mut timing = self.timing_on as u32;
+        let mut params: [*mut c_void; 10] = [
             (&mut ring as *mut u64).cast(),
             (&mut ctrl as *mut u64).cast(),
             (&mut dev as *mut u64).cast(),
@@ -231,9 +235,10 @@ impl Engine {
             (&mut solo as *mut u64).cast(),
             (&mut sleep as *mut u32).cast(),
             (&mut done as *mut u64).cast(),
+            (&mut timing as *mut u32).cast(),
         ];
-        // SAFETY: the nine parameters match `mscclpp_p2p_engine(const Job*, u64*, u64*, u32,
-        // u64, u64, u64, u32, u64*)` in type and order; ring, ctrl and counters live in `self`,
+        // SAFETY: the ten parameters match `mscclpp_p2p_engine(const Job*, u64*, u64*, u32,
+        // u64, u64, u64, u32, u64*, u32)` in type and order; ring, ctrl and counters live in `self`,
         // the done word in the FIFO, which outlives the endpoint's proxy; `self`'s drop
         // stops the kernel and waits for it before freeing them; the proxy thread has the
         // engine's context current.
@@ -436,7 +441,7 @@ mod tests {
             .collect();
         assert_eq!(
             params,
-            ["u64", "u64", "u64", "u32", "u64", "u64", "u64", "u32", "u64"]
+            ["u64", "u64", "u64", "u32", "u64", "u64", "u64", "u32", "u64", "u32"]
         );
         assert!(
             P2P_ENGINE_PTX.contains(".version 9.0"),

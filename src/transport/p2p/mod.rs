@@ -149,12 +149,13 @@ pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
     }
     let ctx = Ctx::primary(device)?;
     let mode = flag_mode_from_env();
+    let stats = std::env::var("MSCCLPP_P2P_STATS").is_ok_and(|v| v == "1");
     crate::info!("p2p endpoint on CUDA device {device}: flags by {mode:?}");
     Ok(Box::new(P2p {
         device,
         ctx,
         mode,
-        engine: Engine::open(device),
+        engine: Engine::open(device, stats),
         locals: Vec::new(),
         local_ids: HashMap::new(),
         peers: Vec::new(),
@@ -164,7 +165,7 @@ pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
         ticket: 0,
         done_claimed: 0,
         stats: Stats {
-            on: std::env::var("MSCCLPP_P2P_STATS").is_ok_and(|v| v == "1"),
+            on: stats,
             ..Stats::default()
         },
     }))
