@@ -7,11 +7,12 @@
 
 mod common;
 
+use common::netns::Hosts;
 use common::raw::{fetch, initiator_rounds, publish, region, target_rounds};
 use mscclpp::error::Error;
 use mscclpp::transport::net;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const WORDS: usize = (1 << 20) / 8;
@@ -87,64 +88,19 @@ fn netns_role() {
     }
 }
 
-/// Deletes the namespaces (and so the veth pair) on drop.
-struct Namespaces(Vec<String>);
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for n in &self.0 {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
-    }
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
 #[test]
 fn two_namespaces_over_veth() {
     if std::env::var("NET_NS_DIR").is_ok() {
         return;
     }
-    let id = std::process::id() % 100_000;
-    let (na, nb) = (format!("mscnet-a-{id}"), format!("mscnet-b-{id}"));
-    let (va, vb) = (format!("mva{id}"), format!("mvb{id}"));
-    let mut ns = Namespaces(Vec::new());
-    let mut setup = || -> Result<(), String> {
-        ip(&["netns", "add", &na])?;
-        ns.0.push(na.clone());
-        ip(&["netns", "add", &nb])?;
-        ns.0.push(nb.clone());
-        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
-        ip(&["link", "set", &va, "netns", &na])?;
-        ip(&["link", "set", &vb, "netns", &nb])?;
-        ip(&["-n", &na, "addr", "add", "10.99.0.1/24", "dev", &va])?;
-        ip(&["-n", &nb, "addr", "add", "10.99.0.2/24", "dev", &vb])?;
-        for (n, v) in [(&na, &va), (&nb, &vb)] {
-            ip(&["-n", n, "link", "set", "lo", "up"])?;
-            ip(&["-n", n, "link", "set", v, "up"])?;
+    let hosts = match Hosts::create("n", "10.99.0") {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("skipped: cannot create network namespaces here ({e})");
+            return;
         }
-        Ok(())
     };
-    if let Err(e) = setup() {
-        // If the veth failed after the namespaces exist, the guard removes them.
-        eprintln!("skipped: cannot create network namespaces here ({e})");
-        return;
-    }
+    let id = std::process::id() % 100_000;
     let dir = std::env::temp_dir().join(format!("mscclpp-net-ns-{id}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -161,8 +117,12 @@ fn two_namespaces_over_veth() {
             .spawn()
             .unwrap()
     };
-    let mut t = spawn(&nb, "target", ("MSCCLPP_NET_ADDR", "10.99.0.2"));
-    let mut i = spawn(&na, "initiator", ("MSCCLPP_NET_IFACE", &va));
+    let mut t = spawn(&hosts.ns[1], "target", ("MSCCLPP_NET_ADDR", "10.99.0.2"));
+    let mut i = spawn(
+        &hosts.ns[0],
+        "initiator",
+        ("MSCCLPP_NET_IFACE", &hosts.dev[0]),
+    );
     let (si, st) = (i.wait().unwrap(), t.wait().unwrap());
     let _ = std::fs::remove_dir_all(&dir);
     assert!(si.success() && st.success(), "initiator {si}, target {st}");
