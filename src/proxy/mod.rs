@@ -52,7 +52,8 @@ pub struct ProxyConn {
     /// Flags sent so far: the value the next Flag writes is this + 1. Counting here rather than
     /// reading the producer's `device` epoch keeps the value in FIFO order with the data.
     pub signals: u64,
-    /// The peer's epoch block, mapped (SHM over host memory): a Flag may be a plain store.
+    /// The peer's epoch block, mapped (SHM over host memory), or its host signal word (P2P): a
+    /// Flag may be a plain store (`direct_flag`).
     pub direct: Option<DirectEpoch>,
     /// A write on this connection went through the endpoint since its last flush.
     pub undelivered: bool,
@@ -154,9 +155,9 @@ impl ProxyWork {
     /// progress of the endpoint (and the final drain once `stopping`).
     fn service(&mut self, stopping: bool) -> Result<Round> {
         // Reading the clock on every round cost ~1% of a tcp transfer's CPU time (`perf`, 2-core
-        // VM); a dead peer is noticed within the period plus 64 rounds.
+        // VM); a dead peer is noticed within the period plus WATCH_EVERY rounds.
         self.rounds = self.rounds.wrapping_add(1);
-        if self.rounds % 64 == 0 && self.last_watch.elapsed() > PEER_WATCH_PERIOD {
+        if self.rounds % WATCH_EVERY == 0 && self.last_watch.elapsed() > PEER_WATCH_PERIOD {
             self.last_watch = Instant::now();
             check_peers(self)?;
         }
@@ -433,6 +434,8 @@ const BUSY_PROGRESS_EVERY: u32 = 4;
 
 /// How often the proxy asks the bootstrap whether a connected peer vanished.
 const PEER_WATCH_PERIOD: Duration = Duration::from_millis(10);
+/// Rounds of `service` between two looks at the clock for that period.
+const WATCH_EVERY: u32 = 64;
 
 /// Fails when a peer of one of this proxy's connections died (no goodbye on its bootstrap
 /// connection): the caller turns that into the sticky error and the abort word.
