@@ -1,6 +1,7 @@
 //! Put bandwidth and signal latency through the C API over host memory (two local processes).
 //!
-//! `cargo run --release --example put_bench -- [--provider tcp|net|shm] [--max-mib 64]`
+//! `cargo run --release --example put_bench -- [--provider tcp|net|shm] [--max-mib 64]
+//!  [--min-kib 4] [--volume-mib 256]` (sizes and volume per size as in raw_rma)
 //!
 //! Bandwidth: rank 0 issues `iters` back-to-back `put`s of one size, then `signal` + `flush`;
 //! rank 1 `wait`s. Time from the first put to the flush's return, bytes / time; the same
@@ -19,6 +20,8 @@ use common::{arg, ok, rank_env, spawn_ranks, transport};
 fn main() {
     let provider = arg("--provider", "tcp");
     let max_mib: usize = arg("--max-mib", "64").parse().unwrap();
+    let min_kib: usize = arg("--min-kib", "4").parse().unwrap();
+    let volume_mib: usize = arg("--volume-mib", "256").parse().unwrap();
     let Some((rank, root)) = rank_env("PUT_BENCH") else {
         // Parent: start the ranks and wait.
         let all_ok = spawn_ranks(2, "PUT_BENCH", &provider);
@@ -93,11 +96,11 @@ fn main() {
         println!("{:>10} {:>12} {:>10}", "bytes", "GB/s", "iters");
     }
     // Bandwidth sweep, with raw_rma's schedule so the two compare: per size an untimed pass
-    // of up to 8 puts, then (256 MiB / size) puts clamped to 8..4000, alternating between two
+    // of up to 8 puts, then (volume / size) puts clamped to 8..4000, alternating between two
     // destination ranges where the buffer holds two.
-    let mut size = 4096;
+    let mut size = min_kib << 10;
     while size <= max {
-        let iters = ((256usize << 20) / size).clamp(8, 4000);
+        let iters = ((volume_mib << 20) / size).clamp(8, 4000);
         for timed in [false, true] {
             let n = if timed { iters } else { iters.min(8) };
             ok(mscclppBootstrapBarrier(comm), "barrier");
