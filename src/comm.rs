@@ -501,6 +501,7 @@ impl Comm {
                 signals: 0,
                 direct,
                 undelivered: false,
+                regain_direct: false,
             });
             let ep_ptr = epoch.ptr();
             self.dev_conns.push(mscclppDevConn {

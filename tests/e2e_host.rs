@@ -206,6 +206,50 @@ fn signals_mixed_tcp() {
     ranks("signals_mixed_tcp", 2, "tcp", signals_mixed);
 }
 
+/// SHM: a signal that had to go through libfabric (a put was queued before it, so a store
+/// could have overtaken the data) must not keep every later signal there until the user's
+/// next flush: once idle the proxy confirms delivery and later lone signals are stores into
+/// the peer's epoch block again, which push no trigger (the FIFO's head stays put).
+fn signals_regain_direct(e: Env) {
+    const ROUNDS: u64 = 2000;
+    let mut buf = vec![0u8; 64];
+    let c = connected_pair(&e, 5, &mut buf);
+    let d = &mut dev_conns(c)[0];
+    if e.rank == 0 {
+        put(d, 0, 0, 8);
+        signal(d);
+        let head = |d: &mscclpp::abi::mscclppDevConn| {
+            // SAFETY: the FIFO's control block lives as long as the communicator.
+            unsafe { std::sync::atomic::AtomicU64::from_ptr(d.fifo.triggerFifoHead) }
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let mut direct = 0;
+        for _ in 0..ROUNDS {
+            let h = head(d);
+            signal(d);
+            direct += (head(d) == h) as u64;
+            wait(d);
+        }
+        assert!(
+            direct >= ROUNDS / 2,
+            "only {direct} of {ROUNDS} signals after a put were stores into the peer's epoch block"
+        );
+    } else {
+        wait(d);
+        for _ in 0..ROUNDS {
+            wait(d);
+            signal(d);
+        }
+    }
+    flush(d);
+    finish(c);
+}
+
+#[test]
+fn signals_regain_direct_shm() {
+    ranks("signals_regain_direct_shm", 2, "shm", signals_regain_direct);
+}
+
 // ---- registered buffers --------------------------------------------------------------------
 
 fn registered_write(e: Env) {

@@ -76,6 +76,7 @@ fn proxy_moves_data_and_refuses_out_of_range_triggers() {
         signals: 0,
         direct: None,
         undelivered: false,
+        regain_direct: false,
     };
     let sticky = Arc::new(Sticky::default());
     // The proxy watches its bootstrap for lost peers: a one-rank communicator on a free port.
