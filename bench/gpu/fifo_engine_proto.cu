@@ -100,6 +100,8 @@ __device__ __forceinline__ void stSlot(u64* p, u64 a, u64 b)
   asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
 }
 
+/* The library engine's copy loop (src/cuda/kernels/p2p_engine.cu, copyShare) on purpose: the
+ * comparison is of the hand-off, not of the copy. Sizes here are multiples of 16. */
 __device__ __forceinline__ void copyShare(char* dst, const char* src, u64 size, u64 first, u64 stride)
 {
   const u64 words = size / 16;
