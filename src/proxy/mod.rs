@@ -57,11 +57,11 @@ pub struct ProxyConn {
     pub direct: Option<DirectEpoch>,
     /// A write on this connection went through the endpoint since its last flush.
     pub undelivered: bool,
-    /// A Flag of this connection went through the endpoint though it has a direct path (the
-    /// host producer could not take the lock at once, or data was queued before it): once the
-    /// FIFO is empty the proxy flushes the peer (`ProxyWork::regain_direct`), or every later
-    /// signal would take the endpoint too until the user's next flush (a ping-pong of
-    /// signal/wait never flushes: 2.2-2.8 us per SHM signal instead of 0.14-0.2).
+    /// A lone Flag of this connection went through the endpoint though it has a direct path
+    /// (something written before it may still be on its way, `undelivered`): once the FIFO is
+    /// empty the proxy flushes the peer (`ProxyWork::regain_direct`), or every later signal
+    /// would take the endpoint too until the user's next flush, which a ping-pong of
+    /// signal/wait never makes (test `e2e_host::signals_regain_direct_shm`).
     pub regain_direct: bool,
 }
 
@@ -218,9 +218,7 @@ impl ProxyWork {
         ep.poll_incoming()?;
         Ok(Round::Idle)
     }
-}
 
-impl ProxyWork {
     /// With the FIFO empty: flushes each peer that a connection with a direct path sent a Flag
     /// to through the endpoint (`ProxyConn::regain_direct`), so that its next signals may be
     /// stores again. One delivery-complete round trip per such episode, off the producer's
@@ -229,13 +227,17 @@ impl ProxyWork {
         let mut ep = lock(&self.endpoint);
         while let Some(peer) = self.conns.iter().find(|c| c.regain_direct).map(|c| c.peer) {
             ep.flush(peer)?;
-            // Everything written to that peer has arrived, on every connection to it.
-            for x in self.conns.iter_mut().filter(|x| x.peer == peer) {
-                x.undelivered = false;
-                x.regain_direct = false;
-            }
+            flushed(&mut self.conns, peer);
         }
         Ok(())
+    }
+}
+
+/// After a flush of `peer`: everything written to it has arrived, on every connection to it.
+fn flushed(conns: &mut [ProxyConn], peer: PeerId) {
+    for x in conns.iter_mut().filter(|x| x.peer == peer) {
+        x.undelivered = false;
+        x.regain_direct = false;
     }
 }
 
@@ -542,19 +544,16 @@ fn handle(w: &mut ProxyWork, t: &Trigger) -> Result<()> {
         }
     } else if t.ty & mscclppFlag != 0 && !direct_flag(c) {
         c.undelivered = true;
-        c.regain_direct = c.direct.is_some() && host_fifo && t.ty & mscclppSync == 0;
+        // (A Sync in the same trigger clears it again below.)
+        c.regain_direct = c.direct.is_some() && host_fifo;
         c.signals += 1;
         ep.write_value(c.peer, c.remote_epoch, 8, c.signals)?;
     }
     if t.ty & mscclppSync != 0 {
         let peer = c.peer;
         ep.flush(peer)?;
-        // Everything written to that peer has arrived, on every connection to it.
         drop(ep);
-        for x in w.conns.iter_mut().filter(|x| x.peer == peer) {
-            x.undelivered = false;
-            x.regain_direct = false;
-        }
+        flushed(&mut w.conns, peer);
     }
     Ok(())
 }
