@@ -10,8 +10,9 @@
 //! Usage: cargo run --release -p libfabric-sys --example raw_rma -- [--provider tcp|shm|net|...]
 //!        [--domain NAME] [--dc] [--iters N] [--min-kib K] [--max-mib M]
 //!        [--volume-mib V]
-//! Each size from `--min-kib` (4) to `--max-mib` (64) moves `--volume-mib` (256) MiB in 8..4000 writes: on a
-//! 2-core VM a single run's bandwidth moves by 20%, and more volume per size narrows that.
+//! Each size from `--min-kib` (4) to `--max-mib` (64) moves `--volume-mib` (256) MiB in
+//! 8..4000 writes: on a 2-core VM a single run's bandwidth moves by 20%, and more volume per
+//! size narrows that.
 //! `--provider` matches the provider name or its core (tcp = tcp;ofi_rxm); socket providers
 //! use the loopback domain unless `--domain` says otherwise. `--dc` adds FI_DELIVERY_COMPLETE
 //! to every write (what libmscclpp does where the provider accepts it).
