@@ -563,6 +563,14 @@ const SPIN_ITERS: u32 = 256;
 const YIELD_FOR: Duration = Duration::from_millis(20);
 /// Polls before a waiter that cannot help starts yielding.
 const UNHELPED_SPINS: u32 = 8;
+/// After `YIELD_FOR`, a waiter that cannot help naps for this fraction of what it has waited
+/// (at most `NAP_MAX`): it then wakes at most 1/64 of its wait late, and seldom enough not to
+/// matter to the thread doing the work. Each wake-up takes that thread's core for ~7 us on
+/// the 2-core VM (`perf sched timehist`): with the fixed 50 us naps before, the receiver's
+/// waiter took ~7 us of every ~117 us of a 1 MiB shm transfer's copying thread, 88-91% of raw
+/// `fi_write` against 95-100% with naps of 1/64 (bench/RESULTS.md).
+const NAP_FRACTION: u32 = 64;
+const NAP_MAX: Duration = Duration::from_millis(1);
 
 impl Spin {
     /// A wait on the host FIFO `fifo` (its abort word ends the wait).
@@ -631,7 +639,7 @@ impl Spin {
         } else if waited < YIELD_FOR {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(Duration::from_micros(50));
+            std::thread::sleep((waited / NAP_FRACTION).min(NAP_MAX));
         }
         Ok(())
     }
