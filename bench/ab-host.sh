@@ -6,43 +6,65 @@
 #   bench/ab-host.sh [provider] [runs] [min-kib] [volume-mib]      defaults: tcp 8 1024 2048
 #
 # Prints, per size (min-kib .. 64 MiB): raw and our median GB/s, the ratio of the medians, and
-# the median of the runs' paired ratios (each of our runs over the raw run just before it,
+# the median of the runs' paired ratios (each of our runs over the raw run of the same round,
 # which shares its moment's noise).
+#
+# To compare builds of ours, list their put_bench binaries in AB_BINS (copies outside the
+# target directory, e.g. `AB_BINS="/tmp/pb-before /tmp/pb-after"`): each round runs raw, then
+# every binary, the binaries' order rotating from round to round so that none always runs
+# right after raw. One "ours" column per binary, in AB_BINS order.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 p=${1:-tcp} runs=${2:-8} min=${3:-1024} vol=${4:-2048}
 cargo build --release -q -p libfabric-sys --example raw_rma
 cargo build --release -q --example put_bench
 t=${CARGO_TARGET_DIR:-target}/release/examples
+read -r -a bins <<<"${AB_BINS:-$t/put_bench}"
+for b in "${bins[@]}"; do
+  [[ -x $b ]] || { echo "ab-host: $b is not an executable put_bench" >&2; exit 2; }
+done
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+n=${#bins[@]}
 for ((i = 0; i < runs; i++)); do
-  echo "run $i" >>"$log"
   # raw prints "  1 MiB  iters  ms  GB/s"; ours "bytes GB/s iters".
   timeout 300 "$t/raw_rma" --provider "$p" --iters 100 --min-kib "$min" --volume-mib "$vol" |
-    awk '$2 == "KiB" || $2 == "MiB" { b = $1 * ($2 == "MiB" ? 1048576 : 1024); print "raw", b, $5 }' >>"$log"
-  timeout 300 "$t/put_bench" --provider "$p" --min-kib "$min" --volume-mib "$vol" |
-    awk '$1 ~ /^[0-9]+$/ && NF == 3 { print "ours", $1, $2 }' >>"$log"
+    awk -v r="$i" '$2 == "KiB" || $2 == "MiB" { b = $1 * ($2 == "MiB" ? 1048576 : 1024); print r, "raw", b, $5 }' >>"$log"
+  for ((j = 0; j < n; j++)); do
+    k=$(((i + j) % n))
+    timeout 300 "${bins[$k]}" --provider "$p" --min-kib "$min" --volume-mib "$vol" |
+      awk -v r="$i" -v k="$k" '$1 ~ /^[0-9]+$/ && NF == 3 { print r, k, $1, $2 }' >>"$log"
+  done
 done
 echo "# $(date -u +%F) $(uname -n) $(nproc) cores, provider $p, $runs alternating runs, ${vol} MiB per size"
-python3 - "$log" <<'EOF'
+((n > 1)) && for ((k = 0; k < n; k++)); do echo "# ours$k: ${bins[$k]}"; done
+python3 - "$log" "$n" <<'EOF'
 import statistics, sys
-runs, run, now = {}, {}, -1
+n = int(sys.argv[2])
+runs, run = {}, {}
 for line in open(sys.argv[1]):
-    f = line.split()
-    if f[0] == "run":
-        now = int(f[1])
-        continue
-    who, size, gbs = f[0], int(f[1]), float(f[2])
+    r, who, size, gbs = line.split()
+    r, size, gbs = int(r), int(size), float(gbs)
     runs.setdefault((size, who), []).append(gbs)
-    run[(now, size, who)] = gbs
-print(f"{'bytes':>10} {'raw GB/s':>9} {'ours GB/s':>10} {'ours/raw':>9} {'paired':>7}  (runs)")
+    run[(r, size, who)] = gbs
+names = [str(k) for k in range(n)]
+head = "".join(f" {'ours' + (k if n > 1 else '') + ' GB/s':>11} {'/raw':>5} {'paired':>6}" for k in names)
+print(f"{'bytes':>10} {'raw GB/s':>9}{head}  (runs)")
 for size in sorted({s for s, _ in runs}):
-    raw, ours = runs.get((size, "raw"), []), runs.get((size, "ours"), [])
-    pairs = [run[(i, size, "ours")] / run[(i, size, "raw")] for i in range(now + 1)
-             if (i, size, "ours") in run and (i, size, "raw") in run]
-    if pairs:
-        r, o = statistics.median(raw), statistics.median(ours)
-        p = statistics.median(pairs)
-        print(f"{size:>10} {r:>9.2f} {o:>10.2f} {o / r:>8.0%} {p:>7.0%}  ({len(raw)}, {len(ours)})")
+    raw = runs.get((size, "raw"), [])
+    if not raw:
+        continue
+    r = statistics.median(raw)
+    cols, counts = "", [len(raw)]
+    for k in names:
+        ours = runs.get((size, k), [])
+        pairs = [run[(i, s, k)] / run[(i, s, "raw")] for (i, s, w) in run
+                 if s == size and w == k and (i, s, "raw") in run]
+        if not pairs:
+            cols += f" {'-':>11} {'-':>5} {'-':>6}"
+            continue
+        o = statistics.median(ours)
+        cols += f" {o:>11.2f} {o / r:>5.0%} {statistics.median(pairs):>6.0%}"
+        counts.append(len(ours))
+    print(f"{size:>10} {r:>9.2f}{cols}  ({', '.join(map(str, counts))})")
 EOF
