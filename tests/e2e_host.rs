@@ -134,6 +134,10 @@ fn many_puts_one_signal_tcp() {
 fn many_puts_one_signal_shm() {
     ranks("many_puts_one_signal_shm", 2, "shm", many_puts_one_signal);
 }
+#[test]
+fn many_puts_one_signal_net() {
+    ranks("many_puts_one_signal_net", 2, "net", many_puts_one_signal);
+}
 
 // ---- 100,000 ping-pong rounds -----------------------------------------------------------
 
@@ -150,6 +154,10 @@ fn pingpong_100k_tcp() {
 #[test]
 fn pingpong_100k_shm() {
     ranks("pingpong_100k_shm", 2, "shm", pingpong);
+}
+#[test]
+fn pingpong_100k_net() {
+    ranks("pingpong_100k_net", 2, "net", pingpong);
 }
 
 // ---- signals alone, and after data ------------------------------------------------------
@@ -318,6 +326,10 @@ fn registered_buffer_write_tcp_3() {
 #[test]
 fn registered_buffer_write_shm_2() {
     ranks("registered_buffer_write_shm_2", 2, "shm", registered_write);
+}
+#[test]
+fn registered_buffer_write_net_2() {
+    ranks("registered_buffer_write_net_2", 2, "net", registered_write);
 }
 
 // ---- faults ---------------------------------------------------------------------------------
