@@ -2,7 +2,8 @@
  * allgather_host: N processes all-gather a host buffer through one-sided puts over libfabric,
  * driven from the CPU with the host-side device API (mscclppDevConnPutWithSignal, Flush,
  * Wait). Every byte is verified; rank 0 prints the time per all-gather, the bandwidth, and
- * the 8-byte signal latency between ranks 0 and 1. No GPU needed.
+ * the latency of an 8-byte putWithSignal answered by a wait() between ranks 0 and 1. No GPU
+ * needed.
  *
  *   scripts/run-local-ranks.sh 4 ./allgather_host                      tcp on loopback
  *   scripts/run-local-ranks.sh 4 ./allgather_host -t shm -s 16777216   libfabric shm
@@ -194,8 +195,8 @@ int main(int argc, char **argv)
     MSCCLPP_CHECK_GOTO(mscclppDevConnFlush(c), out);
     if (rank == 0) {
       qsort(lat, lat_rounds, sizeof(double), cmp_double);
-      printf("allgather_host: 8-byte signal latency rank 0 <-> 1 (half round trip): median %.2f us, "
-             "p90 %.2f us\n",
+      printf("allgather_host: 8-byte putWithSignal + wait latency rank 0 <-> 1 "
+             "(half round trip): median %.2f us, p90 %.2f us\n",
              lat[lat_rounds / 2], lat[lat_rounds * 9 / 10]);
     }
   }
