@@ -284,8 +284,11 @@ def fmt(kv):
 rows = [("1 MiB", 1 << 20, "17.3", "10"), ("64 MiB", 64 << 20, "103", "95"),
         ("1 GiB", 1 << 30, "1393", "1380")]
 import os
-print("all-gather, ours with 2 ranks on 2 GPUs, NCCL with one rank per GPU ("
-      + os.environ.get("NGPU", "?") + " ranks): time per all-gather in us (10 x 10 CUDA-graph launches)")
+ngpu = os.environ.get("NGPU", "?")
+print(f"all-gather, ours with 2 ranks on {ngpu} GPU(s), NCCL with one rank per GPU ({ngpu} ranks): "
+      "time per all-gather in us (10 x 10 CUDA-graph launches)"
+      + ("; ranks sharing a GPU time-slice it (~2 ms per switch), so these are no P2P figures"
+         if ngpu == "1" else ""))
 print("| size   | ours    | ours, copy engines only | NCCL    | 2023 anchor | target |")
 print("|--------|---------|-------------------------|---------|-------------|--------|")
 for name, n, anchor, target in rows:
@@ -297,7 +300,7 @@ if ib:
           ", ".join(f"{int(kv['bytes']) >> 20} MiB {fmt(kv)}" for kv in ib))
 r8 = res.get("allgather_r8", [])
 if r8:
-    print("all-gather, 8 ranks on the machine's GPUs (4 per GPU on 2 GPUs), us per all-gather: " +
+    print(f"all-gather, 8 ranks on the machine's {ngpu} GPU(s), us per all-gather: " +
           ", ".join(f"{int(kv['bytes']) >> 20} MiB {fmt(kv)}" for kv in r8))
 for k in ("pingpong", "pingpong_ce", "fifo", "fifo_ce", "profile"):
     for kv in res.get(k, []):
