@@ -5,10 +5,11 @@
 //!   - `fi_write` bandwidth, 4 KiB .. 64 MiB: a window of writes in flight, then an 8-byte flag
 //!     write ordered after them (WAW) that the target echoes back; the clock stops at the echo,
 //!     so every byte has arrived;
-//!   - the 8-byte put half round trip: ping-pong of flag writes, each side polling its memory.
+//!   - the 8-byte put half round trip: ping-pong of flag writes, each side polling its memory
+//!     (`--data-first`: an 8-byte data write before each flag, what a putWithSignal sends).
 //!
 //! Usage: cargo run --release -p libfabric-sys --example raw_rma -- [--provider tcp|shm|net|...]
-//!        [--domain NAME] [--dc] [--iters N] [--min-kib K] [--max-mib M]
+//!        [--domain NAME] [--dc] [--data-first] [--iters N] [--min-kib K] [--max-mib M]
 //!        [--volume-mib V]
 //! Each size from `--min-kib` (4) to `--max-mib` (64) moves `--volume-mib` (256) MiB in
 //! 8..4000 writes: on a 2-core VM a single run's bandwidth moves by 20%, and more volume per
@@ -33,6 +34,8 @@ struct Opts {
     provider: String,
     domain: Option<String>,
     dc: bool,
+    /// Latency: an 8-byte data write before each flag (what putWithSignal sends).
+    data_first: bool,
     iters: usize,
     min_kib: usize,
     max_mib: usize,
@@ -45,6 +48,7 @@ fn opts() -> Opts {
         provider: "tcp".into(),
         domain: None,
         dc: false,
+        data_first: false,
         iters: 10_000,
         min_kib: 4,
         max_mib: MAX_SIZE >> 20,
@@ -57,6 +61,7 @@ fn opts() -> Opts {
             "--provider" => o.provider = a.next().expect("--provider NAME"),
             "--domain" => o.domain = a.next(),
             "--dc" => o.dc = true,
+            "--data-first" => o.data_first = true,
             "--iters" => o.iters = a.next().and_then(|s| s.parse().ok()).expect("--iters N"),
             "--min-kib" => o.min_kib = a.next().and_then(|s| s.parse().ok()).expect("--min-kib K"),
             "--max-mib" => {
@@ -116,6 +121,7 @@ struct Side {
     peer_base: u64,
     peer_key: u64,
     dc: bool,
+    data_first: bool,
     outstanding: usize,
     ctx: Box<[fi_context2; 64]>,
 }
@@ -204,6 +210,7 @@ impl Side {
                 peer_base: 0,
                 peer_key: 0,
                 dc: o.dc,
+                data_first: o.data_first,
                 outstanding: 0,
                 ctx: Box::new([fi_context2::default(); 64]),
             };
@@ -400,6 +407,10 @@ impl Side {
     /// Sends `v` to the peer's flag word (from our staging word: one flag in flight at a time
     /// in this protocol, each preceded by waiting for the previous flag's echo).
     fn send_flag(&mut self, v: u64) {
+        if self.data_first {
+            // Ordered before the flag by WAW, as our putWithSignal's data write is.
+            self.write(0, 0, 8);
+        }
         self.buf[STAGE_OFF / 8] = v;
         self.write(STAGE_OFF, FLAG_OFF, 8);
     }
@@ -553,8 +564,9 @@ fn main() {
         }
         size *= 4;
     }
+    let what = if o.data_first { "8 B put + flag" } else { "8 B put" };
     println!(
-        "8 B put half round trip: median {:.2} us, p10 {:.2} us, p99 {:.2} us ({} round trips)",
+        "{what} half round trip: median {:.2} us, p10 {:.2} us, p99 {:.2} us ({} round trips)",
         pct(0.5),
         pct(0.1),
         pct(0.99),
