@@ -564,7 +564,11 @@ fn main() {
         }
         size *= 4;
     }
-    let what = if o.data_first { "8 B put + flag" } else { "8 B put" };
+    let what = if o.data_first {
+        "8 B put + flag"
+    } else {
+        "8 B put"
+    };
     println!(
         "{what} half round trip: median {:.2} us, p10 {:.2} us, p99 {:.2} us ({} round trips)",
         pct(0.5),
