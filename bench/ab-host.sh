@@ -12,32 +12,42 @@
 # To compare builds of ours, list their put_bench binaries in AB_BINS (copies outside the
 # target directory, e.g. `AB_BINS="/tmp/pb-before /tmp/pb-after"`): each round runs raw, then
 # every binary, the binaries' order rotating from round to round so that none always runs
-# right after raw. One "ours" column per binary, in AB_BINS order.
+# right after raw (use a number of rounds that the number of binaries divides). One "ours"
+# column per binary, in AB_BINS order. A run that fails is reported and left out.
 set -euo pipefail
+read -r -a bins <<<"${AB_BINS:-}"
+for ((k = 0; k < ${#bins[@]}; k++)); do
+  b=${bins[$k]}
+  [[ -f $b && -x $b ]] || { echo "ab-host: $b is not an executable put_bench" >&2; exit 2; }
+  bins[k]=$(realpath "$b") # before the cd below
+done
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 p=${1:-tcp} runs=${2:-8} min=${3:-1024} vol=${4:-2048}
 cargo build --release -q -p libfabric-sys --example raw_rma
-cargo build --release -q --example put_bench
 t=${CARGO_TARGET_DIR:-target}/release/examples
-read -r -a bins <<<"${AB_BINS:-$t/put_bench}"
-for b in "${bins[@]}"; do
-  [[ -x $b ]] || { echo "ab-host: $b is not an executable put_bench" >&2; exit 2; }
-done
+if ((${#bins[@]} == 0)); then
+  cargo build --release -q --example put_bench
+  bins=("$t/put_bench")
+fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 n=${#bins[@]}
 for ((i = 0; i < runs; i++)); do
   # raw prints "  1 MiB  iters  ms  GB/s"; ours "bytes GB/s iters".
   timeout 300 "$t/raw_rma" --provider "$p" --iters 100 --min-kib "$min" --volume-mib "$vol" |
-    awk -v r="$i" '$2 == "KiB" || $2 == "MiB" { b = $1 * ($2 == "MiB" ? 1048576 : 1024); print r, "raw", b, $5 }' >>"$log"
+    awk -v r="$i" '$2 == "KiB" || $2 == "MiB" { b = $1 * ($2 == "MiB" ? 1048576 : 1024); print r, "raw", b, $5 }' >>"$log" ||
+    echo "ab-host: round $i: raw_rma failed" >&2
   for ((j = 0; j < n; j++)); do
     k=$(((i + j) % n))
     timeout 300 "${bins[$k]}" --provider "$p" --min-kib "$min" --volume-mib "$vol" |
-      awk -v r="$i" -v k="$k" '$1 ~ /^[0-9]+$/ && NF == 3 { print r, k, $1, $2 }' >>"$log"
+      awk -v r="$i" -v k="$k" '$1 ~ /^[0-9]+$/ && NF == 3 { print r, k, $1, $2 }' >>"$log" ||
+      echo "ab-host: round $i: ${bins[$k]} failed" >&2
   done
 done
 echo "# $(date -u +%F) $(uname -n) $(nproc) cores, provider $p, $runs alternating runs, ${vol} MiB per size"
-((n > 1)) && for ((k = 0; k < n; k++)); do echo "# ours$k: ${bins[$k]}"; done
+if ((n > 1)); then
+  for ((k = 0; k < n; k++)); do echo "# ours$k: ${bins[$k]}"; done
+fi
 python3 - "$log" "$n" <<'EOF'
 import statistics, sys
 n = int(sys.argv[2])
@@ -62,6 +72,7 @@ for size in sorted({s for s, _ in runs}):
                  if s == size and w == k and (i, s, "raw") in run]
         if not pairs:
             cols += f" {'-':>11} {'-':>5} {'-':>6}"
+            counts.append(len(ours))
             continue
         o = statistics.median(ours)
         cols += f" {o:>11.2f} {o / r:>5.0%} {statistics.median(pairs):>6.0%}"

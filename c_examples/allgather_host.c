@@ -178,7 +178,7 @@ int main(int argc, char **argv)
   }
   MSCCLPP_CHECK_GOTO(mscclppBootstrapBarrier(comm), out);
 
-  /* Signal latency: 8-byte putWithSignal ping-pong between ranks 0 and 1 (conns[0] on each). */
+  /* Latency: 8-byte putWithSignal ping-pong between ranks 0 and 1 (conns[0] on each). */
   if (nranks >= 2 && rank <= 1) {
     mscclppDevConn_t *c = &conns[0];
     for (k = 0; k < lat_rounds; k++) {

@@ -8,7 +8,7 @@
 # demo with 4 ranks as local processes: with GPUs and nvcc, the CUDA all-gather over P2P
 # (c_examples/cuda/allgather.cu, rank r on GPU r % ngpus); otherwise allgather_host, a host
 # buffer all-gathered over libfabric (tcp on loopback; MSCCLPP_NET_PROVIDER picks another
-# provider), with every byte verified and the bandwidth and signal latency printed.
+# provider), with every byte verified and the bandwidth and putWithSignal latency printed.
 #
 # Needs Debian/Ubuntu and a Rust toolchain (cargo). Environment: MSCCLPP_DEMO_PROGRAM (a
 # program of c_examples, default below), MSCCLPP_DEMO_RANKS (default 4), CARGO_TARGET_DIR

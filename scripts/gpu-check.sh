@@ -119,7 +119,8 @@ ls -la "$CARRY"
 # NCCL first, in the background: it needs nothing of ours, and the examples build meanwhile
 # (CPU only; the GPUs are NCCL's alone until it finishes).
 # One NCCL rank per GPU (NCCL refuses two on one GPU): 2 on nvidia-h200-x2, 8 on -x8.
-NGPU=$(nvidia-smi -L | wc -l)
+# (Only the GPU lines: with MIG, `nvidia-smi -L` adds indented lines for the instances.)
+NGPU=$(nvidia-smi -L | grep -c '^GPU' || true)
 export NGPU
 QUICK=${GPU_CHECK_QUICK:-0}
 NCCL_LOG=$WORK/nccl.log
@@ -285,7 +286,7 @@ rows = [("1 MiB", 1 << 20, "17.3", "10"), ("64 MiB", 64 << 20, "103", "95"),
         ("1 GiB", 1 << 30, "1393", "1380")]
 import os
 ngpu = os.environ.get("NGPU", "?")
-print(f"all-gather, ours with 2 ranks on {ngpu} GPU(s), NCCL with one rank per GPU ({ngpu} ranks): "
+print(f"all-gather, ours with 2 ranks on {min(2, int(ngpu)) if ngpu.isdigit() else ngpu} GPU(s), NCCL with one rank per GPU ({ngpu} ranks): "
       "time per all-gather in us (10 x 10 CUDA-graph launches)"
       + ("; ranks sharing a GPU time-slice it (~2 ms per switch), so these are no P2P figures"
          if ngpu == "1" else ""))

@@ -568,7 +568,8 @@ const UNHELPED_SPINS: u32 = 8;
 /// matter to the thread doing the work. Each wake-up takes that thread's core for ~7 us on
 /// the 2-core VM (`perf sched timehist`): with the fixed 50 us naps before, the receiver's
 /// waiter took ~7 us of every ~117 us of a 1 MiB shm transfer's copying thread: 88% of raw
-/// `fi_write` against 94% with naps of 1/64 (24 rotated rounds, bench/RESULTS.md).
+/// `fi_write` against 94% with naps of 1/64 in 24 rotated rounds (bench/RESULTS.md: of two
+/// 16-round batches, one agrees and one shows no change).
 const NAP_FRACTION: u32 = 64;
 const NAP_MAX: Duration = Duration::from_millis(1);
 

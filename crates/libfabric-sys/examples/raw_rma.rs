@@ -6,7 +6,8 @@
 //!     write ordered after them (WAW) that the target echoes back; the clock stops at the echo,
 //!     so every byte has arrived;
 //!   - the 8-byte put half round trip: ping-pong of flag writes, each side polling its memory
-//!     (`--data-first`: an 8-byte data write before each flag, what a putWithSignal sends).
+//!     (`--data-first`: an 8-byte data write before each flag, what a putWithSignal sends;
+//!     the bandwidth phase's closing flag then carries one too).
 //!
 //! Usage: cargo run --release -p libfabric-sys --example raw_rma -- [--provider tcp|shm|net|...]
 //!        [--domain NAME] [--dc] [--data-first] [--iters N] [--min-kib K] [--max-mib M]
@@ -79,7 +80,7 @@ fn opts() -> Opts {
             }
             "--child" => o.child = true,
             "-h" | "--help" => {
-                println!("raw_rma [--provider NAME] [--domain NAME] [--dc] [--iters N] [--min-kib K] [--max-mib M] [--volume-mib V]");
+                println!("raw_rma [--provider NAME] [--domain NAME] [--dc] [--data-first] [--iters N] [--min-kib K] [--max-mib M] [--volume-mib V]");
                 std::process::exit(0);
             }
             other => panic!("unknown argument {other}"),
