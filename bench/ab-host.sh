@@ -68,14 +68,13 @@ for size in sorted({s for s, _ in runs}):
     cols, counts = "", [len(raw)]
     for k in names:
         ours = runs.get((size, k), [])
+        counts.append(len(ours))
         pairs = [run[(i, s, k)] / run[(i, s, "raw")] for (i, s, w) in run
                  if s == size and w == k and (i, s, "raw") in run]
         if not pairs:
             cols += f" {'-':>11} {'-':>5} {'-':>6}"
-            counts.append(len(ours))
             continue
         o = statistics.median(ours)
         cols += f" {o:>11.2f} {o / r:>5.0%} {statistics.median(pairs):>6.0%}"
-        counts.append(len(ours))
     print(f"{size:>10} {r:>9.2f}{cols}  ({', '.join(map(str, counts))})")
 EOF

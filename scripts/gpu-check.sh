@@ -286,10 +286,11 @@ rows = [("1 MiB", 1 << 20, "17.3", "10"), ("64 MiB", 64 << 20, "103", "95"),
         ("1 GiB", 1 << 30, "1393", "1380")]
 import os
 ngpu = os.environ.get("NGPU", "?")
-print(f"all-gather, ours with 2 ranks on {min(2, int(ngpu)) if ngpu.isdigit() else ngpu} GPU(s), NCCL with one rank per GPU ({ngpu} ranks): "
-      "time per all-gather in us (10 x 10 CUDA-graph launches)"
-      + ("; ranks sharing a GPU time-slice it (~2 ms per switch), so these are no P2P figures"
-         if ngpu == "1" else ""))
+ours_gpus = min(2, int(ngpu)) if ngpu.isdigit() else ngpu  # rank r on GPU r % ngpus
+shared = "; ranks sharing a GPU time-slice it (~2 ms per switch), so these are no P2P figures"
+print(f"all-gather, ours with 2 ranks on {ours_gpus} GPU(s), NCCL with one rank per GPU "
+      f"({ngpu} ranks): time per all-gather in us (10 x 10 CUDA-graph launches)"
+      + (shared if ngpu == "1" else ""))
 print("| size   | ours    | ours, copy engines only | NCCL    | 2023 anchor | target |")
 print("|--------|---------|-------------------------|---------|-------------|--------|")
 for name, n, anchor, target in rows:
