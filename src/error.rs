@@ -1,6 +1,7 @@
 //! The core error type. Every failure carries enough context (which call, which peer, which
-//! errno) to act on; `capi` maps it to `mscclppResult_t` in one place.
+//! errno) to act on; [`Error::code`] is its one mapping to `mscclppResult_t`.
 
+use crate::abi::mscclppResult_t;
 use std::io;
 
 #[derive(Debug, thiserror::Error)]
@@ -40,12 +41,27 @@ pub enum Error {
     /// An error the communicator's background work met earlier (a proxy, or a host thread doing
     /// its work), reported again by a later call with its original result code.
     #[error("{1}")]
-    Earlier(crate::abi::mscclppResult_t, String),
+    Earlier(mscclppResult_t, String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// The C result code this error reports as: the one mapping from errors to
+    /// `mscclppResult_t` (the C API, sticky proxy errors and the abort word all use it).
+    pub fn code(&self) -> mscclppResult_t {
+        use mscclppResult_t::*;
+        match self {
+            Error::InvalidArgument(_) => mscclppInvalidArgument,
+            Error::InvalidUsage(_) => mscclppInvalidUsage,
+            Error::System { .. } | Error::Fabric { .. } => mscclppSystemError,
+            Error::Remote(_) | Error::Timeout { .. } => mscclppRemoteError,
+            Error::Cuda { .. } => mscclppUnhandledCudaError,
+            Error::Internal(_) => mscclppInternalError,
+            Error::Earlier(code, _) => *code,
+        }
+    }
+
     pub fn invalid_arg(msg: impl Into<String>) -> Self {
         Error::InvalidArgument(msg.into())
     }

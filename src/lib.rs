@@ -8,13 +8,16 @@
 #[macro_use]
 pub mod log;
 pub mod abi;
+pub mod config;
 pub mod bootstrap;
 pub mod capi;
 pub mod comm;
 pub mod cuda;
 pub mod error;
 pub mod fifo;
+pub mod host;
 pub mod mem;
 pub mod proxy;
+pub mod sync;
 pub mod transport;
 pub mod wire;

@@ -1,8 +1,9 @@
-//! Logging: `MSCCLPP_DEBUG=WARN|INFO|TRACE` (default WARN) picks the level; every line goes to
+//! Logging: `MSCCLPP_DEBUG=WARN|INFO|TRACE` (default WARN; read by `config`) picks the level; every line goes to
 //! the handler that `mscclppSetLogHandler` installed, or to stderr.
 
 use std::ffi::{c_char, CString};
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use crate::config::LogLevel;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
@@ -31,13 +32,25 @@ const OFF: u8 = 4;
 /// Stored with Release in `set_handler`, read with Acquire in `emit`.
 static HANDLER: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
 
-fn level_from_env() -> u8 {
-    match std::env::var("MSCCLPP_DEBUG").map(|s| s.to_ascii_uppercase()) {
-        Ok(s) if s == "INFO" => Level::Info as u8,
-        Ok(s) if s == "TRACE" => Level::Trace as u8,
-        Ok(s) if s == "NONE" || s == "OFF" => OFF,
-        _ => Level::Warn as u8,
+/// The level from the configuration; on this first read, also reports the configuration's
+/// problems (bad variable values, `config::Config::problems`) once, at WARN.
+fn level_from_config() -> u8 {
+    let c = crate::config::get();
+    let cur = match c.log_level {
+        LogLevel::Off => OFF,
+        LogLevel::Warn => Level::Warn as u8,
+        LogLevel::Info => Level::Info as u8,
+        LogLevel::Trace => Level::Trace as u8,
+    };
+    // Several threads may race here and each store the same level; only the one that wins the
+    // flag reports, so each problem appears once per process.
+    static REPORTED: AtomicBool = AtomicBool::new(false);
+    if cur != OFF && !REPORTED.swap(true, Ordering::Relaxed) {
+        for p in &c.problems {
+            emit(Level::Warn, format_args!("{p}"));
+        }
     }
+    cur
 }
 
 /// True when a line at `level` would be emitted (cheap: one relaxed load after the first call).
@@ -45,7 +58,7 @@ fn level_from_env() -> u8 {
 pub fn enabled(level: Level) -> bool {
     let mut cur = LEVEL.load(Ordering::Relaxed);
     if cur == 0 {
-        cur = level_from_env();
+        cur = level_from_config();
         LEVEL.store(cur, Ordering::Relaxed);
     }
     cur != OFF && (level as u8) <= cur

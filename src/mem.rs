@@ -1,7 +1,24 @@
-//! Memory this library allocates for itself (FIFOs, epoch counters, staging).
+//! Memory this library allocates for itself (FIFOs, epoch counters, staging), and the kinds of
+//! memory (`MemKind`, `Region`) the layers above talk about.
 
 use crate::error::{Error, Result};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
+
+/// Where a buffer lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemKind {
+    Host,
+    /// CUDA device memory of this device ordinal.
+    Device(i32),
+}
+
+/// A local memory range, as the user (or this library) gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Region {
+    pub addr: u64,
+    pub len: u64,
+    pub kind: MemKind,
+}
 
 /// Zeroed, aligned host memory, freed on drop. Other threads (and, through registration, remote
 /// peers) may write it; Rust code touches it only through raw pointers and atomics.

@@ -208,11 +208,11 @@ proptest! {
     ) {
         let tr = if shm { mscclppTransport_t::mscclppTransportSHM } else { mscclppTransport_t::mscclppTransportIB };
         let valid = ConnBlob { transport: tr as u32, tag, rank, size, addr: &addr, data: &data, epoch: &epoch, epoch_shm: &[] }.encode();
-        let round = ConnBlob::decode(&valid, rank, tag, tr).unwrap();
+        let round = ConnBlob::decode(&valid, rank, tag, tr, true).unwrap();
         prop_assert_eq!(round.encode(), valid.clone());
         let m = mutate(valid, &flips, cut.map(|c| c % 300), &extra);
         for msg in [&m, &raw] {
-            if let Ok(b) = ConnBlob::decode(msg, rank, tag, tr) {
+            if let Ok(b) = ConnBlob::decode(msg, rank, tag, tr, true) {
                 prop_assert_eq!((b.rank, b.tag, b.transport), (rank, tag, tr as u32));
                 prop_assert!(b.size > 0);
                 prop_assert!(b.addr.len() <= MAX_FIELD && b.data.len() <= MAX_FIELD && b.epoch.len() <= MAX_FIELD);

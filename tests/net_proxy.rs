@@ -4,8 +4,8 @@
 
 use mscclpp::abi::{mscclppData, mscclppFlag, mscclppResult_t, mscclppSync, trigger_encode};
 use mscclpp::bootstrap::Bootstrap;
-use mscclpp::capi::result_of;
-use mscclpp::fifo::{host_push, host_wait_retired, Fifo};
+use mscclpp::fifo::Fifo;
+use mscclpp::host::{host_push, host_wait_retired};
 use mscclpp::proxy::{self, ProxyConn, ProxyWork, SharedEndpoint, Sticky};
 use mscclpp::transport::net;
 use mscclpp::transport::{Endpoint, MemKind, Region};
@@ -94,7 +94,7 @@ fn proxy_moves_data_and_refuses_out_of_range_triggers() {
         "net-proxy-test".into(),
         true,
     );
-    proxy::lock(&work).conns.push(conn);
+    mscclpp::sync::lock(&work).conns.push(conn);
     let running = proxy::launch(work).unwrap();
     // Data + Flag + Sync: half the buffer at an offset.
     let half = (n * 8 / 2) as u64;
@@ -122,7 +122,7 @@ fn proxy_moves_data_and_refuses_out_of_range_triggers() {
     match running.stop() {
         Err(e) => {
             assert_eq!(
-                result_of(&e),
+                e.code(),
                 mscclppResult_t::mscclppInvalidArgument,
                 "{e}"
             );

@@ -11,7 +11,7 @@ fuzz_target!(|data: &[u8]| {
         mscclppTransport_t::mscclppTransportIB,
         mscclppTransport_t::mscclppTransportSHM,
     ] {
-        if let Ok(b) = ConnBlob::decode(data, 1, 5, tr) {
+        if let Ok(b) = ConnBlob::decode(data, 1, 5, tr, true) {
             assert_eq!((b.rank, b.tag, b.transport), (1, 5, tr as u32));
             assert!(b.size > 0);
             assert_eq!(b.encode(), data);

@@ -19,17 +19,13 @@ use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use crate::sync::lock;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// (frame kind, sender rank, tag).
 pub(crate) type Key = (Kind, usize, u64);
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Nothing panics while holding these locks; if something did, the data is still whole.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 #[derive(Default)]
 struct State {

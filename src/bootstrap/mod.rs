@@ -31,42 +31,16 @@ mod root;
 use crate::abi::MSCCLPP_UNIQUE_ID_BYTES;
 use crate::error::{Error, Result};
 use frame::{Kind, MAX_PAYLOAD, MAX_RANKS};
-use mailbox::{lock, Mailbox};
+use crate::sync::lock;
+use mailbox::Mailbox;
 use std::net::{Shutdown, SocketAddr, SocketAddrV6, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Seconds set by `set_timeout`; 0 = not set. Relaxed: a plain value with no data behind it.
-static TIMEOUT_SET: AtomicU64 = AtomicU64::new(0);
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
-/// Caps a configured timeout so that deadline arithmetic cannot overflow.
-const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// Parses `MSCCLPP_BOOTSTRAP_TIMEOUT`: seconds, > 0 (fractions allowed).
-fn parse_timeout(s: &str) -> Option<Duration> {
-    let v: f64 = s.trim().parse().ok()?;
-    (v.is_finite() && v > 0.0).then(|| Duration::from_secs_f64(v.min(MAX_TIMEOUT.as_secs_f64())))
-}
-
-/// The process-wide bootstrap timeout: [`set_timeout`] if called, else
-/// `MSCCLPP_BOOTSTRAP_TIMEOUT` (seconds), else 30 s. Communicators read it when created.
+/// The process-wide bootstrap timeout (`config::bootstrap_timeout`: [`set_timeout`] if called,
+/// else `MSCCLPP_BOOTSTRAP_TIMEOUT`, else 30 s). Communicators read it when created.
 pub fn timeout() -> Duration {
-    let set = TIMEOUT_SET.load(Ordering::Relaxed);
-    if set > 0 {
-        return Duration::from_secs(set).min(MAX_TIMEOUT);
-    }
-    // Read once, like the other MSCCLPP_* variables: a bad value is reported once.
-    static FROM_ENV: OnceLock<Duration> = OnceLock::new();
-    *FROM_ENV.get_or_init(|| match std::env::var("MSCCLPP_BOOTSTRAP_TIMEOUT") {
-        Ok(s) => parse_timeout(&s).unwrap_or_else(|| {
-            crate::warn!(
-                "ignoring MSCCLPP_BOOTSTRAP_TIMEOUT={s:?}: not a number of seconds > 0; using {DEFAULT_TIMEOUT:?}"
-            );
-            DEFAULT_TIMEOUT
-        }),
-        Err(_) => DEFAULT_TIMEOUT,
-    })
+    crate::config::bootstrap_timeout()
 }
 
 /// Sets the process-wide bootstrap timeout (`mscclppSetBootstrapConnTimeout`) for
@@ -77,7 +51,7 @@ pub fn set_timeout(secs: i32) -> Result<()> {
             "bootstrap timeout must be > 0 seconds, got {secs}"
         )));
     }
-    TIMEOUT_SET.store(secs as u64, Ordering::Relaxed);
+    crate::config::set_bootstrap_timeout(secs as u64);
     Ok(())
 }
 
@@ -86,9 +60,7 @@ pub fn set_timeout(secs: i32) -> Result<()> {
 /// IPv4 interface that is up, else loopback) and a random magic. This host becomes the root:
 /// the rank 0 that joins with this id must run here, and listens on that address.
 pub fn new_unique_id() -> Result<[u8; MSCCLPP_UNIQUE_ID_BYTES]> {
-    let spec = std::env::var("MSCCLPP_SOCKET_IFNAME")
-        .ok()
-        .filter(|s| !s.is_empty());
+    let spec = crate::config::get().socket_ifname.clone();
     let ifaces = addr::interfaces()
         .map_err(|e| Error::sys("mscclppGetUniqueId: listing network interfaces", e))?;
     let (ip, scope) = addr::choose(&ifaces, spec.as_deref())

@@ -1,53 +1,17 @@
-//! The device API run from a host thread, for connections whose memory is host memory. Same
-//! protocol and semantics as the kernel methods in `include/mscclpp/device.h`.
+//! The device API run from a host thread (C exports over `crate::host`), for connections whose
+//! memory is host memory.
 
 use super::{check_null, ffi_boundary, mscclppDevConn_t};
 use crate::abi::*;
-use crate::error::{Error, Result};
-use crate::fifo::{self, Spin};
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::error::Result;
+use crate::host;
 
-/// Validates a host-driven connection and returns a copy of it.
-fn host_conn(conn: *const mscclppDevConn) -> Result<mscclppDevConn> {
+/// The checked connection behind a C pointer.
+fn host_conn(conn: *const mscclppDevConn) -> Result<host::Conn> {
     check_null!(conn);
-    // SAFETY: non-NULL; the caller passes a connection obtained from this library.
-    let c = unsafe { *conn };
-    if !fifo::is_host_fifo(c.fifo.triggerFifoHead) {
-        return Err(Error::usage("this connection is not a live host-memory connection (a CUDA buffer's connection is driven by its kernel's device methods; or the communicator was destroyed)"));
-    }
-    Ok(c)
-}
-
-fn check_put(dst: u64, src: u64, size: u64) -> Result<()> {
-    if size == 0 {
-        return Err(Error::invalid_arg("put of 0 bytes"));
-    }
-    for (what, v) in [("dstOffset", dst), ("srcOffset", src), ("size", size)] {
-        if v > MSCCLPP_TRIGGER_OFFSET_MASK {
-            return Err(Error::invalid_arg(format!(
-                "{what} {v} does not fit the trigger's 32 bits"
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn push(c: &mscclppDevConn, ty: u64, dst: u64, src: u64, size: u64) -> Result<u64> {
-    let w = trigger_encode(ty, dst, src, size, c.fifo.connId as u64);
-    // SAFETY: `host_conn` checked that the FIFO is a live host FIFO.
-    unsafe { fifo::host_push(&c.fifo, w) }
-}
-
-fn epoch_increment(c: &mscclppDevConn) {
-    // SAFETY: localSignalEpochId points to the connection's live, 16-byte aligned epoch block.
-    // Relaxed: the proxy counts Flags itself; this counter is informational for the producer.
-    unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*c.localSignalEpochId).device)) }
-        .fetch_add(1, Ordering::Relaxed);
-}
-
-fn flush_ticket(c: &mscclppDevConn, h: u64) -> Result<()> {
-    // SAFETY: as in `push`.
-    unsafe { fifo::host_wait_retired(&c.fifo, h) }
+    // SAFETY: non-NULL; the caller passes a connection obtained from this library (a copy is
+    // taken; `host::Conn::new` checks it names a live host FIFO before anything is touched).
+    host::Conn::new(unsafe { *conn })
 }
 
 /// Host `put()`: queues a copy of `size` bytes from `localBuff + srcOffset` to the peer's
@@ -60,9 +24,7 @@ pub extern "C" fn mscclppDevConnPut(
     size: u64,
 ) -> mscclppResult_t {
     ffi_boundary!("mscclppDevConnPut", {
-        let c = host_conn(conn)?;
-        check_put(dstOffset, srcOffset, size)?;
-        push(&c, mscclppData, dstOffset, srcOffset, size).map(|_| ())
+        host_conn(conn)?.put(dstOffset, srcOffset, size)
     })
 }
 
@@ -70,14 +32,7 @@ pub extern "C" fn mscclppDevConnPut(
 #[no_mangle]
 pub extern "C" fn mscclppDevConnSignal(conn: *mut mscclppDevConn_t) -> mscclppResult_t {
     ffi_boundary!("mscclppDevConnSignal", {
-        let c = host_conn(conn)?;
-        epoch_increment(&c);
-        // SHM: straight into the peer's mapped epoch block when nothing is queued or
-        // undelivered before it (no trigger, no thread hand-off); otherwise by the proxy.
-        if fifo::direct_signal(c.fifo.triggerFifoHead, c.fifo.connId as usize) {
-            return Ok(());
-        }
-        push(&c, mscclppFlag, 0, 0, 1).map(|_| ())
+        host_conn(conn)?.signal()
     })
 }
 
@@ -90,10 +45,7 @@ pub extern "C" fn mscclppDevConnPutWithSignal(
     size: u64,
 ) -> mscclppResult_t {
     ffi_boundary!("mscclppDevConnPutWithSignal", {
-        let c = host_conn(conn)?;
-        check_put(dstOffset, srcOffset, size)?;
-        epoch_increment(&c);
-        push(&c, mscclppData | mscclppFlag, dstOffset, srcOffset, size).map(|_| ())
+        host_conn(conn)?.put_with_signal(dstOffset, srcOffset, size)
     })
 }
 
@@ -106,17 +58,7 @@ pub extern "C" fn mscclppDevConnPutWithSignalAndFlush(
     size: u64,
 ) -> mscclppResult_t {
     ffi_boundary!("mscclppDevConnPutWithSignalAndFlush", {
-        let c = host_conn(conn)?;
-        check_put(dstOffset, srcOffset, size)?;
-        epoch_increment(&c);
-        let h = push(
-            &c,
-            mscclppData | mscclppFlag | mscclppSync,
-            dstOffset,
-            srcOffset,
-            size,
-        )?;
-        flush_ticket(&c, h)
+        host_conn(conn)?.put_with_signal_and_flush(dstOffset, srcOffset, size)
     })
 }
 
@@ -125,9 +67,7 @@ pub extern "C" fn mscclppDevConnPutWithSignalAndFlush(
 #[no_mangle]
 pub extern "C" fn mscclppDevConnFlush(conn: *mut mscclppDevConn_t) -> mscclppResult_t {
     ffi_boundary!("mscclppDevConnFlush", {
-        let c = host_conn(conn)?;
-        let h = push(&c, mscclppSync, 0, 0, 1)?;
-        flush_ticket(&c, h)
+        host_conn(conn)?.flush()
     })
 }
 
@@ -136,22 +76,6 @@ pub extern "C" fn mscclppDevConnFlush(conn: *mut mscclppDevConn_t) -> mscclppRes
 #[no_mangle]
 pub extern "C" fn mscclppDevConnWait(conn: *mut mscclppDevConn_t) -> mscclppResult_t {
     ffi_boundary!("mscclppDevConnWait", {
-        let c = host_conn(conn)?;
-        // SAFETY: waitEpochId and localSignalEpochId point into the connection's live epoch
-        // block; waitEpochId is only touched by this connection's waiter.
-        let (wait, proxy) = unsafe {
-            let w = AtomicU64::from_ptr(c.waitEpochId);
-            (
-                w.fetch_add(1, Ordering::Relaxed) + 1,
-                AtomicU64::from_ptr(std::ptr::addr_of_mut!((*c.localSignalEpochId).proxy)),
-            )
-        };
-        let mut spin = Spin::new(&c.fifo, fifo::wait_timeout());
-        // Acquire pairs with the peer's write of the signal count, which the transport orders
-        // after the data. Ends when the count arrives, on abort, or at the deadline.
-        while proxy.load(Ordering::Acquire) < wait {
-            spin.step("wait: no signal from the peer")?;
-        }
-        Ok(())
+        host_conn(conn)?.wait()
     })
 }

@@ -12,7 +12,7 @@ pub mod conn;
 pub mod devconn;
 pub mod log;
 
-use crate::abi::mscclppResult_t::{self, *};
+use crate::abi::mscclppResult_t;
 use crate::comm::Comm;
 use crate::error::Error;
 use std::cell::RefCell;
@@ -33,20 +33,6 @@ pub type mscclppComm_t = *mut mscclppComm;
 /// A connection as kernels see it (2023 name); arrays of it come from `mscclppGetAllDeviceConnections`.
 pub type mscclppDevConn_t = crate::abi::mscclppDevConn;
 
-/// The one mapping from core errors to C result codes.
-pub fn result_of(e: &Error) -> mscclppResult_t {
-    match e {
-        Error::InvalidArgument(_) => mscclppInvalidArgument,
-        Error::InvalidUsage(_) => mscclppInvalidUsage,
-        Error::System { .. } => mscclppSystemError,
-        Error::Remote(_) | Error::Timeout { .. } => mscclppRemoteError,
-        Error::Cuda { .. } => mscclppUnhandledCudaError,
-        Error::Fabric { .. } => mscclppSystemError,
-        Error::Internal(_) => mscclppInternalError,
-        Error::Earlier(code, _) => *code,
-    }
-}
-
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
@@ -66,7 +52,7 @@ pub(crate) fn fail(func: &str, e: Error) -> mscclppResult_t {
     let msg = format!("{func}: {e}");
     crate::warn!("{msg}");
     set_last_error(&msg);
-    result_of(&e)
+    e.code()
 }
 
 pub(crate) fn panicked(func: &str, p: Box<dyn std::any::Any + Send>) -> mscclppResult_t {
@@ -120,7 +106,7 @@ static COMMS: LazyLock<Mutex<HashMap<usize, CommCell>>> = LazyLock::new(Default:
 pub(crate) fn register_comm(c: Comm) -> mscclppComm_t {
     let token = Box::into_raw(Box::new(0u8)) as mscclppComm_t;
     let sticky = c.sticky_handle();
-    crate::proxy::lock(&COMMS).insert(
+    crate::sync::lock(&COMMS).insert(
         token as usize,
         Arc::new(Entry {
             comm: Mutex::new(c),
@@ -135,7 +121,7 @@ pub(crate) fn get_comm(h: mscclppComm_t) -> Result<CommCell, Error> {
     if h.is_null() {
         return Err(Error::invalid_arg("comm is NULL"));
     }
-    crate::proxy::lock(&COMMS)
+    crate::sync::lock(&COMMS)
         .get(&(h as usize))
         .cloned()
         .ok_or_else(|| {
@@ -151,7 +137,7 @@ pub(crate) fn with_comm<T>(
     f: impl FnOnce(&mut Comm) -> Result<T, Error>,
 ) -> Result<T, Error> {
     let cell = get_comm(h)?;
-    let mut g = crate::proxy::lock(&cell.comm);
+    let mut g = crate::sync::lock(&cell.comm);
     f(&mut g)
 }
 
@@ -159,7 +145,7 @@ pub(crate) fn take_comm(h: mscclppComm_t) -> Result<CommCell, Error> {
     if h.is_null() {
         return Err(Error::invalid_arg("comm is NULL"));
     }
-    let c = crate::proxy::lock(&COMMS)
+    let c = crate::sync::lock(&COMMS)
         .remove(&(h as usize))
         .ok_or_else(|| {
             Error::invalid_arg(format!(

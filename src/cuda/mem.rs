@@ -3,7 +3,6 @@
 
 use super::{check, describe, with_util_stream, CtxGuard};
 use crate::error::Result;
-use crate::mem::HostBlock;
 use cudarc::driver::sys;
 use std::ffi::c_void;
 
@@ -197,69 +196,3 @@ impl Drop for HostRegistration {
     }
 }
 
-/// The epoch block of a P2P connection whose peer's proxy may also deliver signals into host
-/// memory: the device block, whose word 3 holds the device address of the host word (the
-/// `proxy` word of the shared block, offset 8) and word 4 wait()'s poll hint, and that shared
-/// block, registered so this GPU's wait() can poll it (include/mscclpp/devconn_methods.inc). Fields drop in order: the
-/// registration before the mapping it covers.
-pub struct SignaledEpoch {
-    dev: DeviceMem,
-    _reg: HostRegistration,
-    host: crate::mem::SharedBlock,
-}
-
-/// A connection's epoch block: host memory for host connections (shared memory for SHM ones),
-/// device memory for GPU ones (with a host word for P2P ones, see [`SignaledEpoch`]).
-pub enum EpochMem {
-    Host(HostBlock),
-    Shared(crate::mem::SharedBlock),
-    Device(DeviceMem),
-    Signaled(SignaledEpoch),
-}
-
-impl EpochMem {
-    /// A [`SignaledEpoch`] on `device`.
-    pub fn signaled(device: i32) -> Result<Self> {
-        // [device, proxy, waitEpochId, host word address, poll hint]
-        let dev = DeviceMem::zeroed(device, 64)?;
-        let host = crate::mem::SharedBlock::create(32)?;
-        let reg = HostRegistration::new(device, host.ptr(), host.len())?;
-        dev.write_u64(24, reg.dev() + 8)?;
-        Ok(EpochMem::Signaled(SignaledEpoch {
-            dev,
-            _reg: reg,
-            host,
-        }))
-    }
-}
-
-impl EpochMem {
-    /// The block's address (a host pointer, or a device address as a pointer: never
-    /// dereferenced on the host in that case).
-    pub fn ptr(&self) -> *mut u8 {
-        match self {
-            EpochMem::Host(h) => h.ptr(),
-            EpochMem::Shared(h) => h.ptr(),
-            EpochMem::Device(d) => d.ptr() as usize as *mut u8,
-            EpochMem::Signaled(s) => s.dev.ptr() as usize as *mut u8,
-        }
-    }
-
-    /// The shared-memory name a peer maps the block (or its host word) by.
-    pub fn shared_name(&self) -> Option<&str> {
-        match self {
-            EpochMem::Shared(h) => Some(h.name()),
-            EpochMem::Signaled(s) => Some(s.host.name()),
-            _ => None,
-        }
-    }
-
-    /// Removes the shared-memory name once the peer mapped the block.
-    pub fn unlink_shared(&mut self) {
-        match self {
-            EpochMem::Shared(h) => h.unlink(),
-            EpochMem::Signaled(s) => s.host.unlink(),
-            _ => {}
-        }
-    }
-}

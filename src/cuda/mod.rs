@@ -18,11 +18,11 @@ mod stream;
 pub(crate) use ipc::IPC_HANDLE_BYTES;
 pub use ipc::{address_range, ipc_handle, IpcMapping};
 pub use kernel::{Function, Module, P2P_ENGINE_PTX};
-pub use mem::{DeviceMem, EpochMem, PinnedHost};
+pub use mem::{DeviceMem, HostRegistration, PinnedHost};
 pub use stream::{Event, Stream};
 
 use crate::error::{Error, Result};
-use crate::transport::MemKind;
+use crate::mem::MemKind;
 use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
@@ -89,7 +89,7 @@ fn has_symbol(name: &str) -> bool {
 }
 
 fn detect() -> Option<Driver> {
-    if std::env::var("MSCCLPP_DISABLE_CUDA").is_ok_and(|v| v == "1") {
+    if crate::config::get().disable_cuda {
         crate::info!("CUDA disabled by MSCCLPP_DISABLE_CUDA=1: host mode (host buffers only)");
         return None;
     }
@@ -202,6 +202,11 @@ pub(crate) fn check(r: sys::CUresult, call: impl FnOnce() -> String) -> Result<(
     }
 }
 
+/// Fails with a clear error naming `what` when this process runs in host mode.
+pub fn require(what: &str) -> Result<()> {
+    need_driver(what).map(|_| ())
+}
+
 fn need_driver(what: &str) -> Result<&'static Driver> {
     driver().ok_or_else(|| {
         Error::usage(format!(
@@ -228,7 +233,7 @@ fn primary_ctx(device: i32) -> Result<sys::CUcontext> {
             drv.devices
         )));
     }
-    let mut g = crate::proxy::lock(&DEVICES);
+    let mut g = crate::sync::lock(&DEVICES);
     let map = g.get_or_insert_with(HashMap::new);
     if let Some(s) = map.get(&device) {
         return Ok(s.ctx as sys::CUcontext);
@@ -264,10 +269,10 @@ fn with_util_stream<T>(device: i32, f: impl FnOnce(&Stream) -> Result<T>) -> Res
             .and_then(|m| m.get(&device))
             .is_some_and(|s| s.util.is_some())
     };
-    if !exists(&crate::proxy::lock(&DEVICES)) {
+    if !exists(&crate::sync::lock(&DEVICES)) {
         let s = Stream::new(device)?;
         let spare = {
-            let mut g = crate::proxy::lock(&DEVICES);
+            let mut g = crate::sync::lock(&DEVICES);
             match g.as_mut().and_then(|m| m.get_mut(&device)) {
                 Some(st) if st.util.is_none() => {
                     st.util = Some(s);
@@ -280,7 +285,7 @@ fn with_util_stream<T>(device: i32, f: impl FnOnce(&Stream) -> Result<T>) -> Res
         // Dropped outside the lock: destroying a stream takes the lock (for its context).
         drop(spare);
     }
-    let g = crate::proxy::lock(&DEVICES);
+    let g = crate::sync::lock(&DEVICES);
     let s = g
         .as_ref()
         .and_then(|m| m.get(&device))
@@ -450,32 +455,6 @@ pub fn bind_proxy_thread(device: Option<i32>) {
     }
 }
 
-/// A FIFO whose producers are kernels on `device`: trigger slots and `[tail, abort]` in pinned
-/// host memory mapped into the device, head (and the producers' tail cache) in device memory.
-pub fn new_fifo(device: i32) -> Result<crate::fifo::Fifo> {
-    need_driver("a FIFO for kernels")?;
-    crate::fifo::Fifo::new_cuda(device)
-}
-
-/// Memory for one connection's epoch block (`mscclppDevConnSignalEpochId`, then `waitEpochId`;
-/// 32 bytes, zeroed), where the waiter spins cheaply and the peer (or its proxy) can write:
-/// host memory for host connections, device memory of the buffer's GPU for device ones (the
-/// kernel polls it in its L2; the peer's copy engine writes it through CUDA IPC).
-pub fn alloc_epoch(kind: MemKind) -> Result<EpochMem> {
-    match kind {
-        MemKind::Host => Ok(EpochMem::Host(crate::mem::HostBlock::zeroed(32, 16)?)),
-        MemKind::Device(d) => {
-            need_driver("a GPU connection")?;
-            Ok(EpochMem::Device(DeviceMem::zeroed(d, 32)?))
-        }
-    }
-}
-
-/// Where the epoch block of a connection over `kind` memory lives (see [`alloc_epoch`]).
-pub fn epoch_kind(kind: MemKind) -> MemKind {
-    kind
-}
-
 /// Waits (bounded by `MSCCLPP_WAIT_TIMEOUT`) for the work queued on a user's `cudaStream_t`
 /// (`0`: the legacy default stream, `1`/`2`: `cudaStreamLegacy`/`cudaStreamPerThread`). Host
 /// mode: nothing can be queued, returns at once.
@@ -565,17 +544,6 @@ mod tests {
     }
 
     #[test]
-    fn host_epochs_are_zeroed_and_aligned() {
-        let e = alloc_epoch(MemKind::Host).unwrap();
-        let p = e.ptr();
-        assert_eq!(p as usize % 16, 0);
-        // SAFETY: 32 bytes of host memory owned by `e`.
-        let s = unsafe { std::slice::from_raw_parts(p, 32) };
-        assert!(s.iter().all(|b| *b == 0));
-        assert_eq!(epoch_kind(MemKind::Host), MemKind::Host);
-    }
-
-    #[test]
     fn legacy_stream_sync_is_fine_without_work() {
         if !available() {
             sync_stream(0).unwrap();
@@ -592,11 +560,7 @@ mod tests {
         if available() {
             return;
         }
-        assert!(matches!(
-            alloc_epoch(MemKind::Device(0)),
-            Err(Error::InvalidUsage(_))
-        ));
-        assert!(new_fifo(0).is_err());
+        assert!(matches!(require("a test"), Err(Error::InvalidUsage(_))));
         assert!(flush_gpudirect_rdma_writes(0).is_err());
         assert_eq!(numa_node(0), None);
         assert_eq!(device_count(), 0);

@@ -6,8 +6,9 @@
 
 use super::{check, describe, CtxGuard};
 use crate::error::{Error, Result};
+use crate::sync::{Backoff, Nap, Policy};
 use cudarc::driver::sys;
-use std::time::Instant;
+use std::time::Duration;
 
 /// An owned, non-blocking stream of one device (it does not synchronise with the legacy default
 /// stream, so user work on stream 0 never delays the proxy's copies).
@@ -124,31 +125,24 @@ fn query_raw(s: sys::CUstream) -> Result<bool> {
     }
 }
 
-/// Polls a stream until idle. Spins first (a copy of a few KiB completes in microseconds and the
-/// proxy's latency is the product), then yields, then naps; ends at the deadline with an error.
+/// Polling a stream: spin first (a copy of a few KiB completes in microseconds and the proxy's
+/// latency is the product), then yield, then nap.
+const STREAM_POLL: Policy = Policy {
+    spins: 20_000,
+    yield_for: Duration::from_millis(10),
+    nap: Nap::Fixed(Duration::from_micros(20)),
+};
+
+/// Polls a stream until idle; ends at `MSCCLPP_WAIT_TIMEOUT` with an error.
 pub(crate) fn wait_raw(s: sys::CUstream, what: impl FnOnce() -> String) -> Result<()> {
-    let deadline = crate::fifo::wait_timeout();
-    let start = Instant::now();
-    let mut n: u32 = 0;
-    loop {
-        if query_raw(s)? {
-            return Ok(());
+    let mut b = Backoff::new(STREAM_POLL, crate::config::wait_timeout());
+    while !query_raw(s)? {
+        if b.expired() {
+            return Err(b.timeout(format!("waiting for {} to complete", what())));
         }
-        n = n.saturating_add(1);
-        if n < 20_000 {
-            std::hint::spin_loop();
-        } else if n < 40_000 {
-            std::thread::yield_now();
-        } else {
-            if start.elapsed() > deadline {
-                return Err(Error::timeout(
-                    format!("waiting for {} to complete", what()),
-                    deadline,
-                ));
-            }
-            std::thread::sleep(std::time::Duration::from_micros(20));
-        }
+        b.pause();
     }
+    Ok(())
 }
 
 /// A CUDA event without timing, recorded on a [`Stream`] to learn, without blocking, when the

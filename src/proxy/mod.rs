@@ -5,10 +5,11 @@
 
 use crate::abi::{mscclppData, mscclppFlag, mscclppResult_t, mscclppSync};
 use crate::error::{Error, Result};
+use crate::sync::{lock, Backoff, Nap, Policy};
 use crate::fifo::{Fifo, Trigger};
 use crate::transport::{Endpoint, MrId, PeerId, RemoteId};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -31,11 +32,6 @@ impl Sticky {
     pub fn get(&self) -> Option<(mscclppResult_t, String)> {
         lock(&self.first).clone()
     }
-}
-
-/// Locks a mutex, recovering from poisoning: a panicking proxy is already reported as an error.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Everything the proxy needs to act on one connection's triggers.
@@ -151,7 +147,7 @@ impl ProxyWork {
     /// Records `e` as the communicator's sticky error, raises the abort word and stops
     /// consuming.
     fn fail(&mut self, e: &Error) {
-        let code = crate::capi::result_of(e);
+        let code = e.code();
         self.sticky.set(code, format!("{}: {e}", self.name));
         self.fifo.abort_word().set(code);
         self.active = false;
@@ -396,9 +392,13 @@ fn run(
     stop: &AtomicBool,
     gate: Option<&crate::fifo::HelperGate>,
 ) -> Result<()> {
-    let assisted = gate.is_some();
-    let mut idle: u32 = 0;
-    let mut idle_since = Instant::now();
+    // Idle rounds pause by this policy; it never expires (the loop ends on `stop` or an
+    // error), so its bound is unused.
+    let mut backoff = Backoff::new(
+        if gate.is_some() { IDLE_ASSISTED } else { IDLE },
+        Duration::MAX,
+    );
+    let mut idle = false;
     loop {
         // While a host thread waits on this FIFO doing its work (every step of its wait is a
         // round of it), or just executed its own trigger, stand aside: park a little at a time
@@ -439,13 +439,13 @@ fn run(
             }
         };
         match round {
-            Round::Busy => idle = 0,
+            Round::Busy => idle = false,
             _ => {
-                if idle == 0 {
-                    idle_since = Instant::now();
+                if !idle {
+                    backoff.reset();
+                    idle = true;
                 }
-                idle = idle.saturating_add(1);
-                backoff(idle, idle_since, assisted);
+                backoff.pause();
             }
         }
     }
@@ -487,22 +487,18 @@ fn lost_peer_of(boot: &crate::bootstrap::Bootstrap, ranks: &[usize]) -> Option<S
 
 /// Idle policy: spin, then yield for a while (hands the core to producers and peers on an
 /// oversubscribed machine without a sleep's timer slack), then short naps so that an idle
-/// communicator does not hold a core. Assisted FIFOs nap sooner: their producers and waiters
-/// do the proxy's work themselves (`Assist`), so the thread only covers the gaps.
-fn backoff(idle: u32, idle_since: Instant, assisted: bool) {
-    let yield_for = if assisted {
-        Duration::from_millis(1)
-    } else {
-        Duration::from_millis(20)
-    };
-    if idle < 8 {
-        std::hint::spin_loop();
-    } else if idle_since.elapsed() < yield_for {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(Duration::from_micros(20));
-    }
-}
+/// communicator does not hold a core.
+const IDLE: Policy = Policy {
+    spins: 8,
+    yield_for: Duration::from_millis(20),
+    nap: Nap::Fixed(Duration::from_micros(20)),
+};
+/// Assisted FIFOs nap sooner: their producers and waiters do the proxy's work themselves
+/// (`Assist`), so the thread only covers the gaps.
+const IDLE_ASSISTED: Policy = Policy {
+    yield_for: Duration::from_millis(1),
+    ..IDLE
+};
 
 /// Checks one trigger against the connection's registered sizes, then acts on it.
 fn handle(w: &mut ProxyWork, t: &Trigger) -> Result<()> {

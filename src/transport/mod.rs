@@ -6,28 +6,16 @@
 //! the only caller of its data-path methods, except `mscclppRegisteredBufferWrite`, which takes the
 //! same lock as the proxy.
 
+pub mod epoch;
 pub mod net;
 pub mod p2p;
 pub mod staging;
 
 use crate::abi::mscclppTransport_t;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use epoch::EpochMem;
 
-/// Where a buffer lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MemKind {
-    Host,
-    /// CUDA device memory of this device ordinal.
-    Device(i32),
-}
-
-/// A local memory range, as the user (or this library) gave it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Region {
-    pub addr: u64,
-    pub len: u64,
-    pub kind: MemKind,
-}
+pub use crate::mem::{MemKind, Region};
 
 /// Index of a local registration inside one endpoint.
 pub type MrId = usize;
@@ -46,6 +34,21 @@ pub type RemoteId = usize;
 pub trait Endpoint: Send {
     /// Human-readable identity for logs and errors, e.g. `net:tcp;ofi_rxm/lo`.
     fn describe(&self) -> String;
+    /// What this endpoint answers about itself; see [`Caps`]. Default: nothing special.
+    fn caps(&self) -> Caps {
+        Caps::default()
+    }
+    /// The epoch block for a connection whose buffer is `kind` memory (see `epoch.rs`).
+    /// Default: plain host or device memory.
+    fn epoch_block(&mut self, kind: MemKind) -> Result<EpochMem> {
+        epoch::plain(kind)
+    }
+    /// Whether a signal to a peer may be stored straight into the epoch block that the peer
+    /// offered by name (`EpochMem::shared_name`), when this side's buffer is `kind` memory.
+    /// Only asked where [`Caps::direct_epoch`] holds. Default: false.
+    fn direct_epoch_for(&self, _kind: MemKind) -> bool {
+        false
+    }
     /// The address blob a peer needs to reach this endpoint.
     fn address(&self) -> Result<Vec<u8>>;
     /// The address blob for the peer of rank `remote_rank` specifically: an endpoint that keeps
@@ -130,6 +133,24 @@ pub trait Endpoint: Send {
     fn set_abort_check(&mut self, _check: AbortCheck) {}
 }
 
+/// The questions about a transport whose answers change what the communicator does around it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Caps {
+    /// A peer that dies may leave this endpoint wedged (libfabric 1.17's shm provider keeps
+    /// locks in shared memory: a peer killed while holding one makes every later call into our
+    /// endpoint spin forever). After such a death only the proxy thread, which can be
+    /// abandoned, may touch it; teardown leaks it instead of closing it.
+    pub may_wedge: bool,
+    /// Peers' flushes may need this endpoint's progress after our last operation (the net
+    /// transport's delivery markers move only while the target progresses): a destroyed
+    /// communicator keeps progressing it a little while before closing it.
+    pub linger: bool,
+    /// Peers may offer their epoch blocks by shared-memory name in the setup blob, and signals
+    /// may then be stored into them directly (see [`Endpoint::direct_epoch_for`]). A blob that
+    /// offers one on an endpoint without this is refused.
+    pub direct_epoch: bool,
+}
+
 /// See [`Endpoint::set_abort_check`]: `Some(why)` means "give up now".
 pub type AbortCheck = Box<dyn Fn() -> Option<String> + Send>;
 
@@ -158,6 +179,45 @@ pub enum EndpointKey {
 }
 
 impl EndpointKey {
+    /// The endpoint a connection over `transport` with a buffer of `kind` memory needs
+    /// (`ib_dev`: the user's NIC name for IB). Refuses the combinations no transport serves.
+    pub fn for_connection(
+        transport: mscclppTransport_t,
+        kind: MemKind,
+        ib_dev: Option<&str>,
+    ) -> Result<Self> {
+        use mscclppTransport_t::*;
+        let device = match kind {
+            MemKind::Device(d) => Some(d),
+            MemKind::Host => None,
+        };
+        match (transport, device) {
+            (mscclppTransportP2P, None) => Err(Error::invalid_arg("mscclppTransportP2P needs a CUDA device buffer; this buffer is host memory (use mscclppTransportSHM or mscclppTransportIB)")),
+            (mscclppTransportP2P | mscclppTransportSHM, _) if ib_dev.is_some() => {
+                Err(Error::invalid_arg("ibDev must be NULL for P2P and SHM connections"))
+            }
+            (mscclppTransportP2P, Some(device)) => Ok(EndpointKey::P2p { device }),
+            (mscclppTransportSHM, device) => Ok(EndpointKey::Net {
+                domain: None,
+                shm: true,
+                device,
+            }),
+            (mscclppTransportIB, device) => Ok(EndpointKey::Net {
+                domain: ib_dev.map(str::to_string),
+                shm: false,
+                device,
+            }),
+        }
+    }
+
+    /// The device whose kernels produce into this endpoint's FIFO (None: host threads).
+    pub fn device(&self) -> Option<i32> {
+        match self {
+            EndpointKey::P2p { device } => Some(*device),
+            EndpointKey::Net { device, .. } => *device,
+        }
+    }
+
     pub fn transport(&self) -> mscclppTransport_t {
         match self {
             EndpointKey::P2p { .. } => mscclppTransport_t::mscclppTransportP2P,

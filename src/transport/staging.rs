@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 use crate::mem::HostBlock;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use crate::sync::{Backoff, Nap, Policy};
+use std::time::Duration;
 
 /// Host memory for staging rings: pinned and mapped for CUDA copiers (copies from it run
 /// asynchronously at full bandwidth), ordinary for the host copier.
@@ -75,7 +76,7 @@ pub trait Copier: Send {
     fn mark(&mut self) -> Result<u64>;
     /// Whether the work before ticket `t` has completed. Never blocks.
     fn done(&mut self, t: u64) -> Result<bool>;
-    /// Waits (bounded by `crate::fifo::wait_timeout()`) until everything queued has completed.
+    /// Waits (bounded by `crate::config::wait_timeout()`) until everything queued has completed.
     fn drain(&mut self) -> Result<()>;
 }
 
@@ -165,6 +166,14 @@ pub struct CudaCopier {
     value_next: usize,
 }
 
+/// Waiting for staging copies: spin (they take microseconds), then yield to the threads on
+/// this machine that may need the core; never nap (the proxy's latency is the product).
+const COPY_POLL: Policy = Policy {
+    spins: 1000,
+    yield_for: Duration::ZERO,
+    nap: Nap::Yield,
+};
+
 impl CudaCopier {
     pub fn new(device: i32) -> Result<Self> {
         if !cuda::available() {
@@ -203,23 +212,11 @@ impl CudaCopier {
 
     /// Waits for ticket `t` (bounded); a value slot's reuse needs this.
     fn wait_ticket(&mut self, t: u64) -> Result<()> {
-        let deadline = crate::fifo::wait_timeout();
-        let start = Instant::now();
-        let mut n: u32 = 0;
+        let mut b = Backoff::new(COPY_POLL, crate::config::wait_timeout());
         // Ends when the ticket's event has completed, on a CUDA error, or at the deadline.
         while !self.done(t)? {
-            n = n.saturating_add(1);
-            if n < 1000 {
-                std::hint::spin_loop();
-            } else {
-                if start.elapsed() > deadline {
-                    return Err(Error::timeout(
-                        format!("staging copies on CUDA device {}", self.device),
-                        deadline,
-                    ));
-                }
-                std::thread::yield_now();
-            }
+            b.check(|| format!("staging copies on CUDA device {}", self.device))?;
+            b.pause();
         }
         Ok(())
     }

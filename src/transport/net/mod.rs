@@ -35,7 +35,7 @@
 //! - Source buffers stay untouched until completion; the flag's 8-byte value sits in a
 //!   registered staging slot owned by the operation's context slot until its completion.
 //! - `-FI_EAGAIN`: progress the CQ and retry the same operation, never drop; every wait is
-//!   bounded by `crate::fifo::wait_timeout()`.
+//!   bounded by `crate::config::wait_timeout()`.
 //!
 //! GPU memory: with FI_HMEM (and a provider that registers CUDA memory, and a driver with
 //! `cuFlushGPUDirectRDMAWrites`) device regions are registered directly, and values (signal
@@ -403,7 +403,7 @@ impl NetEndpoint {
             peers: Vec::new(),
             remotes: Vec::new(),
             max_chunk,
-            timeout: crate::fifo::wait_timeout(),
+            timeout: crate::config::wait_timeout(),
             stats: Stats::default(),
             abort_check: None,
             device,

@@ -288,7 +288,7 @@ impl Engine {
     /// Waits until job `seq` is done. Ends then, with an error if the kernel stopped or failed
     /// first, or at `MSCCLPP_WAIT_TIMEOUT`.
     pub fn wait(&self, seq: u64, what: &str) -> Result<()> {
-        let deadline = crate::fifo::wait_timeout();
+        let deadline = crate::config::wait_timeout();
         let t0 = Instant::now();
         let mut n: u32 = 0;
         while self.done() < seq {
@@ -339,10 +339,10 @@ impl Engine {
             // Acquire pairs with the kernel's store of the probe; ends within the wait bound.
             let t0 = Instant::now();
             while self.word(probe).load(Ordering::Acquire) != i {
-                if t0.elapsed() > crate::fifo::wait_timeout() {
+                if t0.elapsed() > crate::config::wait_timeout() {
                     return Err(Error::timeout(
                         "the engine self-test",
-                        crate::fifo::wait_timeout(),
+                        crate::config::wait_timeout(),
                     ));
                 }
                 std::hint::spin_loop();

@@ -1,0 +1,247 @@
+//! The communicator: bootstrap, declared and established connections, one endpoint and proxy
+//! per (transport, device, NIC), registered buffers, and the order in which they are released.
+//!
+//! Files by role: this one holds the state and the calls made before and after setup
+//! (declaring connections, handing out device connections, starting and stopping proxies);
+//! `setup.rs` establishes connections, `buffers.rs` registered buffers, `teardown.rs` stops
+//! and releases everything, `blob.rs` is the setup envelope sent to peers. Nothing here asks
+//! what kind a transport is: the transport answers (`transport::Caps`, `Endpoint::epoch_block`).
+
+mod blob;
+mod buffers;
+mod setup;
+mod teardown;
+
+pub use blob::{ConnBlob, TAG_ACK, TAG_CONN, TAG_REG};
+
+use crate::abi::*;
+use crate::bootstrap::Bootstrap;
+use crate::error::{Error, Result};
+use crate::fifo::AbortWord;
+use crate::proxy::{self, Running, SharedEndpoint, SharedWork, Sticky};
+use crate::transport::epoch::EpochMem;
+use crate::transport::{Caps, EndpointKey, MemKind, PeerId, RemoteId};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Accepting `mscclppConnect`.
+    Declaring,
+    /// Connections established; proxies may run.
+    Ready,
+    /// Setup failed half-way; only destroy is allowed.
+    Failed,
+}
+
+/// A connection declared by `mscclppConnect`, waiting for setup.
+#[derive(Clone, Debug)]
+struct Request {
+    remote_rank: usize,
+    tag: i32,
+    buff: u64,
+    size: u64,
+    transport: mscclppTransport_t,
+    key: EndpointKey,
+    kind: MemKind,
+}
+
+/// One endpoint with its FIFO, proxy state and the epoch counters of its connections.
+struct Slot {
+    key: EndpointKey,
+    /// What the endpoint answered about itself when it opened.
+    caps: Caps,
+    ep: SharedEndpoint,
+    /// The FIFO and the connections' proxy state, shared with the proxy thread (and with host
+    /// producers, which may do its work).
+    work: SharedWork,
+    abort: AbortWord,
+    running: Option<Running>,
+    peers: HashMap<usize, PeerId>,
+    /// Its proxy thread never stopped (`proxy::Running::stop`): the endpoint may be wedged and
+    /// its lock held forever, so nothing may touch it again; it and its FIFO are leaked.
+    abandoned: bool,
+}
+
+struct Conn {
+    slot: usize,
+    remote_rank: usize,
+    tag: i32,
+    peer: PeerId,
+    /// The connection's epoch block (`transport::epoch`), where the transport placed it.
+    _epoch: EpochMem,
+}
+
+struct Registered {
+    /// Per established connection: (slot, peer, the peer's imported region, its size).
+    remotes: Vec<(usize, PeerId, RemoteId, u64)>,
+}
+
+pub struct Comm {
+    /// Shared with the proxies, which poll it for peers that vanish.
+    boot: Arc<Bootstrap>,
+    phase: Phase,
+    requests: Vec<Request>,
+    conns: Vec<Conn>,
+    dev_conns: Vec<mscclppDevConn>,
+    slots: Vec<Slot>,
+    sticky: Arc<Sticky>,
+    registered: Vec<Registered>,
+    proxies_running: bool,
+}
+
+// SAFETY: the raw pointers inside `dev_conns` and slots point to memory the Comm owns; the C API
+// documents that one communicator is used from one thread at a time.
+unsafe impl Send for Comm {}
+
+impl Comm {
+    pub fn new(boot: Bootstrap) -> Self {
+        Comm {
+            boot: Arc::new(boot),
+            phase: Phase::Declaring,
+            requests: Vec::new(),
+            conns: Vec::new(),
+            dev_conns: Vec::new(),
+            slots: Vec::new(),
+            sticky: Arc::new(Sticky::default()),
+            registered: Vec::new(),
+            proxies_running: false,
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.boot.rank()
+    }
+    pub fn nranks(&self) -> usize {
+        self.boot.nranks()
+    }
+    pub fn bootstrap(&self) -> &Bootstrap {
+        &self.boot
+    }
+
+    /// The communicator's sticky-error cell, shared with its proxies.
+    pub fn sticky_handle(&self) -> Arc<Sticky> {
+        self.sticky.clone()
+    }
+
+    /// Fails with the sticky error, so that every API call after a proxy failure reports it.
+    pub fn check_sticky(&self) -> Result<()> {
+        match self.sticky.get() {
+            None => Ok(()),
+            Some((_, msg)) => Err(Error::remote(format!(
+                "an earlier asynchronous error is pending: {msg}"
+            ))),
+        }
+    }
+
+    /// Declares a connection (mscclppConnect). Nothing is created until `setup`.
+    pub fn connect(
+        &mut self,
+        remote_rank: i32,
+        tag: i32,
+        buff: u64,
+        size: u64,
+        transport: mscclppTransport_t,
+        ib_dev: Option<String>,
+    ) -> Result<()> {
+        if self.phase != Phase::Declaring {
+            return Err(Error::usage("mscclppConnect after mscclppConnectionSetup: declare every connection before setup"));
+        }
+        let n = self.nranks();
+        if remote_rank < 0 || remote_rank as usize >= n || remote_rank as usize == self.rank() {
+            return Err(Error::invalid_arg(format!("remoteRank {remote_rank} is not another rank of this {n}-rank communicator (this is rank {})", self.rank())));
+        }
+        if buff == 0 {
+            return Err(Error::invalid_arg("localBuff is NULL"));
+        }
+        if size == 0 {
+            return Err(Error::invalid_arg("buffSize is 0"));
+        }
+        if buff.checked_add(size).is_none() {
+            return Err(Error::invalid_arg(format!(
+                "buffer {buff:#x} + {size} bytes wraps the address space"
+            )));
+        }
+        let remote_rank = remote_rank as usize;
+        if self
+            .requests
+            .iter()
+            .any(|r| r.remote_rank == remote_rank && r.tag == tag)
+        {
+            return Err(Error::invalid_arg(format!("a connection to rank {remote_rank} with tag {tag} was already declared; (remoteRank, tag) must be unique")));
+        }
+        let kind = crate::cuda::mem_kind(buff);
+        let key = EndpointKey::for_connection(transport, kind, ib_dev.as_deref())?;
+        self.requests.push(Request {
+            remote_rank,
+            tag,
+            buff,
+            size,
+            transport,
+            key,
+            kind,
+        });
+        Ok(())
+    }
+
+    fn require_ready(&self, what: &str) -> Result<()> {
+        match self.phase {
+            Phase::Ready => Ok(()),
+            Phase::Declaring => Err(Error::usage(format!(
+                "{what} before mscclppConnectionSetup"
+            ))),
+            Phase::Failed => Err(Error::usage(format!(
+                "{what}: mscclppConnectionSetup failed earlier; destroy this communicator"
+            ))),
+        }
+    }
+
+    /// The connections in `mscclppConnect` order (host memory, owned by the comm).
+    pub fn dev_conns(&mut self) -> Result<&mut [mscclppDevConn]> {
+        self.require_ready("mscclppGetAllDeviceConnections")?;
+        Ok(&mut self.dev_conns)
+    }
+
+    pub fn dev_conn(&mut self, remote_rank: i32, tag: i32) -> Result<&mut mscclppDevConn> {
+        self.require_ready("mscclppGetDeviceConnection")?;
+        let (rank, n) = (self.rank(), self.conns.len());
+        self.dev_conns
+            .iter_mut()
+            .find(|c| c.remoteRank == remote_rank && c.tag == tag)
+            .ok_or_else(|| Error::invalid_arg(format!("rank {rank} has no connection to rank {remote_rank} with tag {tag} (it has {n})")))
+    }
+
+    pub fn proxy_launch(&mut self) -> Result<()> {
+        self.require_ready("mscclppProxyLaunch")?;
+        self.check_sticky()?;
+        if self.proxies_running {
+            return Err(Error::usage(
+                "mscclppProxyLaunch: proxies are already running",
+            ));
+        }
+        self.proxies_running = true;
+        for i in 0..self.slots.len() {
+            match proxy::launch(self.slots[i].work.clone()) {
+                Ok(r) => self.slots[i].running = Some(r),
+                Err(e) => {
+                    // Leave nothing half-started behind.
+                    self.stop_all();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops every proxy after it has drained its FIFO; returns the first error any met.
+    pub fn proxy_stop(&mut self) -> Result<()> {
+        self.require_ready("mscclppProxyStop")?;
+        if !self.proxies_running {
+            return Err(Error::usage(
+                "mscclppProxyStop: no proxy is running (call mscclppProxyLaunch first)",
+            ));
+        }
+        self.stop_all();
+        self.check_sticky()
+    }
+}

@@ -1,0 +1,285 @@
+//! Connection setup (`mscclppConnectionSetup`): open one endpoint and proxy state per
+//! `EndpointKey`, register each connection's buffer and epoch block, exchange the halves with
+//! the peers over the bootstrap, import theirs, and fill the device connections.
+//!
+//! All halves are sent before any is received, and sends never wait for the receiver, so the
+//! order in which ranks declared their connections cannot deadlock; a missing counterpart ends
+//! in the bootstrap's timeout with an error naming the connection.
+
+use super::{Comm, Conn, ConnBlob, Phase, Request, Slot, TAG_ACK, TAG_CONN};
+use crate::abi::*;
+use crate::error::{Error, Result};
+use crate::fifo::Fifo;
+use crate::mem::SharedBlock;
+use crate::proxy::{DirectEpoch, ProxyConn, ProxyWork, SharedEndpoint};
+use crate::sync::lock;
+use crate::transport::epoch::{EpochMem, EPOCH_BYTES};
+use crate::transport::{self, EndpointKey, MrId, Region};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The most connections one proxy FIFO can address (connId has 10 bits).
+const MAX_CONNS_PER_PROXY: usize = 1 << MSCCLPP_BITS_CONNID;
+
+/// This rank's half of one connection, made and sent in step 1.
+struct Local {
+    slot: usize,
+    /// The connection's buffer as registered with its endpoint.
+    src: MrId,
+    epoch: EpochMem,
+}
+
+impl Comm {
+    /// Establishes every declared connection (mscclppConnectionSetup).
+    pub fn setup(&mut self) -> Result<()> {
+        self.check_sticky()?;
+        if self.phase != Phase::Declaring {
+            return Err(Error::usage(if self.phase == Phase::Ready {
+                "mscclppConnectionSetup was already called"
+            } else {
+                "an earlier mscclppConnectionSetup failed; destroy this communicator"
+            }));
+        }
+        let r = self.setup_all();
+        self.phase = if r.is_ok() {
+            Phase::Ready
+        } else {
+            Phase::Failed
+        };
+        r
+    }
+
+    fn setup_all(&mut self) -> Result<()> {
+        let reqs = std::mem::take(&mut self.requests);
+        // 1. Register locally and send our half of every connection.
+        let mut local = Vec::with_capacity(reqs.len());
+        for r in &reqs {
+            local.push(self.send_half(r)?);
+        }
+        // 2. Receive the peers' halves, validate, import.
+        for (i, (r, l)) in reqs.iter().zip(local).enumerate() {
+            self.establish(r, l)?;
+            crate::trace!(
+                "rank {}: connection {i} to rank {} tag {} ready",
+                self.rank(),
+                r.remote_rank,
+                r.tag
+            );
+        }
+        // 3. Both sides have imported each other's regions (and mapped the shared epoch
+        // blocks) before either returns; the names can go then.
+        self.acknowledge()?;
+        for c in &mut self.conns {
+            c._epoch.unlink_shared();
+        }
+        // From now on a peer that dies (closes its bootstrap connection without a goodbye)
+        // is noticed by the proxies, which abort every wait on this communicator.
+        let peers: Vec<usize> = self.conns.iter().map(|c| c.remote_rank).collect();
+        self.boot.watch_peers(&peers)?;
+        crate::info!(
+            "rank {}: {} connections set up over {} endpoints",
+            self.rank(),
+            self.conns.len(),
+            self.slots.len()
+        );
+        Ok(())
+    }
+
+    /// The slot of the endpoint for `key`, opened (with its FIFO and proxy state) on first use.
+    fn slot_for(&mut self, key: &EndpointKey) -> Result<usize> {
+        if let Some(i) = self.slots.iter().position(|s| &s.key == key) {
+            return Ok(i);
+        }
+        let mut ep = transport::open(key)?;
+        crate::info!("rank {}: opened endpoint {}", self.rank(), ep.describe());
+        let caps = ep.caps();
+        let fifo = Fifo::for_device(key.device())?;
+        let abort = fifo.abort_word();
+        if let Some(word) = fifo.done_word() {
+            if ep.use_done_word(word)? {
+                fifo.enable_done_word()?;
+            }
+        }
+        let ep: SharedEndpoint = Arc::new(Mutex::new(ep));
+        let name = format!("mscclpp-proxy-{}.{}", self.rank(), self.slots.len());
+        // Host producers may do the proxy's work, except on an endpoint a dead peer can wedge
+        // (a host thread stuck inside it could not be abandoned as the proxy thread can).
+        let work = ProxyWork::new(
+            fifo,
+            ep.clone(),
+            self.boot.clone(),
+            self.sticky.clone(),
+            name,
+            !caps.may_wedge,
+        );
+        self.slots.push(Slot {
+            key: key.clone(),
+            caps,
+            ep,
+            work,
+            abort,
+            running: None,
+            abandoned: false,
+            peers: HashMap::new(),
+        });
+        Ok(self.slots.len() - 1)
+    }
+
+    /// Step 1 for one connection: its endpoint, its epoch block where the transport places it,
+    /// both registered, and our half sent to the peer.
+    fn send_half(&mut self, r: &Request) -> Result<Local> {
+        let s = self.slot_for(&r.key)?;
+        let mut ep = lock(&self.slots[s].ep);
+        let epoch = ep.epoch_block(r.kind)?;
+        // Per peer: the net transport puts this peer's staging channel in its address.
+        let addr = ep.address_for(r.remote_rank)?;
+        let (src, data_blob) = ep.register(Region {
+            addr: r.buff,
+            len: r.size,
+            kind: r.kind,
+        })?;
+        let (_, epoch_blob) = ep.register(Region {
+            addr: epoch.ptr() as u64,
+            len: 16,
+            kind: r.kind,
+        })?;
+        drop(ep);
+        let msg = ConnBlob {
+            transport: r.transport as u32,
+            tag: r.tag,
+            rank: self.rank(),
+            size: r.size,
+            addr: &addr,
+            data: &data_blob,
+            epoch: &epoch_blob,
+            epoch_shm: epoch.shared_name().unwrap_or("").as_bytes(),
+        }
+        .encode();
+        self.boot
+            .send(r.remote_rank, TAG_CONN | r.tag as u32 as u64, &msg)?;
+        Ok(Local {
+            slot: s,
+            src,
+            epoch,
+        })
+    }
+
+    /// Step 2 for one connection: the peer's half received, checked and imported; the proxy's
+    /// and the kernels' views of the connection made.
+    fn establish(&mut self, r: &Request, l: Local) -> Result<()> {
+        let Local { slot: s, src, epoch } = l;
+        let msg = self
+            .boot
+            .recv(r.remote_rank, TAG_CONN | r.tag as u32 as u64)
+            .map_err(|e| {
+                Error::remote(format!(
+                    "connection to rank {} tag {}: no matching mscclppConnect on the peer ({e})",
+                    r.remote_rank, r.tag
+                ))
+            })?;
+        let caps = self.slots[s].caps;
+        let ConnBlob {
+            size: rsize,
+            addr,
+            data: data_blob,
+            epoch: epoch_blob,
+            epoch_shm,
+            ..
+        } = ConnBlob::decode(&msg, r.remote_rank, r.tag, r.transport, caps.direct_epoch)?;
+        let slot = &mut self.slots[s];
+        let mut ep = lock(&slot.ep);
+        // The peer's epoch block (or its host signal word), mapped where the transport lets
+        // signals be stored into it directly.
+        let direct = if epoch_shm.is_empty() || !ep.direct_epoch_for(r.kind) {
+            None
+        } else {
+            Some(map_peer_epoch(r.remote_rank, epoch_shm)?)
+        };
+        let peer = match slot.peers.get(&r.remote_rank) {
+            Some(p) => *p,
+            None => {
+                let p = ep.add_peer(r.remote_rank, addr)?;
+                slot.peers.insert(r.remote_rank, p);
+                p
+            }
+        };
+        let dst = ep.import(peer, data_blob)?;
+        let remote_epoch = ep.import(peer, epoch_blob)?;
+        let remote_buff = ep.remote_ptr(dst).unwrap_or(0);
+        let remote_epoch_ptr = ep.remote_ptr(remote_epoch).unwrap_or(0);
+        drop(ep);
+        let mut work = lock(&slot.work);
+        if work.conns.len() >= MAX_CONNS_PER_PROXY {
+            return Err(Error::invalid_arg(format!(
+                "more than {MAX_CONNS_PER_PROXY} connections on one endpoint"
+            )));
+        }
+        let conn_id = work.conns.len();
+        if direct.is_some() {
+            crate::fifo::set_direct(work.fifo.producer_view(0).triggerFifoHead);
+        }
+        work.conns.push(ProxyConn {
+            remote_rank: r.remote_rank,
+            peer,
+            src,
+            local_size: r.size,
+            dst,
+            remote_size: rsize,
+            remote_epoch,
+            signals: 0,
+            direct,
+            undelivered: false,
+            regain_direct: false,
+        });
+        let ep_ptr = epoch.ptr();
+        self.dev_conns.push(mscclppDevConn {
+            remoteRank: r.remote_rank as i32,
+            tag: r.tag,
+            localBuff: r.buff as *mut _,
+            localSignalEpochId: ep_ptr.cast(),
+            remoteSignalEpochId: remote_epoch_ptr as *mut _,
+            // SAFETY: the epoch block is EPOCH_BYTES (32): 16 of epoch ids, then waitEpochId.
+            waitEpochId: unsafe { ep_ptr.add(16) }.cast(),
+            remoteBuff: remote_buff as *mut _,
+            fifo: work.fifo.producer_view(conn_id),
+        });
+        drop(work);
+        self.conns.push(Conn {
+            slot: s,
+            remote_rank: r.remote_rank,
+            tag: r.tag,
+            peer,
+            _epoch: epoch,
+        });
+        Ok(())
+    }
+
+    /// Step 3: an acknowledgement to and from every peer of every connection.
+    fn acknowledge(&self) -> Result<()> {
+        for c in &self.conns {
+            self.boot
+                .send(c.remote_rank, TAG_ACK | c.tag as u32 as u64, b"ok")?;
+        }
+        for c in &self.conns {
+            let m = self
+                .boot
+                .recv(c.remote_rank, TAG_ACK | c.tag as u32 as u64)?;
+            if m != b"ok" {
+                return Err(Error::remote(format!(
+                    "rank {}: bad setup acknowledgement",
+                    c.remote_rank
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Maps the epoch block that rank `rank` offered by shared-memory name `name`.
+fn map_peer_epoch(rank: usize, name: &[u8]) -> Result<DirectEpoch> {
+    let name = std::str::from_utf8(name)
+        .map_err(|_| Error::remote(format!("rank {rank}: shared epoch name is not UTF-8")))?;
+    let block = SharedBlock::open(name, EPOCH_BYTES)
+        .map_err(|e| Error::remote(format!("rank {rank}: its epoch block: {e}")))?;
+    Ok(DirectEpoch(Arc::new(block)))
+}

@@ -1,0 +1,125 @@
+//! Stopping proxies and releasing a communicator, in an order that neither hangs on a dead
+//! peer nor frees memory something may still write: proxies drain and stop (bounded), network
+//! endpoints linger for peers' last flushes, endpoints close (their registrations first), then
+//! FIFOs and epoch memory go. What a dead peer may have wedged is leaked, never touched.
+
+use super::{Comm, Conn};
+use crate::abi::mscclppResult_t;
+use crate::proxy::SharedEndpoint;
+use crate::sync::lock;
+
+/// How long a destroyed communicator keeps progressing its network endpoints before closing
+/// them. A peer that signalled us and then flushes confirms delivery with a marker write that
+/// our endpoint must still accept (software providers move it only while we progress); closing
+/// at once would cancel it and fail the peer's flush. The marker follows the signal by
+/// microseconds in the usual put-signal-flush sequence.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(50);
+/// How long stopping a proxy may take once a peer of it died (see `stop_all`).
+const STOP_AFTER_LOSS: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Comm {
+    /// Progresses the endpoints that asked for it (`Caps::linger`) for `LINGER`.
+    fn linger(&mut self) {
+        let skip = self.untouchable();
+        let lingering: Vec<&SharedEndpoint> = self
+            .slots
+            .iter()
+            .zip(skip)
+            .filter(|(s, skip)| s.caps.linger && !skip)
+            .map(|(s, _)| &s.ep)
+            .collect();
+        if lingering.is_empty() || self.conns.is_empty() {
+            return;
+        }
+        let t0 = std::time::Instant::now();
+        // Ends after LINGER; errors (a peer already gone) do not matter any more.
+        while t0.elapsed() < LINGER {
+            for ep in &lingering {
+                let mut ep = lock(ep);
+                let _ = ep.progress();
+                let _ = ep.poll_incoming();
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Slots nothing may call into any more: their proxy thread was abandoned, or they may be
+    /// wedged by a peer that died.
+    pub(super) fn untouchable(&self) -> Vec<bool> {
+        let lost = self.boot.lost_peer().map(|l| l.0);
+        self.slots
+            .iter()
+            .map(|s| {
+                s.abandoned
+                    || (s.caps.may_wedge && lost.is_some_and(|p| s.peers.contains_key(&p)))
+            })
+            .collect()
+    }
+
+    pub(super) fn stop_all(&mut self) {
+        let lost = self.boot.lost_peer().map(|l| l.0);
+        for s in self.slots.iter_mut() {
+            if let Some(r) = s.running.take() {
+                // A healthy proxy stops within its final flushes, each bounded by the wait
+                // timeout; after a peer of it died they end at once.
+                let bound = if lost.is_some_and(|p| s.peers.contains_key(&p)) {
+                    STOP_AFTER_LOSS
+                } else {
+                    crate::config::wait_timeout()
+                        .saturating_mul(1 + s.peers.len() as u32)
+                        .saturating_add(STOP_AFTER_LOSS)
+                };
+                // The thread records its own failure (sticky error, abort word); a panic or
+                // an abandoned thread is recorded here.
+                let (r, abandoned) = r.stop_within(bound);
+                if let Err(e) = r {
+                    let code = e.code();
+                    self.sticky.set(code, format!("proxy for {:?}: {e}", s.key));
+                    s.abort.set(code);
+                }
+                s.abandoned |= abandoned;
+            }
+        }
+        self.proxies_running = false;
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // Producers still spinning on our FIFOs must stop; proxies drain, then endpoints close
+        // (their registrations before the endpoint), then FIFOs and epoch memory go.
+        for s in &self.slots {
+            if s.running.is_some() {
+                s.abort.set(mscclppResult_t::mscclppInvalidUsage);
+            }
+        }
+        self.stop_all();
+        self.linger();
+        self.registered.clear();
+        self.dev_conns.clear();
+        let skip = self.untouchable();
+        let slots = std::mem::take(&mut self.slots);
+        // An untouchable endpoint is leaked, not closed (closing calls into it). Peers may
+        // still write into its connections' epoch blocks (shm writes straight into our
+        // memory): those are kept too. The FIFO goes; no transport call is involved.
+        let (keep, conns): (Vec<Conn>, Vec<Conn>) = std::mem::take(&mut self.conns)
+            .into_iter()
+            .partition(|c| skip[c.slot]);
+        std::mem::forget(keep);
+        for (s, skip) in slots.into_iter().zip(skip) {
+            if skip {
+                crate::warn!(
+                    "rank {}: leaking endpoint {:?}: a peer died and the endpoint may be wedged",
+                    self.rank(),
+                    s.key
+                );
+                std::mem::forget(s.ep);
+            } else {
+                drop(s.ep);
+            }
+            drop(s.work);
+        }
+        // Epoch memory goes after the endpoints that registered it.
+        drop(conns);
+    }
+}

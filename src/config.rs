@@ -1,0 +1,479 @@
+//! Every environment variable the library reads, read once per process, validated, in one
+//! place. A bad value is kept as a [`Config::problems`] line naming the variable, the value and
+//! what is used instead; the log reports those lines once, when it starts (`log::enabled`).
+//!
+//! Other modules take their settings from [`get`] (or from a [`NetConfig`] / [`P2pConfig`]
+//! handed to them, so that a test can open an endpoint with settings of its own without
+//! touching the process environment). `tests/config_vars.rs` checks that README's table of
+//! variables names exactly [`VARIABLES`].
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Every variable read here (`every_variable_read_is_listed` keeps it complete); README's
+/// table of variables is checked against it.
+pub const VARIABLES: &[&str] = &[
+    "MSCCLPP_DEBUG",
+    "MSCCLPP_BOOTSTRAP_TIMEOUT",
+    "MSCCLPP_SOCKET_IFNAME",
+    "MSCCLPP_WAIT_TIMEOUT",
+    "MSCCLPP_DISABLE_CUDA",
+    "MSCCLPP_NET_PROVIDER",
+    "FI_PROVIDER",
+    "MSCCLPP_NET_IFACE",
+    "MSCCLPP_NET_ADDR",
+    "MSCCLPP_NET_TX_DEPTH",
+    "MSCCLPP_NET_MAX_CHUNK",
+    "MSCCLPP_NET_DELIVERY_COMPLETE",
+    "MSCCLPP_NET_HMEM",
+    "MSCCLPP_NET_STAGING_BYTES",
+    "MSCCLPP_NET_STAGING_SLOTS",
+    "MSCCLPP_P2P_ENGINE",
+    "MSCCLPP_P2P_SM_MAX_BYTES",
+    "MSCCLPP_P2P_SM_BLOCKS",
+    "MSCCLPP_P2P_SM_LINGER_US",
+    "MSCCLPP_P2P_SM_SOLO_BYTES",
+    "MSCCLPP_P2P_SM_POLL_NS",
+    "MSCCLPP_P2P_SM_SELFTEST",
+    "MSCCLPP_P2P_DONE_WORD",
+    "MSCCLPP_P2P_HOST_SIGNAL",
+    "MSCCLPP_P2P_FLAG",
+    "MSCCLPP_P2P_STATS",
+    "MSCCLPP_TEST_FORCE_STAGING",
+    "MSCCLPP_TEST_FORCE_MR_ENDPOINT",
+];
+
+/// How much the library logs (`MSCCLPP_DEBUG`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Off,
+    Warn,
+    Info,
+    Trace,
+}
+
+/// Settings of the libfabric transport (`transport::net`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetConfig {
+    /// `MSCCLPP_NET_PROVIDER`, else `FI_PROVIDER` unless that is an exclusion list (`^...`):
+    /// the providers to consider, in order.
+    pub providers: Option<Vec<String>>,
+    /// `MSCCLPP_NET_IFACE`: the interface (the domain name of socket providers).
+    pub iface: Option<String>,
+    /// `MSCCLPP_NET_ADDR`: the local address to bind (node + FI_SOURCE).
+    pub addr: Option<String>,
+    /// `MSCCLPP_NET_TX_DEPTH`: outstanding operations per endpoint (default: the provider's).
+    pub tx_depth: Option<usize>,
+    /// `MSCCLPP_NET_MAX_CHUNK`: the largest single write (default: the provider's max_msg).
+    pub max_chunk: Option<u64>,
+    /// `MSCCLPP_NET_DELIVERY_COMPLETE=0` turns it off: flush then means locally complete.
+    pub delivery_complete: bool,
+    /// `MSCCLPP_NET_HMEM=0` turns it off: GPU memory is always staged.
+    pub hmem: bool,
+    /// `MSCCLPP_NET_STAGING_BYTES`: bytes of each peer's staging ring.
+    pub staging_bytes: Option<u64>,
+    /// `MSCCLPP_NET_STAGING_SLOTS`: records in each staging inbox.
+    pub staging_slots: Option<u64>,
+    /// `MSCCLPP_TEST_FORCE_STAGING=1` (tests): host regions staged as GPU memory is.
+    pub force_staging: bool,
+    /// `MSCCLPP_TEST_FORCE_MR_ENDPOINT=1` (tests): the FI_MR_ENDPOINT registration sequence.
+    pub force_mr_endpoint: bool,
+}
+
+/// Settings of the CUDA IPC transport (`transport::p2p`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct P2pConfig {
+    /// `MSCCLPP_P2P_ENGINE` is not `ce`: the SM copy engine takes small puts and flags.
+    pub sm_engine: bool,
+    /// `MSCCLPP_P2P_SM_MAX_BYTES`: the largest put the SM engine takes.
+    pub sm_max_bytes: u64,
+    /// `MSCCLPP_P2P_SM_BLOCKS`: the engine's blocks (1..=128).
+    pub sm_blocks: u32,
+    /// `MSCCLPP_P2P_SM_LINGER_US`: how long the engine stays resident without work.
+    pub sm_linger: Duration,
+    /// `MSCCLPP_P2P_SM_SOLO_BYTES`: puts up to this size are copied by one block.
+    pub sm_solo_bytes: u64,
+    /// `MSCCLPP_P2P_SM_POLL_NS`: the engine's pause between polls (at most 1 ms).
+    pub sm_poll_ns: u32,
+    /// `MSCCLPP_P2P_SM_SELFTEST=1`: time the engine's round trips once it starts.
+    pub sm_selftest: bool,
+    /// `MSCCLPP_P2P_DONE_WORD=0` turns it off: flush waits for the proxy to retire its Sync.
+    pub done_word: bool,
+    /// `MSCCLPP_P2P_HOST_SIGNAL=0` turns it off: signals always go through the engines.
+    pub host_signal: bool,
+    /// `MSCCLPP_P2P_FLAG=copy`: flags by an 8-byte copy instead of `cuStreamWriteValue64`.
+    pub flag_by_copy: bool,
+    /// `MSCCLPP_P2P_STATS=1`: log driver call times and engine timings at close.
+    pub stats: bool,
+}
+
+impl Default for P2pConfig {
+    fn default() -> Self {
+        P2pConfig {
+            sm_engine: true,
+            sm_max_bytes: 2 << 20,
+            sm_blocks: 8,
+            sm_linger: Duration::from_micros(500),
+            sm_solo_bytes: 64 << 10,
+            sm_poll_ns: 0,
+            sm_selftest: false,
+            done_word: true,
+            host_signal: true,
+            flag_by_copy: false,
+            stats: false,
+        }
+    }
+}
+
+/// The whole configuration of this process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// `MSCCLPP_DEBUG`: WARN (default), INFO, TRACE, or NONE/OFF.
+    pub log_level: LogLevel,
+    /// `MSCCLPP_BOOTSTRAP_TIMEOUT` (seconds > 0); see [`bootstrap_timeout`].
+    pub bootstrap_timeout: Option<Duration>,
+    /// `MSCCLPP_WAIT_TIMEOUT` (seconds > 0); see [`wait_timeout`].
+    pub wait_timeout: Option<Duration>,
+    /// `MSCCLPP_SOCKET_IFNAME`: interfaces for the unique id's root address.
+    pub socket_ifname: Option<String>,
+    /// `MSCCLPP_DISABLE_CUDA=1`: host mode even where a CUDA driver exists.
+    pub disable_cuda: bool,
+    pub net: NetConfig,
+    pub p2p: P2pConfig,
+    /// One line per variable whose value could not be used: name, value, what is used instead.
+    pub problems: Vec<String>,
+}
+
+/// The bootstrap timeout when nothing sets it.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Caps a configured timeout so that deadline arithmetic cannot overflow.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Reads one variable at a time, keeping what was wrong.
+struct Reader<'a> {
+    get: &'a dyn Fn(&str) -> Option<String>,
+    problems: Vec<String>,
+}
+
+impl Reader<'_> {
+    /// The value, trimmed; `None` when unset or empty.
+    fn text(&self, name: &str) -> Option<String> {
+        (self.get)(name)
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    }
+
+    fn bad(&mut self, name: &str, value: &str, expected: &str, instead: impl std::fmt::Display) {
+        self.problems.push(format!(
+            "ignoring {name}={value:?}: expected {expected}; using {instead}"
+        ));
+    }
+
+    /// A number; a value that does not parse is reported and `None` is used.
+    fn num<T: FromStr>(&mut self, name: &str, instead: &str) -> Option<T> {
+        let s = self.text(name)?;
+        match s.parse() {
+            Ok(v) => Some(v),
+            Err(_) => {
+                self.bad(name, &s, "a non-negative integer", instead);
+                None
+            }
+        }
+    }
+
+    /// Seconds > 0 (fractions allowed), capped at [`MAX_TIMEOUT`].
+    fn secs(&mut self, name: &str, instead: &str) -> Option<Duration> {
+        let s = self.text(name)?;
+        match parse_secs(&s) {
+            Some(d) => Some(d),
+            None => {
+                self.bad(name, &s, "a number of seconds > 0", instead);
+                None
+            }
+        }
+    }
+
+    /// `0` or `1`; unset is `default`.
+    fn flag(&mut self, name: &str, default: bool) -> bool {
+        match self.text(name).as_deref() {
+            None => default,
+            Some("1") => true,
+            Some("0") => false,
+            Some(s) => {
+                let s = s.to_string();
+                self.bad(name, &s, "0 or 1", default as u8);
+                default
+            }
+        }
+    }
+
+    /// One of `choices` (case-insensitive), returned lower-case; unset is `None`.
+    fn choice(&mut self, name: &str, choices: &[&str], instead: &str) -> Option<String> {
+        let s = self.text(name)?;
+        let l = s.to_ascii_lowercase();
+        if choices.contains(&l.as_str()) {
+            return Some(l);
+        }
+        self.bad(name, &s, &format!("one of {}", choices.join(", ")), instead);
+        None
+    }
+}
+
+/// Parses seconds > 0 (fractions allowed), capped at [`MAX_TIMEOUT`].
+pub fn parse_secs(s: &str) -> Option<Duration> {
+    let v: f64 = s.trim().parse().ok()?;
+    (v.is_finite() && v > 0.0).then(|| Duration::from_secs_f64(v.min(MAX_TIMEOUT.as_secs_f64())))
+}
+
+fn list(s: &str) -> Option<Vec<String>> {
+    let v: Vec<String> = s
+        .split(',')
+        .map(|x| x.trim().to_string())
+        .filter(|x| !x.is_empty())
+        .collect();
+    (!v.is_empty()).then_some(v)
+}
+
+impl Config {
+    /// Reads the process environment now.
+    pub fn from_env() -> Self {
+        Self::from_lookup(&|k| std::env::var(k).ok())
+    }
+
+    /// Reads every variable through `get` (a test passes a map).
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Self {
+        let mut r = Reader {
+            get,
+            problems: Vec::new(),
+        };
+        let log_level = match r.choice(
+            "MSCCLPP_DEBUG",
+            &["warn", "info", "trace", "none", "off"],
+            "WARN",
+        ) {
+            Some(s) if s == "info" => LogLevel::Info,
+            Some(s) if s == "trace" => LogLevel::Trace,
+            Some(s) if s == "none" || s == "off" => LogLevel::Off,
+            _ => LogLevel::Warn,
+        };
+        let default_timeout = format!("{DEFAULT_TIMEOUT:?}");
+        let net_default = NetConfig::default();
+        let providers = r
+            .text("MSCCLPP_NET_PROVIDER")
+            .as_deref()
+            .and_then(list)
+            .or_else(|| {
+                r.text("FI_PROVIDER")
+                    .filter(|s| !s.starts_with('^'))
+                    .as_deref()
+                    .and_then(list)
+            });
+        let net = NetConfig {
+            providers,
+            iface: r.text("MSCCLPP_NET_IFACE"),
+            addr: r.text("MSCCLPP_NET_ADDR"),
+            tx_depth: r.num("MSCCLPP_NET_TX_DEPTH", "the provider's depth"),
+            max_chunk: r.num("MSCCLPP_NET_MAX_CHUNK", "the provider's max_msg_size"),
+            delivery_complete: r.flag("MSCCLPP_NET_DELIVERY_COMPLETE", true),
+            hmem: r.flag("MSCCLPP_NET_HMEM", true),
+            staging_bytes: r.num("MSCCLPP_NET_STAGING_BYTES", "the default"),
+            staging_slots: r.num("MSCCLPP_NET_STAGING_SLOTS", "the default"),
+            force_staging: r.flag("MSCCLPP_TEST_FORCE_STAGING", net_default.force_staging),
+            force_mr_endpoint: r.flag(
+                "MSCCLPP_TEST_FORCE_MR_ENDPOINT",
+                net_default.force_mr_endpoint,
+            ),
+        };
+        let d = P2pConfig::default();
+        let p2p = P2pConfig {
+            sm_engine: r.choice("MSCCLPP_P2P_ENGINE", &["ce", "sm"], "sm").as_deref() != Some("ce"),
+            sm_max_bytes: r
+                .num("MSCCLPP_P2P_SM_MAX_BYTES", &d.sm_max_bytes.to_string())
+                .unwrap_or(d.sm_max_bytes),
+            sm_blocks: r
+                .num::<u32>("MSCCLPP_P2P_SM_BLOCKS", &d.sm_blocks.to_string())
+                .unwrap_or(d.sm_blocks)
+                .clamp(1, 128),
+            sm_linger: r
+                .num("MSCCLPP_P2P_SM_LINGER_US", "500")
+                .map_or(d.sm_linger, Duration::from_micros),
+            sm_solo_bytes: r
+                .num("MSCCLPP_P2P_SM_SOLO_BYTES", &d.sm_solo_bytes.to_string())
+                .unwrap_or(d.sm_solo_bytes),
+            sm_poll_ns: r
+                .num::<u64>("MSCCLPP_P2P_SM_POLL_NS", "0")
+                .map_or(d.sm_poll_ns, |n| n.min(1_000_000) as u32),
+            sm_selftest: r.flag("MSCCLPP_P2P_SM_SELFTEST", d.sm_selftest),
+            done_word: r.flag("MSCCLPP_P2P_DONE_WORD", d.done_word),
+            host_signal: r.flag("MSCCLPP_P2P_HOST_SIGNAL", d.host_signal),
+            flag_by_copy: r
+                .choice("MSCCLPP_P2P_FLAG", &["copy", "write"], "write")
+                .as_deref()
+                == Some("copy"),
+            stats: r.flag("MSCCLPP_P2P_STATS", d.stats),
+        };
+        Config {
+            log_level,
+            bootstrap_timeout: r.secs("MSCCLPP_BOOTSTRAP_TIMEOUT", &default_timeout),
+            wait_timeout: r.secs("MSCCLPP_WAIT_TIMEOUT", "the bootstrap timeout"),
+            socket_ifname: r.text("MSCCLPP_SOCKET_IFNAME"),
+            disable_cuda: r.flag("MSCCLPP_DISABLE_CUDA", false),
+            net,
+            p2p,
+            problems: r.problems,
+        }
+    }
+}
+
+/// The process's configuration, read from the environment on first use.
+pub fn get() -> &'static Config {
+    static CONFIG: OnceLock<Config> = OnceLock::new();
+    CONFIG.get_or_init(Config::from_env)
+}
+
+/// Seconds set by [`set_bootstrap_timeout`]; 0 = not set. Relaxed: a plain value with no data
+/// behind it.
+static TIMEOUT_SET: AtomicU64 = AtomicU64::new(0);
+
+/// The process-wide bootstrap timeout: [`set_bootstrap_timeout`] if called, else
+/// `MSCCLPP_BOOTSTRAP_TIMEOUT`, else 30 s. Communicators read it when created.
+pub fn bootstrap_timeout() -> Duration {
+    let set = TIMEOUT_SET.load(Ordering::Relaxed);
+    if set > 0 {
+        return Duration::from_secs(set).min(MAX_TIMEOUT);
+    }
+    get().bootstrap_timeout.unwrap_or(DEFAULT_TIMEOUT)
+}
+
+/// Sets the bootstrap timeout for communicators created afterwards
+/// (`mscclppSetBootstrapConnTimeout`); overrides the environment. `secs` must be > 0 (the
+/// caller checks).
+pub fn set_bootstrap_timeout(secs: u64) {
+    TIMEOUT_SET.store(secs, Ordering::Relaxed);
+}
+
+/// How long host waits, and the proxy's waits for a provider or a device, may last before they
+/// fail: `MSCCLPP_WAIT_TIMEOUT`, else the bootstrap timeout.
+pub fn wait_timeout() -> Duration {
+    get().wait_timeout.unwrap_or_else(bootstrap_timeout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn with(vars: &[(&str, &str)]) -> Config {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(&move |k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn seconds() {
+        assert_eq!(parse_secs("5"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_secs(" 2.5 "), Some(Duration::from_millis(2500)));
+        assert_eq!(parse_secs("1e30"), Some(MAX_TIMEOUT));
+        for bad in ["", "0", "-3", "abc", "NaN", "inf", "5s"] {
+            assert_eq!(parse_secs(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn defaults_when_nothing_is_set() {
+        let c = with(&[]);
+        assert!(c.problems.is_empty(), "{:?}", c.problems);
+        assert_eq!(c.log_level, LogLevel::Warn);
+        assert_eq!(c.p2p, P2pConfig::default());
+        assert!(c.net.delivery_complete && c.net.hmem && !c.net.force_staging);
+        assert_eq!((c.bootstrap_timeout, c.wait_timeout), (None, None));
+    }
+
+    #[test]
+    fn good_values_are_taken() {
+        let c = with(&[
+            ("MSCCLPP_DEBUG", "info"),
+            ("MSCCLPP_BOOTSTRAP_TIMEOUT", " 2.5 "),
+            ("MSCCLPP_WAIT_TIMEOUT", "1e30"),
+            ("MSCCLPP_NET_PROVIDER", "tcp, shm,"),
+            ("MSCCLPP_NET_TX_DEPTH", "16"),
+            ("MSCCLPP_NET_HMEM", "0"),
+            ("MSCCLPP_P2P_ENGINE", "CE"),
+            ("MSCCLPP_P2P_SM_BLOCKS", "1000"),
+            ("MSCCLPP_P2P_FLAG", "copy"),
+            ("MSCCLPP_P2P_HOST_SIGNAL", "0"),
+        ]);
+        assert!(c.problems.is_empty(), "{:?}", c.problems);
+        assert_eq!(c.log_level, LogLevel::Info);
+        assert_eq!(c.bootstrap_timeout, Some(Duration::from_millis(2500)));
+        assert_eq!(c.wait_timeout, Some(MAX_TIMEOUT));
+        assert_eq!(c.net.providers, Some(vec!["tcp".into(), "shm".into()]));
+        assert_eq!(c.net.tx_depth, Some(16));
+        assert!(!c.net.hmem);
+        assert!(!c.p2p.sm_engine && c.p2p.flag_by_copy && !c.p2p.host_signal);
+        assert_eq!(c.p2p.sm_blocks, 128);
+    }
+
+    #[test]
+    fn fi_provider_exclusion_list_is_not_a_choice() {
+        assert_eq!(with(&[("FI_PROVIDER", "^tcp")]).net.providers, None);
+        assert_eq!(
+            with(&[("FI_PROVIDER", "verbs")]).net.providers,
+            Some(vec!["verbs".to_string()])
+        );
+    }
+
+    #[test]
+    fn bad_values_are_reported_by_name_with_what_is_used() {
+        let c = with(&[
+            ("MSCCLPP_BOOTSTRAP_TIMEOUT", "-3"),
+            ("MSCCLPP_WAIT_TIMEOUT", "soon"),
+            ("MSCCLPP_NET_TX_DEPTH", "many"),
+            ("MSCCLPP_NET_HMEM", "no"),
+            ("MSCCLPP_DEBUG", "LOUD"),
+            ("MSCCLPP_P2P_ENGINE", "gpu"),
+        ]);
+        assert_eq!(c.bootstrap_timeout, None);
+        assert_eq!(c.wait_timeout, None);
+        assert_eq!(c.net.tx_depth, None);
+        assert!(c.net.hmem, "a bad flag keeps its default");
+        assert_eq!(c.log_level, LogLevel::Warn);
+        assert!(c.p2p.sm_engine);
+        assert_eq!(c.problems.len(), 6, "{:#?}", c.problems);
+        for (name, value, instead) in [
+            ("MSCCLPP_BOOTSTRAP_TIMEOUT", "\"-3\"", "using 30s"),
+            ("MSCCLPP_WAIT_TIMEOUT", "\"soon\"", "using the bootstrap timeout"),
+            ("MSCCLPP_NET_TX_DEPTH", "\"many\"", "using the provider's depth"),
+            ("MSCCLPP_NET_HMEM", "\"no\"", "using 1"),
+            ("MSCCLPP_DEBUG", "\"LOUD\"", "using WARN"),
+            ("MSCCLPP_P2P_ENGINE", "\"gpu\"", "using sm"),
+        ] {
+            assert!(
+                c.problems
+                    .iter()
+                    .any(|p| p.contains(name) && p.contains(value) && p.contains(instead)),
+                "no problem line for {name}: {:#?}",
+                c.problems
+            );
+        }
+    }
+
+    #[test]
+    fn every_variable_read_is_listed() {
+        let seen = std::sync::Mutex::new(Vec::new());
+        Config::from_lookup(&|k| {
+            seen.lock().unwrap().push(k.to_string());
+            None
+        });
+        let mut seen = seen.into_inner().unwrap();
+        seen.sort();
+        seen.dedup();
+        let mut listed: Vec<String> = VARIABLES.iter().map(|s| s.to_string()).collect();
+        listed.sort();
+        assert_eq!(seen, listed);
+    }
+}

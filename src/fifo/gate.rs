@@ -1,0 +1,155 @@
+//! The proxy thread's stand-aside gate: host threads that wait while doing the proxy's work
+//! count themselves here, and the proxy thread parks while they do.
+
+use crate::sync::lock;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Host threads that wait on a FIFO while doing its consumer's work (`Spin`), counted so that
+/// the proxy thread can stand aside meanwhile (`proxy::run`): on a machine with fewer cores than
+/// busy threads, a second thread taking turns at the same work only costs the first one its
+/// core, and both of them the futex hand-offs of the consumer's lock.
+///
+/// The proxy thread parks for `ASIDE` at a time and looks again. A waiter that leaves after a
+/// long wait (`LONG_WAIT`: a transfer) wakes it at once; one that leaves after a short wait
+/// does not: the futex wake on the waiter's way back to the caller (and on 2 cores the waiter
+/// preempted by the woken thread) made an 8-byte putWithSignal round trip over tcp 27 us
+/// instead of 8. Parking 50 us at a time instead of waking it cost bulk transfers ~15% (the
+/// parked thread's wake-ups take the helpers' cores).
+pub struct HelperGate {
+    helpers: AtomicU32,
+    /// The proxy thread, woken when a long-waiting helper leaves.
+    proxy: std::sync::Mutex<Option<std::thread::Thread>>,
+    /// When a host producer last executed triggers itself (`host_push`), in ns since `epoch`
+    /// (0: not since the last time it found the consumer busy).
+    last_push_assist: AtomicU64,
+    epoch: Instant,
+}
+
+impl Default for HelperGate {
+    fn default() -> Self {
+        HelperGate {
+            helpers: AtomicU32::new(0),
+            proxy: std::sync::Mutex::new(None),
+            last_push_assist: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+}
+
+/// How long after a host producer executed its own trigger the proxy thread keeps standing
+/// aside: a stream of pushes (each executing itself) needs no second thread.
+const PUSH_ASSIST_HOLD: Duration = Duration::from_micros(200);
+/// The longest the proxy thread parks before it looks again (the kernel adds its timer slack,
+/// ~50 us): bounds how long endpoint progress pauses once host threads stop helping after
+/// short waits.
+const ASIDE: Duration = Duration::from_micros(250);
+/// A helper that waited longer than this wakes the proxy thread when it leaves.
+const LONG_WAIT: Duration = Duration::from_micros(100);
+
+impl HelperGate {
+    pub(crate) fn enter(&self) {
+        // Relaxed, here and below: the count is a hint; the consumer's lock orders the work.
+        self.helpers.fetch_add(1, Ordering::Relaxed);
+    }
+    /// `waited`: how long this helper waited.
+    pub(crate) fn leave(&self, waited: Duration) {
+        if self.helpers.fetch_sub(1, Ordering::Relaxed) == 1 && waited > LONG_WAIT {
+            if let Some(t) = lock(&self.proxy).as_ref() {
+                t.unpark();
+            }
+        }
+    }
+    /// Names the thread that a long-waiting helper wakes when it leaves (the proxy thread).
+    pub fn set_proxy_thread(&self, t: Option<std::thread::Thread>) {
+        *lock(&self.proxy) = t;
+    }
+    /// How long the proxy thread should park now (zero: not at all): while some host thread
+    /// waits doing the consumer's work, or shortly after a producer executed its own trigger.
+    pub fn stand_aside(&self) -> Duration {
+        self.stand_aside_with(|| self.now())
+    }
+    /// As `stand_aside`, with `now` (ns since `epoch`) read only if a push's hold may run: the
+    /// proxy thread asks on every round, and reading the clock on each one cost ~1% of a tcp
+    /// transfer (see `ProxyWork::service`). A hold that ran out is cleared for the same reason.
+    fn stand_aside_with(&self, now: impl FnOnce() -> u64) -> Duration {
+        if self.helpers.load(Ordering::Relaxed) > 0 {
+            return ASIDE;
+        }
+        let last = self.last_push_assist.load(Ordering::Relaxed);
+        if last == 0 {
+            return Duration::ZERO;
+        }
+        let rest =
+            PUSH_ASSIST_HOLD.saturating_sub(Duration::from_nanos(now().saturating_sub(last)));
+        if rest.is_zero() {
+            // Only if no newer push stored its time meanwhile.
+            let _ = self.last_push_assist.compare_exchange(
+                last,
+                0,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+        rest.min(ASIDE)
+    }
+    fn now(&self) -> u64 {
+        // At least 1: 0 means "no push to stand aside for".
+        (self.epoch.elapsed().as_nanos() as u64).max(1)
+    }
+    /// A producer executed triggers itself.
+    pub(crate) fn pushed_and_assisted(&self) {
+        self.pushed_and_assisted_at(self.now());
+    }
+    fn pushed_and_assisted_at(&self, now: u64) {
+        self.last_push_assist.store(now, Ordering::Relaxed);
+    }
+    /// A producer found the consumer busy: the proxy thread must not stay aside for it (the
+    /// thread holding the consumer may have finished its round before this trigger).
+    pub(crate) fn nudge(&self) {
+        self.last_push_assist.store(0, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helper_gate_sets_the_proxy_aside_while_helped() {
+        // Explicit times (ns since the gate's epoch): a slow run (valgrind) must not matter.
+        let gate = HelperGate::default();
+        assert!(
+            gate.stand_aside_with(|| 1_000).is_zero(),
+            "nobody helps yet"
+        );
+        gate.pushed_and_assisted_at(1_000);
+        assert_eq!(gate.stand_aside_with(|| 1_000), ASIDE.min(PUSH_ASSIST_HOLD));
+        let hold = PUSH_ASSIST_HOLD.as_nanos() as u64;
+        assert_eq!(
+            gate.stand_aside_with(|| 1_000 + hold - 10_000),
+            Duration::from_micros(10).min(ASIDE),
+            "the rest of the hold"
+        );
+        assert!(
+            gate.stand_aside_with(|| 1_000 + hold).is_zero(),
+            "the hold ran out"
+        );
+        assert!(gate
+            .stand_aside_with(|| unreachable!("a cleared hold reads no clock"))
+            .is_zero());
+        gate.pushed_and_assisted_at(5_000);
+        gate.nudge();
+        assert!(
+            gate.stand_aside_with(|| 5_000).is_zero(),
+            "a producer that found the consumer busy"
+        );
+        gate.enter();
+        gate.enter();
+        assert_eq!(gate.stand_aside(), ASIDE);
+        gate.leave(Duration::ZERO);
+        assert_eq!(gate.stand_aside(), ASIDE, "one waiter still helps");
+        gate.leave(Duration::ZERO);
+        assert!(gate.stand_aside().is_zero(), "nobody helps any more");
+    }
+}

@@ -1,0 +1,120 @@
+//! Host FIFOs and their consumers: the producers of a host-memory FIFO find its consumer (the
+//! proxy's work) here, to do a round of it themselves or to deliver a signal without a trigger.
+
+use super::HelperGate;
+use crate::sync::{read, write};
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, RwLock, Weak};
+
+/// Whoever consumes a host FIFO, reachable from its producers (see `proxy::ProxyWork`).
+pub trait Assist: Send + Sync {
+    /// Does a round of the consumer's work if nobody else is doing it; never blocks on it.
+    /// True if this thread did it (false: another thread holds the consumer).
+    fn assist(&self) -> bool;
+    /// Delivers a signal on connection `conn` at once, without a trigger, if that is allowed
+    /// now (nothing queued or undelivered before it, and a transport that needs no call for
+    /// it); false: push the trigger. Never blocks.
+    fn direct_signal(&self, conn: usize) -> bool;
+}
+
+/// The consumer of a host FIFO, whether host threads may do its work (`assist`), and whether
+/// any of its connections can take a signal without a trigger (`direct_signal`).
+pub(crate) struct Consumer {
+    pub(crate) helps: bool,
+    work: Weak<dyn Assist>,
+    direct: bool,
+    gate: Arc<HelperGate>,
+}
+
+/// Head addresses of the live host-memory FIFOs, with their consumer once the communicator has
+/// one. The host-driven API accepts a connection only if its FIFO is here, so a device-memory or
+/// foreign `mscclppDevConn` is an error rather than a stray access.
+type HostFifos = HashMap<usize, Option<Consumer>>;
+static HOST_FIFOS: LazyLock<RwLock<HostFifos>> = LazyLock::new(Default::default);
+
+fn host_fifos() -> std::sync::RwLockReadGuard<'static, HostFifos> {
+    read(&HOST_FIFOS)
+}
+
+/// A new host FIFO with head `head`, without a consumer yet.
+pub(super) fn add(head: *const u64) {
+    write(&HOST_FIFOS).insert(head as usize, None);
+}
+
+/// The host FIFO with head `head` is gone.
+pub(super) fn remove(head: *const u64) {
+    write(&HOST_FIFOS).remove(&(head as usize));
+}
+
+/// True if `head` belongs to a live host-memory FIFO of this process.
+pub fn is_host_fifo(head: *const u64) -> bool {
+    host_fifos().contains_key(&(head as usize))
+}
+
+/// Names the consumer of the host FIFO whose head is `head`; `helps`: host threads may do its
+/// work (`assist`), and count themselves in `gate` while they wait doing it.
+pub fn set_consumer(head: *const u64, work: Weak<dyn Assist>, helps: bool, gate: Arc<HelperGate>) {
+    if let Some(e) = write(&HOST_FIFOS).get_mut(&(head as usize)) {
+        *e = Some(Consumer {
+            work,
+            helps,
+            direct: false,
+            gate,
+        });
+    }
+}
+
+/// Notes that a connection of the host FIFO at `head` can take signals directly (SHM over
+/// host memory): only then does `direct_signal` try the consumer, whose lock it may have to
+/// wait a little for.
+pub fn set_direct(head: *const u64) {
+    if let Some(Some(c)) = write(&HOST_FIFOS).get_mut(&(head as usize)) {
+        c.direct = true;
+    }
+}
+
+/// What `take` makes of the consumer of the host FIFO at `head`, if it has one that `wanted`
+/// accepts and that still lives.
+fn lookup<T>(
+    head: *const u64,
+    wanted: impl Fn(&Consumer) -> bool,
+    take: impl FnOnce(&Consumer, Arc<dyn Assist>) -> T,
+) -> Option<T> {
+    let fifos = host_fifos();
+    let c = fifos
+        .get(&(head as usize))?
+        .as_ref()
+        .filter(|c| wanted(c))?;
+    Some(take(c, c.work.upgrade()?))
+}
+
+/// The consumer of the host FIFO at `head`, if it has one that `wanted` accepts.
+fn consumer(head: *const u64, wanted: impl Fn(&Consumer) -> bool) -> Option<Arc<dyn Assist>> {
+    lookup(head, wanted, |_, work| work)
+}
+
+/// As `consumer`, with its helper gate.
+pub(crate) fn consumer_and_gate(
+    head: *const u64,
+    wanted: impl Fn(&Consumer) -> bool,
+) -> Option<(Arc<dyn Assist>, Arc<HelperGate>)> {
+    lookup(head, wanted, |c, work| (work, c.gate.clone()))
+}
+
+/// Lets the calling host thread, which just pushed a trigger, do a round of the consumer's work
+/// for the FIFO at `head`, and tells the proxy thread whether it still has to (`HelperGate`).
+pub(crate) fn assist_after_push(head: *const u64) {
+    if let Some((c, gate)) = consumer_and_gate(head, |c| c.helps) {
+        if c.assist() {
+            gate.pushed_and_assisted();
+        } else {
+            gate.nudge();
+        }
+    }
+}
+
+/// See [`Assist::direct_signal`]: true if the signal on connection `conn` of the host FIFO at
+/// `head` was delivered without a trigger.
+pub fn direct_signal(head: *const u64, conn: usize) -> bool {
+    consumer(head, |c| c.direct).is_some_and(|c| c.direct_signal(conn))
+}

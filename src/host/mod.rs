@@ -1,0 +1,132 @@
+//! The device API driven from host threads, for connections whose memory is host memory: the
+//! same protocol and meaning as the kernel methods in `include/mscclpp/devconn_methods.inc`
+//! (push triggers into the connection's FIFO, wait on its epoch), every wait bounded by
+//! `MSCCLPP_WAIT_TIMEOUT` and ended by the communicator's abort word.
+//!
+//! Files: this one is the API (`Conn`); `producer.rs` pushes triggers and waits for their
+//! retirement; `spin.rs` is how every host wait waits (and helps the proxy meanwhile).
+
+mod producer;
+mod spin;
+
+pub use producer::{host_push, host_wait_retired};
+pub use spin::Spin;
+
+use crate::abi::*;
+use crate::error::{Error, Result};
+use crate::fifo;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A connection checked to be a live host-memory connection of this process.
+pub struct Conn(mscclppDevConn);
+
+impl Conn {
+    /// Accepts `c` only if its FIFO is a live host FIFO: a CUDA buffer's connection (driven by
+    /// its kernel), a destroyed communicator's or a forged one is an error, not a stray access.
+    pub fn new(c: mscclppDevConn) -> Result<Self> {
+        if !fifo::is_host_fifo(c.fifo.triggerFifoHead) {
+            return Err(Error::usage("this connection is not a live host-memory connection (a CUDA buffer's connection is driven by its kernel's device methods; or the communicator was destroyed)"));
+        }
+        Ok(Conn(c))
+    }
+
+    /// `put()`: queues a copy of `size` bytes from `localBuff + src` to the peer's buffer at
+    /// `dst`. Non-blocking; the source must not change until `flush`.
+    pub fn put(&self, dst: u64, src: u64, size: u64) -> Result<()> {
+        check_put(dst, src, size)?;
+        self.push(mscclppData, dst, src, size).map(|_| ())
+    }
+
+    /// `signal()`: the peer's `wait` returns once every earlier put on this connection arrived.
+    pub fn signal(&self) -> Result<()> {
+        self.epoch_increment();
+        // SHM: straight into the peer's mapped epoch block when nothing is queued or
+        // undelivered before it (no trigger, no thread hand-off); otherwise by the proxy.
+        if fifo::direct_signal(self.0.fifo.triggerFifoHead, self.0.fifo.connId as usize) {
+            return Ok(());
+        }
+        self.push(mscclppFlag, 0, 0, 1).map(|_| ())
+    }
+
+    /// `putWithSignal()`: a put followed by a signal, in one trigger.
+    pub fn put_with_signal(&self, dst: u64, src: u64, size: u64) -> Result<()> {
+        check_put(dst, src, size)?;
+        self.epoch_increment();
+        self.push(mscclppData | mscclppFlag, dst, src, size)
+            .map(|_| ())
+    }
+
+    /// `putWithSignalAndFlush()`: put, signal, and wait until both have completed.
+    pub fn put_with_signal_and_flush(&self, dst: u64, src: u64, size: u64) -> Result<()> {
+        check_put(dst, src, size)?;
+        self.epoch_increment();
+        let h = self.push(mscclppData | mscclppFlag | mscclppSync, dst, src, size)?;
+        self.wait_retired(h)
+    }
+
+    /// `flush()`: returns once every earlier put and signal on this connection has completed
+    /// (the source buffer may be reused).
+    pub fn flush(&self) -> Result<()> {
+        let h = self.push(mscclppSync, 0, 0, 1)?;
+        self.wait_retired(h)
+    }
+
+    /// `wait()`: waits for the peer's next signal on this connection; the data of every put
+    /// before that signal is then readable.
+    pub fn wait(&self) -> Result<()> {
+        let c = &self.0;
+        // SAFETY: waitEpochId and localSignalEpochId point into the connection's live epoch
+        // block; waitEpochId is only touched by this connection's waiter.
+        let (wait, proxy) = unsafe {
+            let w = AtomicU64::from_ptr(c.waitEpochId);
+            (
+                w.fetch_add(1, Ordering::Relaxed) + 1,
+                AtomicU64::from_ptr(std::ptr::addr_of_mut!((*c.localSignalEpochId).proxy)),
+            )
+        };
+        let mut spin = Spin::new(&c.fifo, crate::config::wait_timeout());
+        // Acquire pairs with the peer's write of the signal count, which the transport orders
+        // after the data. Ends when the count arrives, on abort, or at the deadline.
+        while proxy.load(Ordering::Acquire) < wait {
+            spin.step("wait: no signal from the peer")?;
+        }
+        Ok(())
+    }
+
+    fn push(&self, ty: u64, dst: u64, src: u64, size: u64) -> Result<u64> {
+        let w = trigger_encode(ty, dst, src, size, self.0.fifo.connId as u64);
+        // SAFETY: `new` checked that the FIFO is a live host FIFO.
+        unsafe { host_push(&self.0.fifo, w) }
+    }
+
+    fn wait_retired(&self, h: u64) -> Result<()> {
+        // SAFETY: as in `push`.
+        unsafe { host_wait_retired(&self.0.fifo, h) }
+    }
+
+    fn epoch_increment(&self) {
+        // SAFETY: localSignalEpochId points to the connection's live, 16-byte aligned epoch
+        // block. Relaxed: the proxy counts Flags itself; this counter is informational for the
+        // producer.
+        unsafe {
+            AtomicU64::from_ptr(std::ptr::addr_of_mut!(
+                (*self.0.localSignalEpochId).device
+            ))
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn check_put(dst: u64, src: u64, size: u64) -> Result<()> {
+    if size == 0 {
+        return Err(Error::invalid_arg("put of 0 bytes"));
+    }
+    for (what, v) in [("dstOffset", dst), ("srcOffset", src), ("size", size)] {
+        if v > MSCCLPP_TRIGGER_OFFSET_MASK {
+            return Err(Error::invalid_arg(format!(
+                "{what} {v} does not fit the trigger's 32 bits"
+            )));
+        }
+    }
+    Ok(())
+}

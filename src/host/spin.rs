@@ -1,0 +1,134 @@
+//! How a host thread waits on a FIFO or an epoch: bounded, ended by the abort word, and doing
+//! the proxy's work itself where it may (`fifo::Assist`).
+
+use crate::abi::mscclppConcurrentFifo;
+use crate::error::{Error, Result};
+use crate::fifo::{consumer_and_gate, Assist, HelperGate};
+use crate::sync::{Backoff, Nap, Policy};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a waiting host thread found when it offered its help (`Spin::step`).
+enum Help {
+    /// It did a round of the consumer's work.
+    Did,
+    /// Another thread is doing it right now.
+    Busy,
+    /// Nobody it may help (not launched yet, or only the proxy thread may do the work).
+    None,
+}
+
+/// A spin that ends on the abort word, or the deadline. A waiter that does the proxy's work
+/// (`assist`) keeps doing it, spinning and yielding now and then, never napping. One that
+/// cannot help yields, and only after a long quiet period naps: on an oversubscribed machine
+/// (CI: 2 cores running 4 ranks and their proxies) yielding hands the core to the thread we
+/// wait for at once, while a sleep costs at least the kernel's timer slack (~50 us) per round
+/// trip.
+pub struct Spin {
+    abort: *const u64,
+    /// The FIFO's head: identifies the consumer this waiter helps (`assist`).
+    head: *const u64,
+    /// That consumer, looked up once (and again now and then while there is none: the proxy
+    /// may be launched during the wait) rather than in the registry on every step, which
+    /// took a fifth of the CPU time of a tcp transfer on the 2-core VM.
+    consumer: Option<(Arc<dyn Assist>, Arc<HelperGate>)>,
+    /// This waiter counted itself in the consumer's gate (from its first step on; a push that
+    /// finds room at once never does).
+    entered: bool,
+    /// The wait's bound and, when there is no help to give, its pauses.
+    backoff: Backoff,
+    /// Steps taken.
+    n: u32,
+}
+
+impl Drop for Spin {
+    fn drop(&mut self) {
+        if let (true, Some((_, gate))) = (self.entered, &self.consumer) {
+            gate.leave(self.backoff.waited());
+        }
+    }
+}
+
+/// Steps of a helping waiter between yields (and between looks for a consumer while none is
+/// registered yet).
+const SPIN_ITERS: u32 = 256;
+/// A waiter that cannot help: 8 polls, then yields for 20 ms, then naps 1/64 of what it has
+/// waited (at most 1 ms): it then wakes at most 1/64 of its wait late, and seldom enough not to
+/// matter to the thread doing the work. Each wake-up takes that thread's core for ~7 us on
+/// the 2-core VM (`perf sched timehist`): with the fixed 50 us naps before, the receiver's
+/// waiter took ~7 us of every ~117 us of a 1 MiB shm transfer's copying thread: 88% of raw
+/// `fi_write` against 94% with naps of 1/64 in 24 rotated rounds (bench/RESULTS.md: of two
+/// 16-round batches, one agrees and one shows no change).
+const UNHELPED: Policy = Policy {
+    spins: 8,
+    yield_for: Duration::from_millis(20),
+    nap: Nap::Fraction {
+        of_waited: 64,
+        max: Duration::from_millis(1),
+    },
+};
+
+impl Spin {
+    /// A wait on the host FIFO `fifo` (its abort word ends the wait).
+    pub fn new(fifo: &mscclppConcurrentFifo, deadline: Duration) -> Self {
+        Spin {
+            // SAFETY: the abort word follows the tail in every FIFO's control block.
+            abort: unsafe { fifo.triggerFifoTail.add(1) },
+            head: fifo.triggerFifoHead,
+            consumer: consumer_and_gate(fifo.triggerFifoHead, |c| c.helps),
+            entered: false,
+            backoff: Backoff::new(UNHELPED, deadline),
+            n: 0,
+        }
+    }
+    /// One step of waiting: Ok while the caller should keep waiting, Err when it must stop.
+    pub fn step(&mut self, what: &str) -> Result<()> {
+        // SAFETY: `abort` points into a live FIFO control block (the caller's DevConn).
+        let a = unsafe { AtomicU64::from_ptr(self.abort as *mut u64) }.load(Ordering::Acquire);
+        if a != 0 {
+            return Err(Error::remote(format!("{what}: the communicator was aborted (error code {a}); see mscclppCommGetAsyncError")));
+        }
+        self.n = self.n.saturating_add(1);
+        // What we wait for may need the proxy's work (our trigger executed, the endpoint through
+        // which the peer's data comes progressed): do it here rather than wait for a thread
+        // that may not even have a core.
+        if self.consumer.is_none() && self.n % SPIN_ITERS == 0 {
+            self.consumer = consumer_and_gate(self.head, |c| c.helps);
+        }
+        if let (false, Some((_, gate))) = (self.entered, &self.consumer) {
+            gate.enter();
+            self.entered = true;
+        }
+        let help = match &self.consumer {
+            Some((c, _)) if c.assist() => Help::Did,
+            Some(_) => Help::Busy,
+            None => Help::None,
+        };
+        if !matches!(help, Help::None) {
+            // Checked every 64 steps: reading the clock on every one cost ~4% of a tcp
+            // transfer's CPU time on the 2-core VM.
+            if self.n % 64 == 0 {
+                self.backoff.check(|| what.to_string())?;
+            }
+            // Helping: this thread progresses the endpoint (the proxy thread naps while host
+            // threads assist), so it must not nap, or a long transfer over a socket provider
+            // moves one chunk per nap (64 KiB puts over tcp fell to 1 GB/s after 20 ms of
+            // waiting). It spins, yielding now and then; and at once while another thread
+            // holds the consumer, which then has the work to do and may need this core.
+            if matches!(help, Help::Busy) || self.n % SPIN_ITERS == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            return Ok(());
+        }
+        self.backoff.check(|| what.to_string())?;
+        // Without help to give, the proxy thread does the work: on a machine with fewer cores
+        // than busy threads, yielding soon hands it the core. A few polls first: a signal
+        // stored straight into our epoch (SHM, `proxy::direct_flag`) needs no other thread.
+        self.backoff.pause();
+        Ok(())
+    }
+}
+

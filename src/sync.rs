@@ -1,0 +1,202 @@
+//! Waiting and locking, the same way everywhere: a poison-tolerant lock, and [`Backoff`], the
+//! one shape of every bounded poll loop in the library (spin, then yield, then nap, until a
+//! bound).
+//!
+//! Why poison-tolerant: a thread that panics while holding one of our locks is already reported
+//! (the proxy's failure becomes the communicator's sticky error; an export's panic becomes
+//! `mscclppInternalError`). The state behind the lock stays consistent at every await-free
+//! point we hold it, so the next user may go on rather than panic in turn.
+
+use crate::error::Error;
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+/// Locks `m`, recovering the guard from a poisoned lock (see the module doc).
+pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Read-locks `l`, recovering from poisoning (see the module doc).
+pub fn read<T: ?Sized>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Write-locks `l`, recovering from poisoning (see the module doc).
+pub fn write<T: ?Sized>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a waiter does once it has spun and yielded for its share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Nap {
+    /// Keep yielding: the thing waited for is a thread on this machine that needs the core.
+    Yield,
+    /// Sleep this long per step.
+    Fixed(Duration),
+    /// Sleep `1/of_waited` of the time waited so far, at most `max`: the wait then ends at most
+    /// that fraction late, and the waiter wakes seldom once the wait is long.
+    Fraction { of_waited: u32, max: Duration },
+}
+
+/// The phases of a poll loop: `spins` polls with only a CPU hint between them, then yields
+/// until `yield_for` has passed since the wait began, then [`Nap`]s.
+///
+/// Why all three: spinning answers in nanoseconds when the event is close (a copy of a few KiB,
+/// a signal stored by another core); yielding hands the core at once to the thread being
+/// waited for on an oversubscribed machine (CI: 2 cores, 4 ranks and their proxies), without a
+/// sleep's timer slack (~50 us); napping keeps a long or idle wait from holding a core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    pub spins: u32,
+    pub yield_for: Duration,
+    pub nap: Nap,
+}
+
+impl Policy {
+    /// Spin only: for waits on a device or a peer that answers within microseconds, where a
+    /// yield would add a scheduler round to the latency that is the product (the bound still
+    /// ends them).
+    pub const SPIN: Policy = Policy {
+        spins: u32::MAX,
+        yield_for: Duration::ZERO,
+        nap: Nap::Yield,
+    };
+}
+
+/// One bounded wait: call [`Backoff::pause`] after each poll that found nothing, and
+/// [`Backoff::check`] (or [`Backoff::expired`]) to end it at its bound. Every loop built on it
+/// ends: at the bound, or when its own condition (the caller's poll, an abort flag) holds.
+#[derive(Debug)]
+pub struct Backoff {
+    policy: Policy,
+    bound: Duration,
+    start: Instant,
+    n: u32,
+}
+
+impl Backoff {
+    /// A wait that begins now and may last `bound`.
+    pub fn new(policy: Policy, bound: Duration) -> Self {
+        Backoff {
+            policy,
+            bound,
+            start: Instant::now(),
+            n: 0,
+        }
+    }
+
+    /// Starts over (the awaited thing made progress; an idle loop found work).
+    pub fn reset(&mut self) {
+        self.start = Instant::now();
+        self.n = 0;
+    }
+
+    /// Polls made so far (pauses taken).
+    pub fn polls(&self) -> u32 {
+        self.n
+    }
+
+    /// Time since the wait began (or was reset).
+    pub fn waited(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// The bound this wait was given.
+    pub fn bound(&self) -> Duration {
+        self.bound
+    }
+
+    /// The bound has passed.
+    pub fn expired(&self) -> bool {
+        self.start.elapsed() > self.bound
+    }
+
+    /// `Err(timeout)` naming `what` once the bound has passed.
+    pub fn check(&self, what: impl FnOnce() -> String) -> Result<(), Error> {
+        if self.expired() {
+            return Err(self.timeout(what()));
+        }
+        Ok(())
+    }
+
+    /// The timeout error of this wait, naming `what`.
+    pub fn timeout(&self, what: String) -> Error {
+        Error::timeout(what, self.bound)
+    }
+
+    /// One pause between polls, by the policy's phase for this point of the wait.
+    pub fn pause(&mut self) {
+        self.n = self.n.saturating_add(1);
+        if self.n <= self.policy.spins {
+            std::hint::spin_loop();
+            return;
+        }
+        let waited = self.start.elapsed();
+        if waited < self.policy.yield_for {
+            std::thread::yield_now();
+            return;
+        }
+        match self.policy.nap {
+            Nap::Yield => std::thread::yield_now(),
+            Nap::Fixed(d) => std::thread::sleep(d),
+            Nap::Fraction { of_waited, max } => {
+                std::thread::sleep((waited / of_waited.max(1)).min(max))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_recovers_from_poison() {
+        let m = std::sync::Arc::new(Mutex::new(5));
+        let m2 = m.clone();
+        let _ = std::thread::spawn(move || {
+            let _g = m2.lock().unwrap();
+            panic!("poison it");
+        })
+        .join();
+        assert!(m.is_poisoned());
+        assert_eq!(*lock(&m), 5);
+    }
+
+    #[test]
+    fn backoff_ends_at_its_bound_and_names_the_wait() {
+        let policy = Policy {
+            spins: 4,
+            yield_for: Duration::from_millis(1),
+            nap: Nap::Fraction {
+                of_waited: 4,
+                max: Duration::from_millis(2),
+            },
+        };
+        let mut b = Backoff::new(policy, Duration::from_millis(30));
+        let t0 = Instant::now();
+        let err = loop {
+            if let Err(e) = b.check(|| "the test's event".into()) {
+                break e;
+            }
+            b.pause();
+        };
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(30), "{took:?}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        assert!(b.polls() > 4);
+        let msg = err.to_string();
+        assert!(msg.contains("the test's event") && msg.contains("30 ms"), "{msg}");
+    }
+
+    #[test]
+    fn reset_starts_the_wait_over() {
+        let mut b = Backoff::new(Policy::SPIN, Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(10));
+        assert!(b.expired());
+        b.pause();
+        b.reset();
+        assert!(!b.expired());
+        assert_eq!(b.polls(), 0);
+    }
+}
