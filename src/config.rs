@@ -288,7 +288,10 @@ impl Config {
         };
         let d = P2pConfig::default();
         let p2p = P2pConfig {
-            sm_engine: r.choice("MSCCLPP_P2P_ENGINE", &["ce", "sm"], "sm").as_deref() != Some("ce"),
+            sm_engine: r
+                .choice("MSCCLPP_P2P_ENGINE", &["ce", "sm"], "sm")
+                .as_deref()
+                != Some("ce"),
             sm_max_bytes: r
                 .num("MSCCLPP_P2P_SM_MAX_BYTES", &d.sm_max_bytes.to_string())
                 .unwrap_or(d.sm_max_bytes),
@@ -446,8 +449,16 @@ mod tests {
         assert_eq!(c.problems.len(), 6, "{:#?}", c.problems);
         for (name, value, instead) in [
             ("MSCCLPP_BOOTSTRAP_TIMEOUT", "\"-3\"", "using 30s"),
-            ("MSCCLPP_WAIT_TIMEOUT", "\"soon\"", "using the bootstrap timeout"),
-            ("MSCCLPP_NET_TX_DEPTH", "\"many\"", "using the provider's depth"),
+            (
+                "MSCCLPP_WAIT_TIMEOUT",
+                "\"soon\"",
+                "using the bootstrap timeout",
+            ),
+            (
+                "MSCCLPP_NET_TX_DEPTH",
+                "\"many\"",
+                "using the provider's depth",
+            ),
             ("MSCCLPP_NET_HMEM", "\"no\"", "using 1"),
             ("MSCCLPP_DEBUG", "\"LOUD\"", "using WARN"),
             ("MSCCLPP_P2P_ENGINE", "\"gpu\"", "using sm"),

@@ -1,8 +1,8 @@
 //! Logging: `MSCCLPP_DEBUG=WARN|INFO|TRACE` (default WARN; read by `config`) picks the level; every line goes to
 //! the handler that `mscclppSetLogHandler` installed, or to stderr.
 
-use std::ffi::{c_char, CString};
 use crate::config::LogLevel;
+use std::ffi::{c_char, CString};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 use std::sync::OnceLock;
 

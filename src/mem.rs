@@ -30,6 +30,7 @@ pub struct HostBlock {
 // SAFETY: a HostBlock is only an owned allocation; all access goes through raw pointers whose
 // users document their own synchronisation.
 unsafe impl Send for HostBlock {}
+// SAFETY: as for the unsafe code just above.
 unsafe impl Sync for HostBlock {}
 
 impl HostBlock {
@@ -83,6 +84,7 @@ pub struct SharedBlock {
 
 // SAFETY: as for HostBlock: an owned mapping, touched only through raw pointers and atomics.
 unsafe impl Send for SharedBlock {}
+// SAFETY: as for the unsafe code just above.
 unsafe impl Sync for SharedBlock {}
 
 /// The prefix of every name `SharedBlock` creates; `open` accepts no other.
@@ -154,8 +156,9 @@ impl SharedBlock {
             ));
         }
         let r = (|| {
-            // SAFETY: fd is valid; st is written by fstat.
+            // SAFETY: all-zero bytes are a valid `libc::stat` (plain integers).
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: fd is valid; st is written by fstat.
             if unsafe { libc::fstat(fd, &mut st) } != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -245,6 +248,7 @@ mod tests {
         // SAFETY: both map the same page; aligned u64 at offset 8.
         unsafe { AtomicU64::from_ptr(a.ptr().add(8).cast()) }.store(42, Ordering::Release);
         assert_eq!(
+            // SAFETY: as for the unsafe code just above.
             unsafe { AtomicU64::from_ptr(b.ptr().add(8).cast()) }.load(Ordering::Acquire),
             42
         );
@@ -255,6 +259,7 @@ mod tests {
         );
         // The mapping outlives the name.
         assert_eq!(
+            // SAFETY: `b` still maps the page; aligned u64 at offset 8.
             unsafe { AtomicU64::from_ptr(b.ptr().add(8).cast()) }.load(Ordering::Acquire),
             42
         );

@@ -186,7 +186,10 @@ mod tests {
         assert!(took < Duration::from_secs(5), "{took:?}");
         assert!(b.polls() > 4);
         let msg = err.to_string();
-        assert!(msg.contains("the test's event") && msg.contains("30 ms"), "{msg}");
+        assert!(
+            msg.contains("the test's event") && msg.contains("30 ms"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -121,11 +121,7 @@ fn proxy_moves_data_and_refuses_out_of_range_triggers() {
     // code either way.
     match running.stop() {
         Err(e) => {
-            assert_eq!(
-                e.code(),
-                mscclppResult_t::mscclppInvalidArgument,
-                "{e}"
-            );
+            assert_eq!(e.code(), mscclppResult_t::mscclppInvalidArgument, "{e}");
             assert!(e.to_string().contains("outside"), "{e}");
         }
         other => panic!("expected the proxy to refuse the trigger, got {other:?}"),

@@ -14,12 +14,12 @@
 use super::frame::{Assembler, Expect, Kind};
 use super::net;
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use crate::sync::lock;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};

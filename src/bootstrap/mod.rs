@@ -30,8 +30,8 @@ mod root;
 
 use crate::abi::MSCCLPP_UNIQUE_ID_BYTES;
 use crate::error::{Error, Result};
-use frame::{Kind, MAX_PAYLOAD, MAX_RANKS};
 use crate::sync::lock;
+use frame::{Kind, MAX_PAYLOAD, MAX_RANKS};
 use mailbox::Mailbox;
 use std::net::{Shutdown, SocketAddr, SocketAddrV6, TcpListener, TcpStream};
 use std::sync::Mutex;

@@ -31,9 +31,7 @@ pub extern "C" fn mscclppDevConnPut(
 /// Host `signal()`: the peer's `wait` returns once every earlier put on this connection arrived.
 #[no_mangle]
 pub extern "C" fn mscclppDevConnSignal(conn: *mut mscclppDevConn_t) -> mscclppResult_t {
-    ffi_boundary!("mscclppDevConnSignal", {
-        host_conn(conn)?.signal()
-    })
+    ffi_boundary!("mscclppDevConnSignal", { host_conn(conn)?.signal() })
 }
 
 /// Host `putWithSignal()`: a put followed by a signal, in one trigger.
@@ -66,16 +64,12 @@ pub extern "C" fn mscclppDevConnPutWithSignalAndFlush(
 /// (the source buffer may be reused). Bounded by `MSCCLPP_WAIT_TIMEOUT`; fails on proxy error.
 #[no_mangle]
 pub extern "C" fn mscclppDevConnFlush(conn: *mut mscclppDevConn_t) -> mscclppResult_t {
-    ffi_boundary!("mscclppDevConnFlush", {
-        host_conn(conn)?.flush()
-    })
+    ffi_boundary!("mscclppDevConnFlush", { host_conn(conn)?.flush() })
 }
 
 /// Host `wait()`: waits for the peer's next signal on this connection; the data of every put
 /// before that signal is then readable. Bounded by `MSCCLPP_WAIT_TIMEOUT`; fails on abort.
 #[no_mangle]
 pub extern "C" fn mscclppDevConnWait(conn: *mut mscclppDevConn_t) -> mscclppResult_t {
-    ffi_boundary!("mscclppDevConnWait", {
-        host_conn(conn)?.wait()
-    })
+    ffi_boundary!("mscclppDevConnWait", { host_conn(conn)?.wait() })
 }

@@ -167,7 +167,11 @@ impl Comm {
     /// Step 2 for one connection: the peer's half received, checked and imported; the proxy's
     /// and the kernels' views of the connection made.
     fn establish(&mut self, r: &Request, l: Local) -> Result<()> {
-        let Local { slot: s, src, epoch } = l;
+        let Local {
+            slot: s,
+            src,
+            epoch,
+        } = l;
         let msg = self
             .boot
             .recv(r.remote_rank, TAG_CONN | r.tag as u32 as u64)

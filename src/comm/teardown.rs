@@ -50,8 +50,7 @@ impl Comm {
         self.slots
             .iter()
             .map(|s| {
-                s.abandoned
-                    || (s.caps.may_wedge && lost.is_some_and(|p| s.peers.contains_key(&p)))
+                s.abandoned || (s.caps.may_wedge && lost.is_some_and(|p| s.peers.contains_key(&p)))
             })
             .collect()
     }

@@ -13,8 +13,8 @@ pub(crate) const IPC_HANDLE_BYTES: usize = 64;
 pub fn address_range(device: i32, ptr: u64) -> Result<(u64, u64)> {
     let _g = CtxGuard::enter(device)?;
     let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
-    // SAFETY: out-pointers valid; context current.
     check(
+        // SAFETY: out-pointers valid; context current.
         unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) },
         || format!("cuMemGetAddressRange({ptr:#x})"),
     )?;
@@ -53,9 +53,9 @@ impl IpcMapping {
             reserved: handle.map(|b| b as std::ffi::c_char),
         };
         let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: out-pointer valid; context current. The driver validates the handle bytes
-        // (an unknown or foreign handle is an error, not a mapping).
         check(
+            // SAFETY: out-pointer valid; context current. The driver validates the handle bytes
+            // (an unknown or foreign handle is an error, not a mapping).
             unsafe {
                 sys::cuIpcOpenMemHandle_v2(
                     &mut ptr,

@@ -47,9 +47,9 @@ impl Module {
         let text = CString::new(ptx).map_err(|_| Error::internal("PTX with a NUL byte"))?;
         let _g = CtxGuard::enter(device)?;
         let mut raw: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: out-pointer valid; `text` is NUL-terminated PTX and outlives the call (the
-        // driver copies what it keeps); context current (guard).
         check(
+            // SAFETY: out-pointer valid; `text` is NUL-terminated PTX and outlives the call (the
+            // driver copies what it keeps); context current (guard).
             unsafe { sys::cuModuleLoadData(&mut raw, text.as_ptr().cast::<c_void>()) },
             || format!("cuModuleLoadData (embedded PTX, device {device})"),
         )?;
@@ -58,8 +58,8 @@ impl Module {
 
     pub fn function(&self, name: &CStr) -> Result<Function> {
         let mut f: sys::CUfunction = std::ptr::null_mut();
-        // SAFETY: live module; NUL-terminated name; out-pointer valid.
         check(
+            // SAFETY: live module; NUL-terminated name; out-pointer valid.
             unsafe { sys::cuModuleGetFunction(&mut f, self.raw, name.as_ptr()) },
             || format!("cuModuleGetFunction({name:?})"),
         )?;

@@ -93,8 +93,8 @@ impl PinnedHost {
         let _g = CtxGuard::enter(device)?;
         let mut p: *mut c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: out-pointer valid; context current.
         check(
+            // SAFETY: out-pointer valid; context current.
             unsafe { sys::cuMemHostAlloc(&mut p, len.max(1), flags) },
             || format!("cuMemHostAlloc({len} bytes, DEVICEMAP|PORTABLE)"),
         )?;
@@ -107,8 +107,8 @@ impl PinnedHost {
             device,
         };
         let mut dev: sys::CUdeviceptr = 0;
-        // SAFETY: `p` is mapped (DEVICEMAP); flags must be 0.
         check(
+            // SAFETY: `p` is mapped (DEVICEMAP); flags must be 0.
             unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) },
             || "cuMemHostGetDevicePointer".into(),
         )?;
@@ -160,9 +160,9 @@ impl HostRegistration {
     pub fn new(device: i32, host: *mut u8, len: usize) -> Result<Self> {
         let _g = CtxGuard::enter(device)?;
         let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
-        // SAFETY: the caller keeps `host..host + len` mapped until this is dropped; context
-        // current (guard).
         check(
+            // SAFETY: the caller keeps `host..host + len` mapped until this is dropped; context
+            // current (guard).
             unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) },
             || format!("cuMemHostRegister({len} bytes, DEVICEMAP|PORTABLE)"),
         )?;
@@ -171,8 +171,8 @@ impl HostRegistration {
             dev: 0,
             device,
         };
-        // SAFETY: `host` is registered with DEVICEMAP just above; flags must be 0.
         check(
+            // SAFETY: `host` is registered with DEVICEMAP just above; flags must be 0.
             unsafe { sys::cuMemHostGetDevicePointer_v2(&mut m.dev, host.cast(), 0) },
             || "cuMemHostGetDevicePointer (registered memory)".into(),
         )?;
@@ -195,4 +195,3 @@ impl Drop for HostRegistration {
         drop(g);
     }
 }
-

@@ -244,8 +244,8 @@ fn primary_ctx(device: i32) -> Result<sys::CUcontext> {
         format!("cuDeviceGet({device})")
     })?;
     let mut ctx: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: out-pointer valid; `dev` came from cuDeviceGet. Never released (see DEVICES).
     check(
+        // SAFETY: out-pointer valid; `dev` came from cuDeviceGet. Never released (see DEVICES).
         unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
         || format!("cuDevicePrimaryCtxRetain(device {device})"),
     )?;

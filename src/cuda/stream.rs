@@ -27,8 +27,8 @@ impl Stream {
     pub fn new(device: i32) -> Result<Self> {
         let _g = CtxGuard::enter(device)?;
         let mut raw: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: out-pointer valid; context current (guard).
         check(
+            // SAFETY: out-pointer valid; context current (guard).
             unsafe {
                 sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
             },
@@ -83,9 +83,9 @@ impl Stream {
     /// Copies `bytes` from host memory to device address `dst` and waits for the copy (bounded):
     /// for setup-time stores only.
     pub fn upload(&self, dst: u64, bytes: &[u8]) -> Result<()> {
-        // SAFETY: `dst..dst + len` is device memory owned by the caller; `bytes` outlives the
-        // copy, which the wait below completes before returning; context current.
         check(
+            // SAFETY: `dst..dst + len` is device memory owned by the caller; `bytes` outlives the
+            // copy, which the wait below completes before returning; context current.
             unsafe { sys::cuMemcpyHtoDAsync_v2(dst, bytes.as_ptr().cast(), bytes.len(), self.raw) },
             || format!("cuMemcpyHtoDAsync({dst:#x}, {} bytes)", bytes.len()),
         )?;
@@ -161,8 +161,8 @@ impl Event {
     pub fn new(device: i32) -> Result<Self> {
         let _g = CtxGuard::enter(device)?;
         let mut raw: sys::CUevent = std::ptr::null_mut();
-        // SAFETY: out-pointer valid; context current (guard). DISABLE_TIMING: cheapest kind.
         check(
+            // SAFETY: out-pointer valid; context current (guard). DISABLE_TIMING: cheapest kind.
             unsafe {
                 sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
             },

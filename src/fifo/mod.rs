@@ -16,8 +16,8 @@ mod gate;
 mod registry;
 
 pub use gate::HelperGate;
-pub use registry::{direct_signal, is_host_fifo, set_consumer, set_direct, Assist};
 pub(crate) use registry::{assist_after_push, consumer_and_gate};
+pub use registry::{direct_signal, is_host_fifo, set_consumer, set_direct, Assist};
 
 use crate::abi::*;
 use crate::error::Result;
@@ -115,6 +115,7 @@ const DEV_WORDS: usize = 8;
 pub struct AbortWord(*mut u64);
 // SAFETY: the word is only touched through atomics; the comm keeps its memory alive.
 unsafe impl Send for AbortWord {}
+// SAFETY: as for the unsafe code just above.
 unsafe impl Sync for AbortWord {}
 
 impl AbortWord {

@@ -108,12 +108,8 @@ impl Conn {
         // SAFETY: localSignalEpochId points to the connection's live, 16-byte aligned epoch
         // block. Relaxed: the proxy counts Flags itself; this counter is informational for the
         // producer.
-        unsafe {
-            AtomicU64::from_ptr(std::ptr::addr_of_mut!(
-                (*self.0.localSignalEpochId).device
-            ))
-        }
-        .fetch_add(1, Ordering::Relaxed);
+        unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.0.localSignalEpochId).device)) }
+            .fetch_add(1, Ordering::Relaxed);
     }
 }
 

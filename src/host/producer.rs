@@ -13,8 +13,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// `fifo` must be the producer view of a live host-memory FIFO.
 pub unsafe fn host_push(fifo: &mscclppConcurrentFifo, w: [u64; 2]) -> Result<u64> {
     debug_assert!(w[0] != 0 && w[1] != 0);
-    let head = AtomicU64::from_ptr(fifo.triggerFifoHead);
-    let tail = AtomicU64::from_ptr(fifo.triggerFifoTail);
+    // SAFETY: the caller passes a live host FIFO's view: head and tail are its aligned,
+    // live control words, touched only atomically.
+    let (head, tail) = unsafe {
+        (
+            AtomicU64::from_ptr(fifo.triggerFifoHead),
+            AtomicU64::from_ptr(fifo.triggerFifoTail),
+        )
+    };
     // The ticket only has to be unique; ordering comes from the slot words.
     let h = head.fetch_add(1, Ordering::Relaxed);
     let mut spin = Spin::new(fifo, crate::config::wait_timeout());
@@ -23,8 +29,12 @@ pub unsafe fn host_push(fifo: &mscclppConcurrentFifo, w: [u64; 2]) -> Result<u64
     while h >= SIZE + tail.load(Ordering::Acquire) {
         spin.step("waiting for room in the proxy FIFO")?;
     }
-    let p = fifo.triggerFifo.add((h % SIZE) as usize) as *mut u64;
-    let (w0, w1) = (AtomicU64::from_ptr(p), AtomicU64::from_ptr(p.add(1)));
+    // SAFETY: slot h % SIZE of the live ring (SIZE slots of two aligned u64 words), touched
+    // only atomically by producers and the proxy.
+    let (w0, w1) = unsafe {
+        let p = fifo.triggerFifo.add((h % SIZE) as usize) as *mut u64;
+        (AtomicU64::from_ptr(p), AtomicU64::from_ptr(p.add(1)))
+    };
     // Acquire pairs with the proxy's Release zeroing in `Fifo::pop`; ends like the loop above.
     while w0.load(Ordering::Acquire) != 0 {
         spin.step("waiting for a free FIFO slot")?;
@@ -43,8 +53,13 @@ pub unsafe fn host_push(fifo: &mscclppConcurrentFifo, w: [u64; 2]) -> Result<u64
 /// # Safety
 /// As for [`host_push`].
 pub unsafe fn host_wait_retired(fifo: &mscclppConcurrentFifo, h: u64) -> Result<()> {
-    let tail = AtomicU64::from_ptr(fifo.triggerFifoTail);
-    let w0 = AtomicU64::from_ptr(fifo.triggerFifo.add((h % SIZE) as usize) as *mut u64);
+    // SAFETY: as in `host_push`: the live FIFO's tail and word0 of ticket h's slot.
+    let (tail, w0) = unsafe {
+        (
+            AtomicU64::from_ptr(fifo.triggerFifoTail),
+            AtomicU64::from_ptr(fifo.triggerFifo.add((h % SIZE) as usize) as *mut u64),
+        )
+    };
     let mut spin = Spin::new(fifo, crate::config::wait_timeout());
     // Both Acquire loads pair with `Fifo::pop`'s Release stores. Ends when the slot clears or
     // the tail passes h; the slot can't be refilled before the tail passes h (room check).
@@ -74,6 +89,7 @@ mod tests {
                 size: 1 + round,
                 conn_id: 3,
             };
+            // SAFETY: `view` is the producer view of `f`, a live host FIFO.
             let h = unsafe { host_push(&view, t.encode()) }.unwrap();
             assert_eq!(h, round);
             let got = Trigger::decode(f.peek().unwrap());
@@ -96,15 +112,18 @@ mod tests {
         }
         .encode();
         for _ in 0..SIZE {
+            // SAFETY: `view` is the producer view of `f`, a live host FIFO.
             unsafe { host_push(&view, w) }.unwrap();
         }
         let abort = f.abort_word();
         let v = view;
         struct SendView(mscclppConcurrentFifo);
+        // SAFETY: the view's pointers stay valid while `f` lives, past the thread's join.
         unsafe impl Send for SendView {}
         let sv = SendView(v);
         let th = std::thread::spawn(move || {
             let sv = sv;
+            // SAFETY: as above; `f` outlives the thread (joined below).
             unsafe { host_push(&sv.0, w) }
         });
         std::thread::sleep(Duration::from_millis(50));

@@ -5,8 +5,8 @@
 
 use crate::abi::{mscclppData, mscclppFlag, mscclppResult_t, mscclppSync};
 use crate::error::{Error, Result};
-use crate::sync::{lock, Backoff, Nap, Policy};
 use crate::fifo::{Fifo, Trigger};
+use crate::sync::{lock, Backoff, Nap, Policy};
 use crate::transport::{Endpoint, MrId, PeerId, RemoteId};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};

@@ -13,9 +13,9 @@
 use crate::cuda::{self, Ctx, CtxGuard, Event, PinnedHost, Stream};
 use crate::error::{Error, Result};
 use crate::mem::HostBlock;
+use crate::sync::{Backoff, Nap, Policy};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use crate::sync::{Backoff, Nap, Policy};
 use std::time::Duration;
 
 /// Host memory for staging rings: pinned and mapped for CUDA copiers (copies from it run
@@ -326,11 +326,13 @@ mod tests {
         let mut c = HostCopier::new();
         let stage = c.alloc(64).unwrap();
         let src: Vec<u8> = (0..64).collect();
-        // SAFETY (all three): live buffers of this test, in bounds, used by no one else.
+        // SAFETY: (all three): live buffers of this test, in bounds, used by no one else.
         unsafe { c.stage_out(stage.ptr(), src.as_ptr() as u64, 64) }.unwrap();
         let mut dst = vec![0u8; 64];
+        // SAFETY: as for the unsafe code just above.
         unsafe { c.copy_in(dst.as_mut_ptr() as u64 + 8, stage.ptr(), 16) }.unwrap();
         let mut word = [0u64; 2];
+        // SAFETY: as for the unsafe code just above.
         unsafe { c.value_in(word.as_mut_ptr() as u64 + 8, 7) }.unwrap();
         let t = c.mark().unwrap();
         assert!(c.done(t).unwrap());

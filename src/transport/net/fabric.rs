@@ -224,8 +224,9 @@ impl Objects {
         };
         let i = info.as_ptr();
         // Each step stores into `o` right away, so an early `?` closes what exists (Drop).
-        // SAFETY (all calls below): `i` is a valid info with non-NULL attributes; out-pointers
+        // SAFETY: (all calls below): `i` is a valid info with non-NULL attributes; out-pointers
         // are fields of `o`; attribute structs are zero-initialised then filled.
+        // SAFETY: as for the unsafe code just above.
         unsafe {
             check(
                 "fi_fabric",
@@ -319,7 +320,7 @@ impl Drop for Objects {
     fn drop(&mut self) {
         // Reverse order of creation: an endpoint before the CQ and AV it is bound to, all
         // before their domain, the domain before the fabric.
-        // SAFETY (field projections): each pointer is NULL or an open object we own.
+        // SAFETY: (field projections): each pointer is NULL or an open object we own.
         unsafe {
             if !self.ep.is_null() {
                 close_fid("endpoint", &mut (*self.ep).fid);
