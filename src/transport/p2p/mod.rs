@@ -29,6 +29,7 @@
 
 mod blob;
 mod engine;
+mod tuning;
 
 use super::{Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
 use crate::cuda::{self, Ctx, CtxGuard, IpcMapping, PinnedHost, Stream, IPC_HANDLE_BYTES};
@@ -38,6 +39,7 @@ use engine::Engine;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use tuning::{done_word_off_by_env, flag_mode_from_env, stats_from_env};
 
 /// Staging values per peer for Flag writes done by copy: a slot is reused only after the
 /// stream has been seen idle since it was queued (see `write_value`).
@@ -128,18 +130,6 @@ enum FlagMode {
     Copy,
 }
 
-pub(super) fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
-}
-
-fn flag_mode_from_env() -> FlagMode {
-    match std::env::var("MSCCLPP_P2P_FLAG").as_deref() {
-        Ok("copy") => FlagMode::Copy,
-        _ if cuda::has_write_value64() => FlagMode::WriteValue,
-        _ => FlagMode::Copy,
-    }
-}
-
 /// Opens the P2P endpoint of CUDA device `device` (one stream per peer, created at `add_peer`).
 pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
     if !cuda::available() {
@@ -149,7 +139,7 @@ pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
     }
     let ctx = Ctx::primary(device)?;
     let mode = flag_mode_from_env();
-    let stats = std::env::var("MSCCLPP_P2P_STATS").is_ok_and(|v| v == "1");
+    let stats = stats_from_env();
     crate::info!("p2p endpoint on CUDA device {device}: flags by {mode:?}");
     Ok(Box::new(P2p {
         device,
@@ -749,7 +739,7 @@ impl Endpoint for P2p {
             // Neither the SM engine nor stream write-values: nobody could store it.
             return Ok(false);
         }
-        if std::env::var("MSCCLPP_P2P_DONE_WORD").is_ok_and(|v| v == "0") {
+        if done_word_off_by_env() {
             crate::info!(
                 "p2p:cuda{}: flush() waits for the proxy (MSCCLPP_P2P_DONE_WORD=0)",
                 self.device
