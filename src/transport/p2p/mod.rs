@@ -29,6 +29,7 @@
 
 mod blob;
 mod engine;
+mod stats;
 mod tuning;
 
 use super::{Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
@@ -36,68 +37,14 @@ use crate::cuda::{self, Ctx, CtxGuard, IpcMapping, PinnedHost, Stream, IPC_HANDL
 use crate::error::{Error, Result};
 use blob::{host_id, process_nonce, Address, RegionBlob};
 use engine::Engine;
+use stats::Stats;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 use tuning::{done_word_off_by_env, flag_mode_from_env, stats_from_env};
 
 /// Staging values per peer for Flag writes done by copy: a slot is reused only after the
 /// stream has been seen idle since it was queued (see `write_value`).
 const RING: u64 = 512;
-
-/// Time spent in driver calls, for `MSCCLPP_P2P_STATS=1` (printed when the endpoint closes):
-/// where the proxy's share of a put's latency goes.
-#[derive(Default)]
-struct Stats {
-    on: bool,
-    copies: (u64, Duration),
-    values: (u64, Duration),
-    flushes: (u64, Duration),
-    sm_waits: (u64, Duration),
-    sm_jobs: u64,
-    /// The SM engine's own timing sums (`Engine::timing`).
-    sm_timing: [u64; 7],
-}
-
-impl Stats {
-    fn add(slot: &mut (u64, Duration), since: Option<Instant>) {
-        if let Some(t) = since {
-            slot.0 += 1;
-            slot.1 += t.elapsed();
-        }
-    }
-    fn start(&self) -> Option<Instant> {
-        self.on.then(Instant::now)
-    }
-    fn report(&self, device: i32) {
-        if !self.on {
-            return;
-        }
-        let f = |(n, d): (u64, Duration)| {
-            let avg = if n == 0 {
-                0.0
-            } else {
-                d.as_secs_f64() * 1e6 / n as f64
-            };
-            format!("{n} x {avg:.2} us")
-        };
-        let t = &self.sm_timing;
-        let g = |ns: u64, n: u64| f((n, Duration::from_nanos(ns)));
-        crate::info!(
-            "p2p:cuda{device} stats: copy calls {}, flag and done-word calls {}, stream waits {}; SM engine jobs {}, waits {}; in the kernel, read to DONE: grid jobs {} (block 0's share copied {}, workers joined {}, fenced {}), others {}",
-            f(self.copies),
-            f(self.values),
-            f(self.flushes),
-            self.sm_jobs,
-            f(self.sm_waits),
-            g(t[0], t[1]),
-            g(t[4], t[1]),
-            g(t[5], t[1]),
-            g(t[6], t[1]),
-            g(t[2], t[3])
-        );
-    }
-}
 
 /// Whether work queued now may store `v` ("every trigger below `v` has completed") into the done
 /// word, once it has completed itself: `v` must exceed what was claimed before (the word never
