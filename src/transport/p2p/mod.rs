@@ -28,6 +28,7 @@
 //! time-slice).
 
 mod blob;
+mod done;
 mod engine;
 mod stats;
 mod tuning;
@@ -36,6 +37,7 @@ use super::{Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
 use crate::cuda::{self, Ctx, CtxGuard, IpcMapping, PinnedHost, Stream, IPC_HANDLE_BYTES};
 use crate::error::{Error, Result};
 use blob::{host_id, process_nonce, Address, RegionBlob};
+use done::DoneWord;
 use engine::Engine;
 use stats::Stats;
 use std::collections::HashMap;
@@ -45,27 +47,6 @@ use tuning::{done_word_off_by_env, flag_mode_from_env, stats_from_env};
 /// Staging values per peer for Flag writes done by copy: a slot is reused only after the
 /// stream has been seen idle since it was queued (see `write_value`).
 const RING: u64 = 512;
-
-/// Whether work queued now may store `v` ("every trigger below `v` has completed") into the done
-/// word, once it has completed itself: `v` must exceed what was claimed before (the word never
-/// decreases), and every earlier trigger's work must be ordered before this work. SM-engine
-/// jobs run in order, so a job (`ce_peer` None) may claim unless a copy-engine stream may still
-/// be busy (`busy[p]`: work was queued on peer p's stream since it was last seen idle); a store
-/// queued on peer `ce_peer`'s stream follows that stream's own work, so only the other streams
-/// must be idle, and no SM-engine job may be unfinished (`engine_idle`).
-fn may_claim(
-    v: u64,
-    claimed: u64,
-    busy: impl IntoIterator<Item = bool>,
-    ce_peer: Option<PeerId>,
-    engine_idle: bool,
-) -> bool {
-    let streams_idle = busy
-        .into_iter()
-        .enumerate()
-        .all(|(i, b)| Some(i) == ce_peer || !b);
-    v > claimed && streams_idle && (ce_peer.is_none() || engine_idle)
-}
 
 /// How a Flag reaches the peer's epoch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,9 +79,7 @@ pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
         peers: Vec::new(),
         remotes: Vec::new(),
         maps: HashMap::new(),
-        done_word: 0,
-        ticket: 0,
-        done_claimed: 0,
+        done: DoneWord::default(),
         stats: Stats {
             on: stats,
             ..Stats::default()
@@ -177,12 +156,7 @@ struct P2p {
     peers: Vec<Peer>,
     remotes: Vec<Remote>,
     maps: HashMap<MapKey, IpcMapping>,
-    /// The proxy FIFO's done word (`Endpoint::use_done_word`; 0: none), and the ticket of the
-    /// trigger being handled.
-    done_word: u64,
-    ticket: u64,
-    /// The largest value queued for the done word so far (values must never decrease).
-    done_claimed: u64,
+    done: DoneWord,
     stats: Stats,
 }
 
@@ -399,7 +373,7 @@ impl P2p {
     /// for work queued on a copy-engine stream (`ce_peer`: this stream's own earlier work is
     /// ordered too). So: no other busy stream, and for a stream store no unfinished engine job.
     fn claim(&mut self, ce_peer: Option<PeerId>) -> u64 {
-        self.claim_below(self.ticket + 1, ce_peer)
+        self.claim_below(self.done.ticket + 1, ce_peer)
     }
 
     /// As `claim`, for "every trigger below `v` has completed".
@@ -407,11 +381,7 @@ impl P2p {
         // Called for every engine job: no allocation (the peers' flags as an iterator).
         let busy = self.peers.iter().map(|p| p.dirty);
         let engine_idle = self.engine.as_ref().is_none_or(|e| e.idle());
-        if self.done_word == 0 || !may_claim(v, self.done_claimed, busy, ce_peer, engine_idle) {
-            return 0;
-        }
-        self.done_claimed = v;
-        v
+        self.done.claim_below(v, busy, ce_peer, engine_idle)
     }
 
     /// After copy-engine work for `peer` was queued for the current trigger: queues the done
@@ -427,7 +397,7 @@ impl P2p {
             return Ok(());
         }
         let t = self.stats.start();
-        let word = self.done_word;
+        let word = self.done.word;
         // The stream's memory barrier orders the store after the copies queued before it.
         self.peer(peer)?.stream.write_value64(word, value)?;
         Stats::add(&mut self.stats.values, t);
@@ -670,7 +640,7 @@ impl Endpoint for P2p {
         // read of its slot. Only while the kernel runs (starting it costs more than that
         // read).
         if self.engine.as_ref().is_some_and(|e| e.on()) {
-            let done = self.claim_below(self.ticket, None);
+            let done = self.claim_below(self.done.ticket, None);
             if done != 0 {
                 let e = self.engine.as_mut().expect("checked above");
                 e.post((0, 0, 0), None, done)?;
@@ -696,12 +666,12 @@ impl Endpoint for P2p {
             }
             return Ok(false);
         }
-        self.done_word = addr;
+        self.done.word = addr;
         Ok(true)
     }
 
     fn set_ticket(&mut self, ticket: u64) {
-        self.ticket = ticket;
+        self.done.ticket = ticket;
     }
 
     fn quiesce(&mut self) -> Result<()> {
@@ -743,24 +713,5 @@ impl Drop for P2p {
         self.maps.clear();
         self.remotes.clear();
         self.peers.clear();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::may_claim;
-
-    #[test]
-    fn done_word_claims_only_what_is_ordered_before_them() {
-        // An engine job with every stream idle claims; not twice, and never a smaller value.
-        assert!(may_claim(5, 4, [false, false], None, false));
-        assert!(!may_claim(5, 5, [false, false], None, true));
-        assert!(!may_claim(4, 5, [false, false], None, true));
-        // Copy-engine work on some stream may still run: no engine job may claim past it.
-        assert!(!may_claim(5, 0, [false, true], None, true));
-        // A store on stream 1 follows stream 1's work, not stream 0's, nor the engine's jobs.
-        assert!(may_claim(5, 0, [false, true], Some(1), true));
-        assert!(!may_claim(5, 0, [true, true], Some(1), true));
-        assert!(!may_claim(5, 0, [false, true], Some(1), false));
     }
 }
