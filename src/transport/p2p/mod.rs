@@ -30,17 +30,18 @@
 mod blob;
 mod done;
 mod engine;
+mod regions;
 mod stats;
 mod tuning;
 
 use super::{Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
-use crate::cuda::{self, Ctx, CtxGuard, IpcMapping, PinnedHost, Stream, IPC_HANDLE_BYTES};
+use crate::cuda::{self, Ctx, CtxGuard, PinnedHost, Stream};
 use crate::error::{Error, Result};
 use blob::{host_id, process_nonce, Address, RegionBlob};
 use done::DoneWord;
 use engine::Engine;
+use regions::{FlagTarget, PutTarget, Regions};
 use stats::Stats;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tuning::{done_word_off_by_env, flag_mode_from_env, stats_from_env};
 
@@ -74,21 +75,14 @@ pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
         ctx,
         mode,
         engine: Engine::open(device, stats),
-        locals: Vec::new(),
-        local_ids: HashMap::new(),
+        regions: Regions::new(device),
         peers: Vec::new(),
-        remotes: Vec::new(),
-        maps: HashMap::new(),
         done: DoneWord::default(),
         stats: Stats {
             on: stats,
             ..Stats::default()
         },
     }))
-}
-
-struct Local {
-    region: Region,
 }
 
 struct Peer {
@@ -115,47 +109,14 @@ struct Peer {
     same_device: bool,
 }
 
-struct Remote {
-    peer: PeerId,
-    /// This process's address of the region (mapped, or the peer's own when same process).
-    ptr: u64,
-    len: u64,
-    /// Mapped through CUDA IPC (peer access enabled), so kernels may store to it.
-    mapped: bool,
-}
-
-/// A checked put: this process's addresses of both ends.
-struct PutTarget {
-    dst: u64,
-    src: u64,
-    size: u64,
-    /// The destination is mapped through CUDA IPC (kernels may store to it).
-    mapped: bool,
-    /// The source is device memory.
-    d2d: bool,
-}
-
-/// A checked flag write.
-struct FlagTarget {
-    addr: u64,
-    value: u64,
-    mapped: bool,
-}
-
-/// Mapping cache key: exporting process, allocation base there, handle.
-type MapKey = (u64, u64, [u8; IPC_HANDLE_BYTES]);
-
 struct P2p {
     device: i32,
     ctx: Ctx,
     mode: FlagMode,
     /// Puts up to `Engine::max_bytes` and flags, when the kernel runs (`engine.rs`).
     engine: Option<Engine>,
-    locals: Vec<Local>,
-    local_ids: HashMap<Region, MrId>,
+    regions: Regions,
     peers: Vec<Peer>,
-    remotes: Vec<Remote>,
-    maps: HashMap<MapKey, IpcMapping>,
     done: DoneWord,
     stats: Stats,
 }
@@ -166,19 +127,6 @@ impl P2p {
         self.peers
             .get_mut(p)
             .ok_or_else(|| Error::internal(format!("P2P peer id {p} of {n}")))
-    }
-
-    fn remote(&self, r: RemoteId, peer: PeerId) -> Result<&Remote> {
-        let rem = self.remotes.get(r).ok_or_else(|| {
-            Error::internal(format!("P2P remote id {r} of {}", self.remotes.len()))
-        })?;
-        if rem.peer != peer {
-            return Err(Error::internal(format!(
-                "P2P remote region {r} belongs to peer {}, not {peer}",
-                rem.peer
-            )));
-        }
-        Ok(rem)
     }
 
     /// Whether the SM engine may carry work for `peer` into a remote region now. Starts the
@@ -228,62 +176,6 @@ impl P2p {
         p.dirty = false;
         Stats::add(&mut self.stats.flushes, t);
         Ok(())
-    }
-
-    /// The addresses of a put, checked against both regions (the proxy checked the ranges;
-    /// re-checked because a stray write would land in another process's memory).
-    fn put_target(
-        &self,
-        peer: PeerId,
-        src: MrId,
-        src_off: u64,
-        dst: RemoteId,
-        dst_off: u64,
-        size: u64,
-    ) -> Result<PutTarget> {
-        let l = self
-            .locals
-            .get(src)
-            .ok_or_else(|| Error::internal(format!("P2P local region {src}")))?
-            .region;
-        let r = self.remote(dst, peer)?;
-        if src_off.checked_add(size).is_none_or(|e| e > l.len)
-            || dst_off.checked_add(size).is_none_or(|e| e > r.len)
-        {
-            return Err(Error::internal(format!(
-                "P2P write out of range: src [{src_off}, +{size}) of {}, dst [{dst_off}, +{size}) of {}",
-                l.len, r.len
-            )));
-        }
-        Ok(PutTarget {
-            dst: r.ptr + dst_off,
-            src: l.addr + src_off,
-            size,
-            mapped: r.mapped,
-            d2d: matches!(l.kind, MemKind::Device(_)),
-        })
-    }
-
-    /// The address of a flag (8 bytes, aligned, inside the peer's epoch region).
-    fn flag_target(
-        &self,
-        peer: PeerId,
-        dst: RemoteId,
-        dst_off: u64,
-        value: u64,
-    ) -> Result<FlagTarget> {
-        let r = self.remote(dst, peer)?;
-        if dst_off.checked_add(8).is_none_or(|e| e > r.len) || (r.ptr + dst_off) % 8 != 0 {
-            return Err(Error::internal(format!(
-                "P2P value write at offset {dst_off} of a {}-byte region (or misaligned)",
-                r.len
-            )));
-        }
-        Ok(FlagTarget {
-            addr: r.ptr + dst_off,
-            value,
-            mapped: r.mapped,
-        })
     }
 
     /// Posts the put (and `flag` after it) as one SM-engine job if the engine may carry it:
@@ -476,54 +368,7 @@ impl Endpoint for P2p {
     }
 
     fn register(&mut self, region: Region) -> Result<(MrId, Vec<u8>)> {
-        let id = match self.local_ids.get(&region) {
-            Some(id) => *id,
-            None => {
-                self.locals.push(Local { region });
-                self.local_ids.insert(region, self.locals.len() - 1);
-                self.locals.len() - 1
-            }
-        };
-        let nonce = process_nonce();
-        let blob = match region.kind {
-            // Usable as a local source (mscclppRegisteredBufferWrite from host memory), never
-            // exported: the blob tells the peer so.
-            MemKind::Host => RegionBlob {
-                nonce,
-                device: None,
-                base: region.addr,
-                alloc_size: region.len,
-                offset: 0,
-                len: region.len,
-                handle: [0; IPC_HANDLE_BYTES],
-            },
-            MemKind::Device(d) => {
-                if cuda::is_managed(region.addr) {
-                    return Err(Error::invalid_arg(format!(
-                        "buffer {:#x} is CUDA managed memory, which CUDA IPC cannot share; use cudaMalloc memory",
-                        region.addr
-                    )));
-                }
-                let (base, size) = cuda::address_range(d, region.addr)?;
-                let offset = region.addr - base;
-                if offset.checked_add(region.len).is_none_or(|e| e > size) {
-                    return Err(Error::invalid_arg(format!(
-                        "buffer {:#x} + {} bytes runs past the end of its CUDA allocation ({size} bytes at {base:#x})",
-                        region.addr, region.len
-                    )));
-                }
-                RegionBlob {
-                    nonce,
-                    device: Some(d),
-                    base,
-                    alloc_size: size,
-                    offset,
-                    len: region.len,
-                    handle: cuda::ipc_handle(d, base)?,
-                }
-            }
-        };
-        Ok((id, blob.encode()))
+        self.regions.register(region)
     }
 
     fn import(&mut self, peer: PeerId, blob: &[u8]) -> Result<RemoteId> {
@@ -532,50 +377,11 @@ impl Endpoint for P2p {
             let p = self.peer(peer)?;
             (p.rank, p.addr.nonce)
         };
-        if b.nonce != peer_nonce {
-            return Err(Error::remote(format!(
-                "rank {rank}: P2P region blob from another process than the rank's endpoint"
-            )));
-        }
-        if b.device.is_none() {
-            return Err(Error::invalid_arg(format!(
-                "rank {rank} registered host memory on a P2P connection; P2P shares CUDA device memory only"
-            )));
-        }
-        let mapped = b.nonce != process_nonce();
-        let ptr = if !mapped {
-            // Same process (ranks as threads): the exporter's address is ours.
-            b.base + b.offset
-        } else {
-            let key = (b.nonce, b.base, b.handle);
-            if !self.maps.contains_key(&key) {
-                let m = IpcMapping::open(self.device, &b.handle, b.alloc_size).map_err(|e| {
-                    Error::remote(format!("rank {rank}: opening its CUDA IPC handle: {e}"))
-                })?;
-                self.maps.insert(key, m);
-            }
-            let m = &self.maps[&key];
-            if b.offset + b.len > m.size() {
-                return Err(Error::remote(format!(
-                    "rank {rank}: region [{}, +{}) exceeds the {}-byte allocation its handle maps",
-                    b.offset,
-                    b.len,
-                    m.size()
-                )));
-            }
-            m.ptr() + b.offset
-        };
-        self.remotes.push(Remote {
-            peer,
-            ptr,
-            len: b.len,
-            mapped,
-        });
-        Ok(self.remotes.len() - 1)
+        self.regions.import(peer, (rank, peer_nonce), b)
     }
 
     fn remote_ptr(&self, remote: RemoteId) -> Option<u64> {
-        self.remotes.get(remote).map(|r| r.ptr)
+        self.regions.remote_ptr(remote)
     }
 
     fn write(
@@ -587,7 +393,9 @@ impl Endpoint for P2p {
         dst_off: u64,
         size: u64,
     ) -> Result<()> {
-        let put = self.put_target(peer, src, src_off, dst, dst_off, size)?;
+        let put = self
+            .regions
+            .put_target(peer, src, src_off, dst, dst_off, size)?;
         let _g = CtxGuard::enter_ctx(self.ctx)?;
         if self.sm_put(peer, &put, None)? {
             return Ok(());
@@ -597,7 +405,7 @@ impl Endpoint for P2p {
     }
 
     fn write_value(&mut self, peer: PeerId, dst: RemoteId, dst_off: u64, value: u64) -> Result<()> {
-        let flag = self.flag_target(peer, dst, dst_off, value)?;
+        let flag = self.regions.flag_target(peer, dst, dst_off, value)?;
         let _g = CtxGuard::enter_ctx(self.ctx)?;
         // By the SM engine unless data for this peer is still queued on its stream (the flag
         // must follow that data, which the stream orders).
@@ -618,8 +426,10 @@ impl Endpoint for P2p {
         size: u64,
         (vdst, voff, value): (RemoteId, u64, u64),
     ) -> Result<()> {
-        let put = self.put_target(peer, src, src_off, dst, dst_off, size)?;
-        let flag = self.flag_target(peer, vdst, voff, value)?;
+        let put = self
+            .regions
+            .put_target(peer, src, src_off, dst, dst_off, size)?;
+        let flag = self.regions.flag_target(peer, vdst, voff, value)?;
         let _g = CtxGuard::enter_ctx(self.ctx)?;
         // One engine job carries both: the kernel stores the flag after the bytes.
         if flag.mapped && self.sm_put(peer, &put, Some((flag.addr, value)))? {
@@ -710,8 +520,7 @@ impl Drop for P2p {
             }
         }
         self.stats.report(self.device);
-        self.maps.clear();
-        self.remotes.clear();
+        self.regions.unmap();
         self.peers.clear();
     }
 }
