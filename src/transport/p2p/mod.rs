@@ -28,6 +28,7 @@
 //! time-slice).
 
 mod blob;
+mod ce;
 mod done;
 mod engine;
 mod regions;
@@ -35,29 +36,15 @@ mod stats;
 mod tuning;
 
 use super::{Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
-use crate::cuda::{self, Ctx, CtxGuard, PinnedHost, Stream};
+use crate::cuda::{self, Ctx, CtxGuard};
 use crate::error::{Error, Result};
 use blob::{host_id, process_nonce, Address, RegionBlob};
+use ce::{FlagMode, PeerStream};
 use done::DoneWord;
 use engine::Engine;
 use regions::{FlagTarget, PutTarget, Regions};
 use stats::Stats;
-use std::sync::atomic::{AtomicU64, Ordering};
 use tuning::{done_word_off_by_env, flag_mode_from_env, stats_from_env};
-
-/// Staging values per peer for Flag writes done by copy: a slot is reused only after the
-/// stream has been seen idle since it was queued (see `write_value`).
-const RING: u64 = 512;
-
-/// How a Flag reaches the peer's epoch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum FlagMode {
-    /// `cuStreamWriteValue64`: no copy engine and no staging; the stream's memory barrier
-    /// orders it after the data.
-    WriteValue,
-    /// An 8-byte `cuMemcpyAsync` from the pinned staging ring.
-    Copy,
-}
 
 /// Opens the P2P endpoint of CUDA device `device` (one stream per peer, created at `add_peer`).
 pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
@@ -88,15 +75,8 @@ pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
 struct Peer {
     rank: usize,
     addr: Address,
-    stream: Stream,
-    /// Pinned staging values for `FlagMode::Copy`, made on first use.
-    ring: Option<PinnedHost>,
-    ring_next: u64,
-    /// Staging slots queued since the stream was last seen idle.
-    ring_busy: u64,
-    /// Work was queued since the stream was last seen idle (a flush with nothing queued
-    /// returns without asking the driver).
-    dirty: bool,
+    /// The peer's copy-engine stream (`ce.rs`).
+    ce: PeerStream,
     /// The last SM-engine job for this peer (done once the engine's DONE reaches it). Work
     /// that must follow both paths' earlier work (a flag, a flush, a put by the other path)
     /// drains the other path first.
@@ -107,6 +87,14 @@ struct Peer {
     /// The peer's GPU is ours (ranks sharing a GPU): no SM engine, whose resident kernel would
     /// hold the GPU while the processes time-slice it.
     same_device: bool,
+}
+
+/// `peers[p]` (a function of the vector alone, so that other fields stay borrowable).
+fn peer_mut(peers: &mut [Peer], p: PeerId) -> Result<&mut Peer> {
+    let n = peers.len();
+    peers
+        .get_mut(p)
+        .ok_or_else(|| Error::internal(format!("P2P peer id {p} of {n}")))
 }
 
 struct P2p {
@@ -123,10 +111,7 @@ struct P2p {
 
 impl P2p {
     fn peer(&mut self, p: PeerId) -> Result<&mut Peer> {
-        let n = self.peers.len();
-        self.peers
-            .get_mut(p)
-            .ok_or_else(|| Error::internal(format!("P2P peer id {p} of {n}")))
+        peer_mut(&mut self.peers, p)
     }
 
     /// Whether the SM engine may carry work for `peer` into a remote region now. Starts the
@@ -166,15 +151,10 @@ impl P2p {
     fn drain_ce(&mut self, peer: PeerId) -> Result<()> {
         let t = self.stats.start();
         let p = self.peer(peer)?;
-        if !p.dirty {
-            // Nothing queued since the stream was last seen idle.
-            return Ok(());
-        }
         let rank = p.rank;
-        p.stream.wait(|| format!("P2P copies to rank {rank}"))?;
-        p.ring_busy = 0;
-        p.dirty = false;
-        Stats::add(&mut self.stats.flushes, t);
+        if p.ce.drain(rank)? {
+            Stats::add(&mut self.stats.flushes, t);
+        }
         Ok(())
     }
 
@@ -218,9 +198,7 @@ impl P2p {
     fn ce_put(&mut self, peer: PeerId, put: &PutTarget) -> Result<()> {
         self.drain_sm(peer)?;
         let t = self.stats.start();
-        let p = self.peer(peer)?;
-        p.stream.copy(put.dst, put.src, put.size, put.d2d)?;
-        p.dirty = true;
+        self.peer(peer)?.ce.copy(put)?;
         Stats::add(&mut self.stats.copies, t);
         Ok(())
     }
@@ -236,24 +214,8 @@ impl P2p {
             self.peer(peer)?.sm_flag = false;
         }
         let t = self.stats.start();
-        if self.mode == FlagMode::WriteValue {
-            let p = self.peer(peer)?;
-            match p.stream.write_value64(flag.addr, flag.value) {
-                Ok(()) => {
-                    p.dirty = true;
-                    Stats::add(&mut self.stats.values, t);
-                    return Ok(());
-                }
-                Err(e) => {
-                    crate::info!(
-                        "p2p:cuda{}: cuStreamWriteValue64 to a peer mapping refused ({e}); flags go by staged copies from now on",
-                        self.device
-                    );
-                    self.mode = FlagMode::Copy;
-                }
-            }
-        }
-        self.flag_by_copy(peer, flag.addr, flag.value)?;
+        let p = peer_mut(&mut self.peers, peer)?;
+        p.ce.flag(&mut self.mode, self.device, flag)?;
         Stats::add(&mut self.stats.values, t);
         Ok(())
     }
@@ -271,7 +233,7 @@ impl P2p {
     /// As `claim`, for "every trigger below `v` has completed".
     fn claim_below(&mut self, v: u64, ce_peer: Option<PeerId>) -> u64 {
         // Called for every engine job: no allocation (the peers' flags as an iterator).
-        let busy = self.peers.iter().map(|p| p.dirty);
+        let busy = self.peers.iter().map(|p| p.ce.dirty());
         let engine_idle = self.engine.as_ref().is_none_or(|e| e.idle());
         self.done.claim_below(v, busy, ce_peer, engine_idle)
     }
@@ -290,36 +252,8 @@ impl P2p {
         }
         let t = self.stats.start();
         let word = self.done.word;
-        // The stream's memory barrier orders the store after the copies queued before it.
-        self.peer(peer)?.stream.write_value64(word, value)?;
+        self.peer(peer)?.ce.write_done(word, value)?;
         Stats::add(&mut self.stats.values, t);
-        Ok(())
-    }
-
-    /// Switches to staging copies after the driver refused a stream write-value.
-    fn flag_by_copy(&mut self, p: PeerId, addr: u64, value: u64) -> Result<()> {
-        let device = self.device;
-        let peer = self.peer(p)?;
-        if peer.ring.is_none() {
-            peer.ring = Some(PinnedHost::zeroed(device, (RING * 8) as usize)?);
-        }
-        if peer.ring_busy >= RING {
-            // Every slot may still be read by a queued copy: let them finish first.
-            peer.stream
-                .wait(|| "P2P copies (staging ring full)".into())?;
-            peer.ring_busy = 0;
-        }
-        let ring = peer.ring.as_ref().expect("made above");
-        let slot = peer.ring_next % RING;
-        // SAFETY: slot < RING, the ring holds RING u64s; no queued copy reads this slot (the
-        // ring_busy check above). The Relaxed store is ordered before the copy that reads it
-        // by the driver call that queues the copy (a full barrier in the driver's submission).
-        unsafe { AtomicU64::from_ptr(ring.host().cast::<u64>().add(slot as usize)) }
-            .store(value, Ordering::Relaxed);
-        peer.stream.copy(addr, ring.dev() + slot * 8, 8, false)?;
-        peer.ring_next += 1;
-        peer.ring_busy += 1;
-        peer.dirty = true;
         Ok(())
     }
 }
@@ -345,7 +279,7 @@ impl Endpoint for P2p {
                 "mscclppTransportP2P to rank {remote_rank}: that rank runs on another host (CUDA IPC works within one host; use mscclppTransportIB)"
             )));
         }
-        let stream = Stream::new(self.device)?;
+        let ce = PeerStream::new(self.device)?;
         let same_device = addr.device == self.device;
         crate::trace!(
             "p2p:cuda{}: peer rank {remote_rank} on its device {}",
@@ -355,11 +289,7 @@ impl Endpoint for P2p {
         self.peers.push(Peer {
             rank: remote_rank,
             addr,
-            stream,
-            ring: None,
-            ring_next: 0,
-            ring_busy: 0,
-            dirty: false,
+            ce,
             sm_last: 0,
             sm_flag: false,
             same_device,
@@ -409,7 +339,7 @@ impl Endpoint for P2p {
         let _g = CtxGuard::enter_ctx(self.ctx)?;
         // By the SM engine unless data for this peer is still queued on its stream (the flag
         // must follow that data, which the stream orders).
-        if !self.peer(peer)?.dirty && self.sm_route(peer, flag.mapped)? {
+        if !self.peer(peer)?.ce.dirty() && self.sm_route(peer, flag.mapped)? {
             return self.sm_post(peer, (0, 0, 0), Some((flag.addr, value)));
         }
         self.ce_flag(peer, &flag)?;
@@ -514,7 +444,7 @@ impl Drop for P2p {
                 drop(e);
             }
             for p in &self.peers {
-                if let Err(e) = p.stream.wait(|| "P2P copies at teardown".into()) {
+                if let Err(e) = p.ce.wait(|| "P2P copies at teardown".into()) {
                     crate::warn!("p2p:cuda{} teardown: {e}", self.device);
                 }
             }

@@ -2,7 +2,7 @@
 //! `open`, at `use_done_word`). The SM engine reads its own (`MSCCLPP_P2P_ENGINE`,
 //! `MSCCLPP_P2P_SM_*`) in `engine.rs`, through `env_u64`.
 
-use super::FlagMode;
+use super::ce::FlagMode;
 use crate::cuda;
 
 pub(super) fn env_u64(name: &str) -> Option<u64> {
