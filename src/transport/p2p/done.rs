@@ -1,7 +1,7 @@
 //! The proxy FIFO's done word (`Endpoint::use_done_word`): which value the work queued for a
 //! trigger may store into it, so that the word never claims a trigger whose work may still run.
 
-use super::PeerId;
+use crate::transport::PeerId;
 
 /// The done word's address and what was claimed for it.
 #[derive(Default)]

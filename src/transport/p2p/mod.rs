@@ -26,6 +26,12 @@
 //! Several ranks may share a GPU (processes on one device): IPC then maps within the device,
 //! and the SM engine stays off (its resident kernel would hold the GPU the processes
 //! time-slice).
+//!
+//! Files: this one the endpoint (`open`, the `Endpoint` impl, teardown); `route.rs` which path
+//! carries an operation and the ordering between the paths; `engine.rs` the SM engine;
+//! `ce.rs` a peer's copy-engine stream; `regions.rs` registration and IPC import; `done.rs`
+//! the done word; `blob.rs` the wire blobs; `stats.rs` driver-call timing; `tuning.rs` the
+//! settings read from the environment.
 
 mod blob;
 mod ce;
@@ -36,7 +42,7 @@ mod route;
 mod stats;
 mod tuning;
 
-use super::{Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
+use super::{Endpoint, MrId, PeerId, Region, RemoteId};
 use crate::cuda::{self, Ctx, CtxGuard};
 use crate::error::{Error, Result};
 use blob::{host_id, process_nonce, Address, RegionBlob};
@@ -104,8 +110,11 @@ struct P2p {
     mode: FlagMode,
     /// Puts up to `Engine::max_bytes` and flags, when the kernel runs (`engine.rs`).
     engine: Option<Engine>,
+    /// Registrations, imported regions and their IPC mappings (`regions.rs`).
     regions: Regions,
+    /// Indexed by `PeerId`.
     peers: Vec<Peer>,
+    /// The proxy FIFO's done word (`done.rs`).
     done: DoneWord,
     stats: Stats,
 }

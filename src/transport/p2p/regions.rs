@@ -3,9 +3,9 @@
 //! checked addresses of a put or a flag into them.
 
 use super::blob::{process_nonce, RegionBlob};
-use super::{MemKind, MrId, PeerId, Region, RemoteId};
 use crate::cuda::{self, IpcMapping, IPC_HANDLE_BYTES};
 use crate::error::{Error, Result};
+use crate::transport::{MemKind, MrId, PeerId, Region, RemoteId};
 use std::collections::HashMap;
 
 struct Local {

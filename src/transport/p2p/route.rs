@@ -6,8 +6,9 @@
 use super::ce::FlagMode;
 use super::regions::{FlagTarget, PutTarget};
 use super::stats::Stats;
-use super::{peer_mut, P2p, PeerId};
+use super::{peer_mut, P2p};
 use crate::error::Result;
+use crate::transport::PeerId;
 
 impl P2p {
     /// Whether the SM engine may carry work for `peer` into a remote region now. Starts the
