@@ -19,7 +19,7 @@
 //! - Any state -> Off when the proxy stops or fails (`stop`, through `Endpoint::quiesce`):
 //!   nothing of ours runs on the GPU after `mscclppProxyStop`.
 
-use super::env_u64;
+use super::tuning::env_u64;
 use crate::cuda::{DeviceMem, Function, Module, PinnedHost, Stream, P2P_ENGINE_PTX};
 use crate::error::{Error, Result};
 use std::ffi::c_void;

@@ -26,119 +26,32 @@
 //! Several ranks may share a GPU (processes on one device): IPC then maps within the device,
 //! and the SM engine stays off (its resident kernel would hold the GPU the processes
 //! time-slice).
+//!
+//! Files: this one the endpoint (`open`, the `Endpoint` impl, teardown); `route.rs` which path
+//! carries an operation and the ordering between the paths; `engine.rs` the SM engine;
+//! `ce.rs` a peer's copy-engine stream; `regions.rs` registration and IPC import; `done.rs`
+//! the done word; `blob.rs` the wire blobs; `stats.rs` driver-call timing; `tuning.rs` the
+//! settings read from the environment.
 
 mod blob;
+mod ce;
+mod done;
 mod engine;
+mod regions;
+mod route;
+mod stats;
+mod tuning;
 
-use super::{Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
-use crate::cuda::{self, Ctx, CtxGuard, IpcMapping, PinnedHost, Stream, IPC_HANDLE_BYTES};
+use super::{Endpoint, MrId, PeerId, Region, RemoteId};
+use crate::cuda::{self, Ctx, CtxGuard};
 use crate::error::{Error, Result};
 use blob::{host_id, process_nonce, Address, RegionBlob};
+use ce::{FlagMode, PeerStream};
+use done::DoneWord;
 use engine::Engine;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-
-/// Staging values per peer for Flag writes done by copy: a slot is reused only after the
-/// stream has been seen idle since it was queued (see `write_value`).
-const RING: u64 = 512;
-
-/// Time spent in driver calls, for `MSCCLPP_P2P_STATS=1` (printed when the endpoint closes):
-/// where the proxy's share of a put's latency goes.
-#[derive(Default)]
-struct Stats {
-    on: bool,
-    copies: (u64, Duration),
-    values: (u64, Duration),
-    flushes: (u64, Duration),
-    sm_waits: (u64, Duration),
-    sm_jobs: u64,
-    /// The SM engine's own timing sums (`Engine::timing`).
-    sm_timing: [u64; 7],
-}
-
-impl Stats {
-    fn add(slot: &mut (u64, Duration), since: Option<Instant>) {
-        if let Some(t) = since {
-            slot.0 += 1;
-            slot.1 += t.elapsed();
-        }
-    }
-    fn start(&self) -> Option<Instant> {
-        self.on.then(Instant::now)
-    }
-    fn report(&self, device: i32) {
-        if !self.on {
-            return;
-        }
-        let f = |(n, d): (u64, Duration)| {
-            let avg = if n == 0 {
-                0.0
-            } else {
-                d.as_secs_f64() * 1e6 / n as f64
-            };
-            format!("{n} x {avg:.2} us")
-        };
-        let t = &self.sm_timing;
-        let g = |ns: u64, n: u64| f((n, Duration::from_nanos(ns)));
-        crate::info!(
-            "p2p:cuda{device} stats: copy calls {}, flag and done-word calls {}, stream waits {}; SM engine jobs {}, waits {}; in the kernel, read to DONE: grid jobs {} (block 0's share copied {}, workers joined {}, fenced {}), others {}",
-            f(self.copies),
-            f(self.values),
-            f(self.flushes),
-            self.sm_jobs,
-            f(self.sm_waits),
-            g(t[0], t[1]),
-            g(t[4], t[1]),
-            g(t[5], t[1]),
-            g(t[6], t[1]),
-            g(t[2], t[3])
-        );
-    }
-}
-
-/// Whether work queued now may store `v` ("every trigger below `v` has completed") into the done
-/// word, once it has completed itself: `v` must exceed what was claimed before (the word never
-/// decreases), and every earlier trigger's work must be ordered before this work. SM-engine
-/// jobs run in order, so a job (`ce_peer` None) may claim unless a copy-engine stream may still
-/// be busy (`busy[p]`: work was queued on peer p's stream since it was last seen idle); a store
-/// queued on peer `ce_peer`'s stream follows that stream's own work, so only the other streams
-/// must be idle, and no SM-engine job may be unfinished (`engine_idle`).
-fn may_claim(
-    v: u64,
-    claimed: u64,
-    busy: impl IntoIterator<Item = bool>,
-    ce_peer: Option<PeerId>,
-    engine_idle: bool,
-) -> bool {
-    let streams_idle = busy
-        .into_iter()
-        .enumerate()
-        .all(|(i, b)| Some(i) == ce_peer || !b);
-    v > claimed && streams_idle && (ce_peer.is_none() || engine_idle)
-}
-
-/// How a Flag reaches the peer's epoch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum FlagMode {
-    /// `cuStreamWriteValue64`: no copy engine and no staging; the stream's memory barrier
-    /// orders it after the data.
-    WriteValue,
-    /// An 8-byte `cuMemcpyAsync` from the pinned staging ring.
-    Copy,
-}
-
-pub(super) fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
-}
-
-fn flag_mode_from_env() -> FlagMode {
-    match std::env::var("MSCCLPP_P2P_FLAG").as_deref() {
-        Ok("copy") => FlagMode::Copy,
-        _ if cuda::has_write_value64() => FlagMode::WriteValue,
-        _ => FlagMode::Copy,
-    }
-}
+use regions::Regions;
+use stats::Stats;
+use tuning::{done_word_off_by_env, flag_mode_from_env, stats_from_env};
 
 /// Opens the P2P endpoint of CUDA device `device` (one stream per peer, created at `add_peer`).
 pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
@@ -149,21 +62,16 @@ pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
     }
     let ctx = Ctx::primary(device)?;
     let mode = flag_mode_from_env();
-    let stats = std::env::var("MSCCLPP_P2P_STATS").is_ok_and(|v| v == "1");
+    let stats = stats_from_env();
     crate::info!("p2p endpoint on CUDA device {device}: flags by {mode:?}");
     Ok(Box::new(P2p {
         device,
         ctx,
         mode,
         engine: Engine::open(device, stats),
-        locals: Vec::new(),
-        local_ids: HashMap::new(),
+        regions: Regions::new(device),
         peers: Vec::new(),
-        remotes: Vec::new(),
-        maps: HashMap::new(),
-        done_word: 0,
-        ticket: 0,
-        done_claimed: 0,
+        done: DoneWord::default(),
         stats: Stats {
             on: stats,
             ..Stats::default()
@@ -171,22 +79,11 @@ pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
     }))
 }
 
-struct Local {
-    region: Region,
-}
-
 struct Peer {
     rank: usize,
     addr: Address,
-    stream: Stream,
-    /// Pinned staging values for `FlagMode::Copy`, made on first use.
-    ring: Option<PinnedHost>,
-    ring_next: u64,
-    /// Staging slots queued since the stream was last seen idle.
-    ring_busy: u64,
-    /// Work was queued since the stream was last seen idle (a flush with nothing queued
-    /// returns without asking the driver).
-    dirty: bool,
+    /// The peer's copy-engine stream (`ce.rs`).
+    ce: PeerStream,
     /// The last SM-engine job for this peer (done once the engine's DONE reaches it). Work
     /// that must follow both paths' earlier work (a flag, a flush, a put by the other path)
     /// drains the other path first.
@@ -199,35 +96,13 @@ struct Peer {
     same_device: bool,
 }
 
-struct Remote {
-    peer: PeerId,
-    /// This process's address of the region (mapped, or the peer's own when same process).
-    ptr: u64,
-    len: u64,
-    /// Mapped through CUDA IPC (peer access enabled), so kernels may store to it.
-    mapped: bool,
+/// `peers[p]` (a function of the vector alone, so that other fields stay borrowable).
+fn peer_mut(peers: &mut [Peer], p: PeerId) -> Result<&mut Peer> {
+    let n = peers.len();
+    peers
+        .get_mut(p)
+        .ok_or_else(|| Error::internal(format!("P2P peer id {p} of {n}")))
 }
-
-/// A checked put: this process's addresses of both ends.
-struct PutTarget {
-    dst: u64,
-    src: u64,
-    size: u64,
-    /// The destination is mapped through CUDA IPC (kernels may store to it).
-    mapped: bool,
-    /// The source is device memory.
-    d2d: bool,
-}
-
-/// A checked flag write.
-struct FlagTarget {
-    addr: u64,
-    value: u64,
-    mapped: bool,
-}
-
-/// Mapping cache key: exporting process, allocation base there, handle.
-type MapKey = (u64, u64, [u8; IPC_HANDLE_BYTES]);
 
 struct P2p {
     device: i32,
@@ -235,293 +110,18 @@ struct P2p {
     mode: FlagMode,
     /// Puts up to `Engine::max_bytes` and flags, when the kernel runs (`engine.rs`).
     engine: Option<Engine>,
-    locals: Vec<Local>,
-    local_ids: HashMap<Region, MrId>,
+    /// Registrations, imported regions and their IPC mappings (`regions.rs`).
+    regions: Regions,
+    /// Indexed by `PeerId`.
     peers: Vec<Peer>,
-    remotes: Vec<Remote>,
-    maps: HashMap<MapKey, IpcMapping>,
-    /// The proxy FIFO's done word (`Endpoint::use_done_word`; 0: none), and the ticket of the
-    /// trigger being handled.
-    done_word: u64,
-    ticket: u64,
-    /// The largest value queued for the done word so far (values must never decrease).
-    done_claimed: u64,
+    /// The proxy FIFO's done word (`done.rs`).
+    done: DoneWord,
     stats: Stats,
 }
 
 impl P2p {
     fn peer(&mut self, p: PeerId) -> Result<&mut Peer> {
-        let n = self.peers.len();
-        self.peers
-            .get_mut(p)
-            .ok_or_else(|| Error::internal(format!("P2P peer id {p} of {n}")))
-    }
-
-    fn remote(&self, r: RemoteId, peer: PeerId) -> Result<&Remote> {
-        let rem = self.remotes.get(r).ok_or_else(|| {
-            Error::internal(format!("P2P remote id {r} of {}", self.remotes.len()))
-        })?;
-        if rem.peer != peer {
-            return Err(Error::internal(format!(
-                "P2P remote region {r} belongs to peer {}, not {peer}",
-                rem.peer
-            )));
-        }
-        Ok(rem)
-    }
-
-    /// Whether the SM engine may carry work for `peer` into a remote region now. Starts the
-    /// engine when it is off (this operation then goes by the copy engines; later ones by the
-    /// SMs once every block is resident).
-    fn sm_route(&mut self, peer: PeerId, mapped: bool) -> Result<bool> {
-        let same_device = self.peer(peer)?.same_device;
-        let Some(e) = self.engine.as_mut() else {
-            return Ok(false);
-        };
-        if !mapped || same_device {
-            return Ok(false);
-        }
-        if e.ready()? {
-            return Ok(true);
-        }
-        e.start()?;
-        Ok(false)
-    }
-
-    /// Waits for the peer's SM-engine jobs: before its copy engine stream takes over, and in
-    /// a flush.
-    fn drain_sm(&mut self, peer: PeerId) -> Result<()> {
-        let last = self.peer(peer)?.sm_last;
-        if let Some(e) = &self.engine {
-            if e.done() < last {
-                let t = self.stats.start();
-                e.wait(last, "P2P puts by the SM copy engine")?;
-                Stats::add(&mut self.stats.sm_waits, t);
-            }
-        }
-        Ok(())
-    }
-
-    /// Waits for the peer's copy-engine stream: before the SM engine takes over, and in a
-    /// flush.
-    fn drain_ce(&mut self, peer: PeerId) -> Result<()> {
-        let t = self.stats.start();
-        let p = self.peer(peer)?;
-        if !p.dirty {
-            // Nothing queued since the stream was last seen idle.
-            return Ok(());
-        }
-        let rank = p.rank;
-        p.stream.wait(|| format!("P2P copies to rank {rank}"))?;
-        p.ring_busy = 0;
-        p.dirty = false;
-        Stats::add(&mut self.stats.flushes, t);
-        Ok(())
-    }
-
-    /// The addresses of a put, checked against both regions (the proxy checked the ranges;
-    /// re-checked because a stray write would land in another process's memory).
-    fn put_target(
-        &self,
-        peer: PeerId,
-        src: MrId,
-        src_off: u64,
-        dst: RemoteId,
-        dst_off: u64,
-        size: u64,
-    ) -> Result<PutTarget> {
-        let l = self
-            .locals
-            .get(src)
-            .ok_or_else(|| Error::internal(format!("P2P local region {src}")))?
-            .region;
-        let r = self.remote(dst, peer)?;
-        if src_off.checked_add(size).is_none_or(|e| e > l.len)
-            || dst_off.checked_add(size).is_none_or(|e| e > r.len)
-        {
-            return Err(Error::internal(format!(
-                "P2P write out of range: src [{src_off}, +{size}) of {}, dst [{dst_off}, +{size}) of {}",
-                l.len, r.len
-            )));
-        }
-        Ok(PutTarget {
-            dst: r.ptr + dst_off,
-            src: l.addr + src_off,
-            size,
-            mapped: r.mapped,
-            d2d: matches!(l.kind, MemKind::Device(_)),
-        })
-    }
-
-    /// The address of a flag (8 bytes, aligned, inside the peer's epoch region).
-    fn flag_target(
-        &self,
-        peer: PeerId,
-        dst: RemoteId,
-        dst_off: u64,
-        value: u64,
-    ) -> Result<FlagTarget> {
-        let r = self.remote(dst, peer)?;
-        if dst_off.checked_add(8).is_none_or(|e| e > r.len) || (r.ptr + dst_off) % 8 != 0 {
-            return Err(Error::internal(format!(
-                "P2P value write at offset {dst_off} of a {}-byte region (or misaligned)",
-                r.len
-            )));
-        }
-        Ok(FlagTarget {
-            addr: r.ptr + dst_off,
-            value,
-            mapped: r.mapped,
-        })
-    }
-
-    /// Posts the put (and `flag` after it) as one SM-engine job if the engine may carry it:
-    /// device memory on both ends, 16-byte aligned (the kernel copies 16-byte words), at most
-    /// `max_bytes`. False: nothing was done.
-    fn sm_put(&mut self, peer: PeerId, put: &PutTarget, flag: Option<(u64, u64)>) -> Result<bool> {
-        let small = self
-            .engine
-            .as_ref()
-            .is_some_and(|e| put.size <= e.max_bytes);
-        if !(put.d2d
-            && small
-            && (put.dst | put.src) % 16 == 0
-            && self.sm_route(peer, put.mapped)?)
-        {
-            return Ok(false);
-        }
-        self.drain_ce(peer)?;
-        self.sm_post(peer, (put.dst, put.src, put.size), flag)?;
-        Ok(true)
-    }
-
-    /// Posts a job for `peer` (`sm_route` said yes) and records it as the peer's last.
-    fn sm_post(
-        &mut self,
-        peer: PeerId,
-        (dst, src, size): (u64, u64, u64),
-        flag: Option<(u64, u64)>,
-    ) -> Result<()> {
-        let done = self.claim(None);
-        let e = self.engine.as_mut().expect("sm_route said yes");
-        let k = e.post((dst, src, size), flag, done)?;
-        let p = self.peer(peer)?;
-        p.sm_last = k;
-        p.sm_flag |= flag.is_some();
-        Ok(())
-    }
-
-    /// Queues the put on the peer's copy-engine stream (after the peer's SM jobs).
-    fn ce_put(&mut self, peer: PeerId, put: &PutTarget) -> Result<()> {
-        self.drain_sm(peer)?;
-        let t = self.stats.start();
-        let p = self.peer(peer)?;
-        p.stream.copy(put.dst, put.src, put.size, put.d2d)?;
-        p.dirty = true;
-        Stats::add(&mut self.stats.copies, t);
-        Ok(())
-    }
-
-    /// Queues the flag on the peer's stream, after its data (and after the peer's SM jobs and
-    /// their flags: the signal count must never step back).
-    fn ce_flag(&mut self, peer: PeerId, flag: &FlagTarget) -> Result<()> {
-        self.drain_sm(peer)?;
-        if self.peer(peer)?.sm_flag {
-            if let Some(e) = self.engine.as_mut() {
-                e.order_flags()?;
-            }
-            self.peer(peer)?.sm_flag = false;
-        }
-        let t = self.stats.start();
-        if self.mode == FlagMode::WriteValue {
-            let p = self.peer(peer)?;
-            match p.stream.write_value64(flag.addr, flag.value) {
-                Ok(()) => {
-                    p.dirty = true;
-                    Stats::add(&mut self.stats.values, t);
-                    return Ok(());
-                }
-                Err(e) => {
-                    crate::info!(
-                        "p2p:cuda{}: cuStreamWriteValue64 to a peer mapping refused ({e}); flags go by staged copies from now on",
-                        self.device
-                    );
-                    self.mode = FlagMode::Copy;
-                }
-            }
-        }
-        self.flag_by_copy(peer, flag.addr, flag.value)?;
-        Stats::add(&mut self.stats.values, t);
-        Ok(())
-    }
-
-    /// The value the work queued next for the current trigger may store into the done word
-    /// (0: none), recorded as claimed: `ticket + 1`, "every trigger up to this one has
-    /// completed", which holds once that work has only if every earlier trigger's work is
-    /// ordered before it: earlier SM-engine jobs are (the engine runs jobs in order), except
-    /// for work queued on a copy-engine stream (`ce_peer`: this stream's own earlier work is
-    /// ordered too). So: no other busy stream, and for a stream store no unfinished engine job.
-    fn claim(&mut self, ce_peer: Option<PeerId>) -> u64 {
-        self.claim_below(self.ticket + 1, ce_peer)
-    }
-
-    /// As `claim`, for "every trigger below `v` has completed".
-    fn claim_below(&mut self, v: u64, ce_peer: Option<PeerId>) -> u64 {
-        // Called for every engine job: no allocation (the peers' flags as an iterator).
-        let busy = self.peers.iter().map(|p| p.dirty);
-        let engine_idle = self.engine.as_ref().is_none_or(|e| e.idle());
-        if self.done_word == 0 || !may_claim(v, self.done_claimed, busy, ce_peer, engine_idle) {
-            return 0;
-        }
-        self.done_claimed = v;
-        v
-    }
-
-    /// After copy-engine work for `peer` was queued for the current trigger: queues the done
-    /// word's store (`Endpoint::use_done_word`) behind it on the same stream, if every earlier
-    /// trigger's work is then ordered before it: no other peer's stream may still be busy and
-    /// no SM-engine job still running. Otherwise the producers' flush() waits for the proxy.
-    fn ce_done(&mut self, peer: PeerId) -> Result<()> {
-        if self.mode != FlagMode::WriteValue {
-            return Ok(());
-        }
-        let value = self.claim(Some(peer));
-        if value == 0 {
-            return Ok(());
-        }
-        let t = self.stats.start();
-        let word = self.done_word;
-        // The stream's memory barrier orders the store after the copies queued before it.
-        self.peer(peer)?.stream.write_value64(word, value)?;
-        Stats::add(&mut self.stats.values, t);
-        Ok(())
-    }
-
-    /// Switches to staging copies after the driver refused a stream write-value.
-    fn flag_by_copy(&mut self, p: PeerId, addr: u64, value: u64) -> Result<()> {
-        let device = self.device;
-        let peer = self.peer(p)?;
-        if peer.ring.is_none() {
-            peer.ring = Some(PinnedHost::zeroed(device, (RING * 8) as usize)?);
-        }
-        if peer.ring_busy >= RING {
-            // Every slot may still be read by a queued copy: let them finish first.
-            peer.stream
-                .wait(|| "P2P copies (staging ring full)".into())?;
-            peer.ring_busy = 0;
-        }
-        let ring = peer.ring.as_ref().expect("made above");
-        let slot = peer.ring_next % RING;
-        // SAFETY: slot < RING, the ring holds RING u64s; no queued copy reads this slot (the
-        // ring_busy check above). The Relaxed store is ordered before the copy that reads it
-        // by the driver call that queues the copy (a full barrier in the driver's submission).
-        unsafe { AtomicU64::from_ptr(ring.host().cast::<u64>().add(slot as usize)) }
-            .store(value, Ordering::Relaxed);
-        peer.stream.copy(addr, ring.dev() + slot * 8, 8, false)?;
-        peer.ring_next += 1;
-        peer.ring_busy += 1;
-        peer.dirty = true;
-        Ok(())
+        peer_mut(&mut self.peers, p)
     }
 }
 
@@ -546,7 +146,7 @@ impl Endpoint for P2p {
                 "mscclppTransportP2P to rank {remote_rank}: that rank runs on another host (CUDA IPC works within one host; use mscclppTransportIB)"
             )));
         }
-        let stream = Stream::new(self.device)?;
+        let ce = PeerStream::new(self.device)?;
         let same_device = addr.device == self.device;
         crate::trace!(
             "p2p:cuda{}: peer rank {remote_rank} on its device {}",
@@ -556,11 +156,7 @@ impl Endpoint for P2p {
         self.peers.push(Peer {
             rank: remote_rank,
             addr,
-            stream,
-            ring: None,
-            ring_next: 0,
-            ring_busy: 0,
-            dirty: false,
+            ce,
             sm_last: 0,
             sm_flag: false,
             same_device,
@@ -569,54 +165,7 @@ impl Endpoint for P2p {
     }
 
     fn register(&mut self, region: Region) -> Result<(MrId, Vec<u8>)> {
-        let id = match self.local_ids.get(&region) {
-            Some(id) => *id,
-            None => {
-                self.locals.push(Local { region });
-                self.local_ids.insert(region, self.locals.len() - 1);
-                self.locals.len() - 1
-            }
-        };
-        let nonce = process_nonce();
-        let blob = match region.kind {
-            // Usable as a local source (mscclppRegisteredBufferWrite from host memory), never
-            // exported: the blob tells the peer so.
-            MemKind::Host => RegionBlob {
-                nonce,
-                device: None,
-                base: region.addr,
-                alloc_size: region.len,
-                offset: 0,
-                len: region.len,
-                handle: [0; IPC_HANDLE_BYTES],
-            },
-            MemKind::Device(d) => {
-                if cuda::is_managed(region.addr) {
-                    return Err(Error::invalid_arg(format!(
-                        "buffer {:#x} is CUDA managed memory, which CUDA IPC cannot share; use cudaMalloc memory",
-                        region.addr
-                    )));
-                }
-                let (base, size) = cuda::address_range(d, region.addr)?;
-                let offset = region.addr - base;
-                if offset.checked_add(region.len).is_none_or(|e| e > size) {
-                    return Err(Error::invalid_arg(format!(
-                        "buffer {:#x} + {} bytes runs past the end of its CUDA allocation ({size} bytes at {base:#x})",
-                        region.addr, region.len
-                    )));
-                }
-                RegionBlob {
-                    nonce,
-                    device: Some(d),
-                    base,
-                    alloc_size: size,
-                    offset,
-                    len: region.len,
-                    handle: cuda::ipc_handle(d, base)?,
-                }
-            }
-        };
-        Ok((id, blob.encode()))
+        self.regions.register(region)
     }
 
     fn import(&mut self, peer: PeerId, blob: &[u8]) -> Result<RemoteId> {
@@ -625,50 +174,11 @@ impl Endpoint for P2p {
             let p = self.peer(peer)?;
             (p.rank, p.addr.nonce)
         };
-        if b.nonce != peer_nonce {
-            return Err(Error::remote(format!(
-                "rank {rank}: P2P region blob from another process than the rank's endpoint"
-            )));
-        }
-        if b.device.is_none() {
-            return Err(Error::invalid_arg(format!(
-                "rank {rank} registered host memory on a P2P connection; P2P shares CUDA device memory only"
-            )));
-        }
-        let mapped = b.nonce != process_nonce();
-        let ptr = if !mapped {
-            // Same process (ranks as threads): the exporter's address is ours.
-            b.base + b.offset
-        } else {
-            let key = (b.nonce, b.base, b.handle);
-            if !self.maps.contains_key(&key) {
-                let m = IpcMapping::open(self.device, &b.handle, b.alloc_size).map_err(|e| {
-                    Error::remote(format!("rank {rank}: opening its CUDA IPC handle: {e}"))
-                })?;
-                self.maps.insert(key, m);
-            }
-            let m = &self.maps[&key];
-            if b.offset + b.len > m.size() {
-                return Err(Error::remote(format!(
-                    "rank {rank}: region [{}, +{}) exceeds the {}-byte allocation its handle maps",
-                    b.offset,
-                    b.len,
-                    m.size()
-                )));
-            }
-            m.ptr() + b.offset
-        };
-        self.remotes.push(Remote {
-            peer,
-            ptr,
-            len: b.len,
-            mapped,
-        });
-        Ok(self.remotes.len() - 1)
+        self.regions.import(peer, (rank, peer_nonce), b)
     }
 
     fn remote_ptr(&self, remote: RemoteId) -> Option<u64> {
-        self.remotes.get(remote).map(|r| r.ptr)
+        self.regions.remote_ptr(remote)
     }
 
     fn write(
@@ -680,7 +190,9 @@ impl Endpoint for P2p {
         dst_off: u64,
         size: u64,
     ) -> Result<()> {
-        let put = self.put_target(peer, src, src_off, dst, dst_off, size)?;
+        let put = self
+            .regions
+            .put_target(peer, src, src_off, dst, dst_off, size)?;
         let _g = CtxGuard::enter_ctx(self.ctx)?;
         if self.sm_put(peer, &put, None)? {
             return Ok(());
@@ -690,11 +202,11 @@ impl Endpoint for P2p {
     }
 
     fn write_value(&mut self, peer: PeerId, dst: RemoteId, dst_off: u64, value: u64) -> Result<()> {
-        let flag = self.flag_target(peer, dst, dst_off, value)?;
+        let flag = self.regions.flag_target(peer, dst, dst_off, value)?;
         let _g = CtxGuard::enter_ctx(self.ctx)?;
         // By the SM engine unless data for this peer is still queued on its stream (the flag
         // must follow that data, which the stream orders).
-        if !self.peer(peer)?.dirty && self.sm_route(peer, flag.mapped)? {
+        if !self.peer(peer)?.ce.dirty() && self.sm_route(peer, flag.mapped)? {
             return self.sm_post(peer, (0, 0, 0), Some((flag.addr, value)));
         }
         self.ce_flag(peer, &flag)?;
@@ -711,8 +223,10 @@ impl Endpoint for P2p {
         size: u64,
         (vdst, voff, value): (RemoteId, u64, u64),
     ) -> Result<()> {
-        let put = self.put_target(peer, src, src_off, dst, dst_off, size)?;
-        let flag = self.flag_target(peer, vdst, voff, value)?;
+        let put = self
+            .regions
+            .put_target(peer, src, src_off, dst, dst_off, size)?;
+        let flag = self.regions.flag_target(peer, vdst, voff, value)?;
         let _g = CtxGuard::enter_ctx(self.ctx)?;
         // One engine job carries both: the kernel stores the flag after the bytes.
         if flag.mapped && self.sm_put(peer, &put, Some((flag.addr, value)))? {
@@ -733,7 +247,7 @@ impl Endpoint for P2p {
         // read of its slot. Only while the kernel runs (starting it costs more than that
         // read).
         if self.engine.as_ref().is_some_and(|e| e.on()) {
-            let done = self.claim_below(self.ticket, None);
+            let done = self.claim_below(self.done.ticket, None);
             if done != 0 {
                 let e = self.engine.as_mut().expect("checked above");
                 e.post((0, 0, 0), None, done)?;
@@ -749,7 +263,7 @@ impl Endpoint for P2p {
             // Neither the SM engine nor stream write-values: nobody could store it.
             return Ok(false);
         }
-        if std::env::var("MSCCLPP_P2P_DONE_WORD").is_ok_and(|v| v == "0") {
+        if done_word_off_by_env() {
             crate::info!(
                 "p2p:cuda{}: flush() waits for the proxy (MSCCLPP_P2P_DONE_WORD=0)",
                 self.device
@@ -759,12 +273,12 @@ impl Endpoint for P2p {
             }
             return Ok(false);
         }
-        self.done_word = addr;
+        self.done.word = addr;
         Ok(true)
     }
 
     fn set_ticket(&mut self, ticket: u64) {
-        self.ticket = ticket;
+        self.done.ticket = ticket;
     }
 
     fn quiesce(&mut self) -> Result<()> {
@@ -797,33 +311,13 @@ impl Drop for P2p {
                 drop(e);
             }
             for p in &self.peers {
-                if let Err(e) = p.stream.wait(|| "P2P copies at teardown".into()) {
+                if let Err(e) = p.ce.wait(|| "P2P copies at teardown".into()) {
                     crate::warn!("p2p:cuda{} teardown: {e}", self.device);
                 }
             }
         }
         self.stats.report(self.device);
-        self.maps.clear();
-        self.remotes.clear();
+        self.regions.unmap();
         self.peers.clear();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::may_claim;
-
-    #[test]
-    fn done_word_claims_only_what_is_ordered_before_them() {
-        // An engine job with every stream idle claims; not twice, and never a smaller value.
-        assert!(may_claim(5, 4, [false, false], None, false));
-        assert!(!may_claim(5, 5, [false, false], None, true));
-        assert!(!may_claim(4, 5, [false, false], None, true));
-        // Copy-engine work on some stream may still run: no engine job may claim past it.
-        assert!(!may_claim(5, 0, [false, true], None, true));
-        // A store on stream 1 follows stream 1's work, not stream 0's, nor the engine's jobs.
-        assert!(may_claim(5, 0, [false, true], Some(1), true));
-        assert!(!may_claim(5, 0, [true, true], Some(1), true));
-        assert!(!may_claim(5, 0, [false, true], Some(1), false));
     }
 }

@@ -1,0 +1,57 @@
+//! Time spent in driver calls by the P2P endpoint (`MSCCLPP_P2P_STATS=1`).
+
+use std::time::{Duration, Instant};
+
+/// Time spent in driver calls, for `MSCCLPP_P2P_STATS=1` (printed when the endpoint closes):
+/// where the proxy's share of a put's latency goes.
+#[derive(Default)]
+pub(super) struct Stats {
+    pub(super) on: bool,
+    pub(super) copies: (u64, Duration),
+    pub(super) values: (u64, Duration),
+    pub(super) flushes: (u64, Duration),
+    pub(super) sm_waits: (u64, Duration),
+    pub(super) sm_jobs: u64,
+    /// The SM engine's own timing sums (`Engine::timing`).
+    pub(super) sm_timing: [u64; 7],
+}
+
+impl Stats {
+    pub(super) fn add(slot: &mut (u64, Duration), since: Option<Instant>) {
+        if let Some(t) = since {
+            slot.0 += 1;
+            slot.1 += t.elapsed();
+        }
+    }
+    pub(super) fn start(&self) -> Option<Instant> {
+        self.on.then(Instant::now)
+    }
+    pub(super) fn report(&self, device: i32) {
+        if !self.on {
+            return;
+        }
+        let f = |(n, d): (u64, Duration)| {
+            let avg = if n == 0 {
+                0.0
+            } else {
+                d.as_secs_f64() * 1e6 / n as f64
+            };
+            format!("{n} x {avg:.2} us")
+        };
+        let t = &self.sm_timing;
+        let g = |ns: u64, n: u64| f((n, Duration::from_nanos(ns)));
+        crate::info!(
+            "p2p:cuda{device} stats: copy calls {}, flag and done-word calls {}, stream waits {}; SM engine jobs {}, waits {}; in the kernel, read to DONE: grid jobs {} (block 0's share copied {}, workers joined {}, fenced {}), others {}",
+            f(self.copies),
+            f(self.values),
+            f(self.flushes),
+            self.sm_jobs,
+            f(self.sm_waits),
+            g(t[0], t[1]),
+            g(t[4], t[1]),
+            g(t[5], t[1]),
+            g(t[6], t[1]),
+            g(t[2], t[3])
+        );
+    }
+}
