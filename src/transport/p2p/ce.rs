@@ -3,6 +3,7 @@
 //! (`cuStreamWriteValue64`, or a copy from a pinned staging ring).
 
 use super::regions::{FlagTarget, PutTarget};
+use crate::config::P2pConfig;
 use crate::cuda::{PinnedHost, Stream};
 use crate::error::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +20,17 @@ pub(super) enum FlagMode {
     WriteValue,
     /// An 8-byte `cuMemcpyAsync` from the pinned staging ring.
     Copy,
+}
+
+impl FlagMode {
+    /// `MSCCLPP_P2P_FLAG=copy`, or a driver without `cuStreamWriteValue64`: copies.
+    pub(super) fn choose(cfg: &P2pConfig) -> Self {
+        if cfg.flag_by_copy || !crate::cuda::has_write_value64() {
+            FlagMode::Copy
+        } else {
+            FlagMode::WriteValue
+        }
+    }
 }
 
 /// A peer's copy-engine stream, with its staging values for `FlagMode::Copy`.

@@ -19,9 +19,10 @@
 //! - Any state -> Off when the proxy stops or fails (`stop`, through `Endpoint::quiesce`):
 //!   nothing of ours runs on the GPU after `mscclppProxyStop`.
 
-use super::tuning::env_u64;
+use crate::config::P2pConfig;
 use crate::cuda::{DeviceMem, Function, Module, PinnedHost, Stream, P2P_ENGINE_PTX};
 use crate::error::{Error, Result};
+use crate::sync::{Backoff, Policy};
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -82,18 +83,20 @@ pub struct Engine {
     timing_base: [u64; STAT_WORDS],
     /// The kernel records them (for the endpoint's `MSCCLPP_P2P_STATS=1` report).
     timing_on: bool,
+    /// Time the engine's round trips once it starts (`MSCCLPP_P2P_SM_SELFTEST=1`).
+    selftest: bool,
     pub jobs: u64,
 }
 
 impl Engine {
     /// The engine of `device`, or None (with the reason at INFO) when it is turned off
     /// (`MSCCLPP_P2P_ENGINE=ce`) or the driver cannot load it.
-    pub fn open(device: i32, timing: bool) -> Option<Engine> {
-        if std::env::var("MSCCLPP_P2P_ENGINE").is_ok_and(|v| v == "ce") {
+    pub fn open(device: i32, cfg: &P2pConfig) -> Option<Engine> {
+        if !cfg.sm_engine {
             crate::info!("p2p:cuda{device}: SM copy engine off (MSCCLPP_P2P_ENGINE=ce): every put by the copy engines");
             return None;
         }
-        match Self::try_open(device, timing) {
+        match Self::try_open(device, cfg) {
             Ok(e) => {
                 crate::info!(
                     "p2p:cuda{device}: SM copy engine ready ({} blocks; puts up to {} bytes and flags; linger {:?})",
@@ -112,10 +115,10 @@ impl Engine {
         }
     }
 
-    fn try_open(device: i32, timing_on: bool) -> Result<Engine> {
+    fn try_open(device: i32, cfg: &P2pConfig) -> Result<Engine> {
         let module = Module::load_ptx(device, P2P_ENGINE_PTX)?;
         let func = module.function(c"mscclpp_p2p_engine")?;
-        let blocks = env_u64("MSCCLPP_P2P_SM_BLOCKS").unwrap_or(8).clamp(1, 128) as u32;
+        let blocks = cfg.sm_blocks;
         // Allocated before the struct, so that a failure frees what was made (ManuallyDrop
         // would not).
         let stream = Stream::new(device)?;
@@ -134,15 +137,14 @@ impl Engine {
             next: 1,
             launches: 0,
             last_post: Instant::now(),
-            max_bytes: env_u64("MSCCLPP_P2P_SM_MAX_BYTES").unwrap_or(2 << 20),
-            linger: Duration::from_micros(env_u64("MSCCLPP_P2P_SM_LINGER_US").unwrap_or(500)),
-            solo_bytes: env_u64("MSCCLPP_P2P_SM_SOLO_BYTES").unwrap_or(64 << 10),
-            poll_sleep_ns: env_u64("MSCCLPP_P2P_SM_POLL_NS")
-                .unwrap_or(0)
-                .min(1_000_000) as u32,
+            max_bytes: cfg.sm_max_bytes,
+            linger: cfg.sm_linger,
+            solo_bytes: cfg.sm_solo_bytes,
+            poll_sleep_ns: cfg.sm_poll_ns,
             done_word: 0,
             timing_base: [0; STAT_WORDS],
-            timing_on,
+            timing_on: cfg.stats,
+            selftest: cfg.sm_selftest,
             jobs: 0,
         })
     }
@@ -179,9 +181,7 @@ impl Engine {
                 if self.word(ALIVE).load(Ordering::Acquire) == self.launches {
                     self.state = State::On;
                     self.last_post = Instant::now();
-                    if self.launches == 1
-                        && std::env::var("MSCCLPP_P2P_SM_SELFTEST").is_ok_and(|v| v == "1")
-                    {
+                    if self.launches == 1 && self.selftest {
                         self.selftest()?;
                     }
                 } else if self.stream.query()? {
@@ -288,22 +288,19 @@ impl Engine {
     /// Waits until job `seq` is done. Ends then, with an error if the kernel stopped or failed
     /// first, or at `MSCCLPP_WAIT_TIMEOUT`.
     pub fn wait(&self, seq: u64, what: &str) -> Result<()> {
-        let deadline = crate::config::wait_timeout();
-        let t0 = Instant::now();
-        let mut n: u32 = 0;
+        // Spins: the engine answers in microseconds. The stream and the clock are read every
+        // 4096 polls.
+        let mut b = Backoff::new(Policy::SPIN, crate::config::wait_timeout());
         while self.done() < seq {
-            n = n.wrapping_add(1);
-            if n % 4096 == 0 {
+            if b.polls() % 4096 == 4095 {
                 if self.stream.query()? && self.done() < seq {
                     return Err(Error::internal(format!(
                         "the SM copy engine exited with job {seq} not done ({what})"
                     )));
                 }
-                if t0.elapsed() > deadline {
-                    return Err(Error::timeout(format!("waiting for {what}"), deadline));
-                }
+                b.check(|| format!("waiting for {what}"))?;
             }
-            std::hint::spin_loop();
+            b.pause();
         }
         Ok(())
     }
@@ -337,14 +334,9 @@ impl Engine {
             let t = Instant::now();
             self.post((0, 0, 0), Some((self.ctrl.dev() + 8 * probe as u64, i)), 0)?;
             // Acquire pairs with the kernel's store of the probe; ends within the wait bound.
-            let t0 = Instant::now();
+            let b = Backoff::new(Policy::SPIN, crate::config::wait_timeout());
             while self.word(probe).load(Ordering::Acquire) != i {
-                if t0.elapsed() > crate::config::wait_timeout() {
-                    return Err(Error::timeout(
-                        "the engine self-test",
-                        crate::config::wait_timeout(),
-                    ));
-                }
+                b.check(|| "the engine self-test".into())?;
                 std::hint::spin_loop();
             }
             flag.push(t.elapsed());

@@ -30,8 +30,8 @@
 //! Files: this one the endpoint (`open`, the `Endpoint` impl, teardown); `route.rs` which path
 //! carries an operation and the ordering between the paths; `engine.rs` the SM engine;
 //! `ce.rs` a peer's copy-engine stream; `regions.rs` registration and IPC import; `done.rs`
-//! the done word; `blob.rs` the wire blobs; `stats.rs` driver-call timing; `tuning.rs` the
-//! settings read from the environment.
+//! the done word; `blob.rs` the wire blobs; `stats.rs` driver-call timing. Settings come
+//! from `config::P2pConfig`, read once per process.
 
 mod blob;
 mod ce;
@@ -40,9 +40,10 @@ mod engine;
 mod regions;
 mod route;
 mod stats;
-mod tuning;
 
-use super::{Endpoint, MrId, PeerId, Region, RemoteId};
+use super::epoch::{self, EpochMem};
+use super::{Caps, Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
+use crate::config::P2pConfig;
 use crate::cuda::{self, Ctx, CtxGuard};
 use crate::error::{Error, Result};
 use blob::{host_id, process_nonce, Address, RegionBlob};
@@ -51,7 +52,6 @@ use done::DoneWord;
 use engine::Engine;
 use regions::Regions;
 use stats::Stats;
-use tuning::{done_word_off_by_env, flag_mode_from_env, stats_from_env};
 
 /// Opens the P2P endpoint of CUDA device `device` (one stream per peer, created at `add_peer`).
 pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
@@ -61,14 +61,15 @@ pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
         ));
     }
     let ctx = Ctx::primary(device)?;
-    let mode = flag_mode_from_env();
-    let stats = stats_from_env();
+    let cfg = crate::config::get().p2p.clone();
+    let mode = FlagMode::choose(&cfg);
+    let stats = cfg.stats;
     crate::info!("p2p endpoint on CUDA device {device}: flags by {mode:?}");
     Ok(Box::new(P2p {
         device,
         ctx,
         mode,
-        engine: Engine::open(device, stats),
+        engine: Engine::open(device, &cfg),
         regions: Regions::new(device),
         peers: Vec::new(),
         done: DoneWord::default(),
@@ -76,6 +77,7 @@ pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
             on: stats,
             ..Stats::default()
         },
+        cfg,
     }))
 }
 
@@ -117,6 +119,7 @@ struct P2p {
     /// The proxy FIFO's done word (`done.rs`).
     done: DoneWord,
     stats: Stats,
+    cfg: P2pConfig,
 }
 
 impl P2p {
@@ -128,6 +131,33 @@ impl P2p {
 impl Endpoint for P2p {
     fn describe(&self) -> String {
         format!("p2p:cuda{}", self.device)
+    }
+
+    /// A peer offers the host word of its epoch block by name: this proxy stores a signal with
+    /// no data in flight before it there (`proxy::direct_flag`), one PCIe leg instead of the
+    /// proxy -> GPU -> NVLink chain.
+    fn caps(&self) -> Caps {
+        Caps {
+            direct_epoch: true,
+            ..Caps::default()
+        }
+    }
+
+    /// A host word beside the device block (`epoch::SignaledEpoch`), which this GPU's wait()
+    /// polls too, unless `MSCCLPP_P2P_HOST_SIGNAL=0` or it cannot be made (then every signal
+    /// reaches the GPU through the peer's engines).
+    fn epoch_block(&mut self, kind: MemKind) -> Result<EpochMem> {
+        match kind {
+            MemKind::Device(d) if self.cfg.host_signal => EpochMem::signaled(d).or_else(|e| {
+                crate::info!("p2p:cuda{d}: no host signal word ({e}): signals to this GPU go through the peer's engines");
+                epoch::plain(kind)
+            }),
+            _ => epoch::plain(kind),
+        }
+    }
+
+    fn direct_epoch_for(&self, _kind: MemKind) -> bool {
+        true
     }
 
     fn address(&self) -> Result<Vec<u8>> {
@@ -263,7 +293,7 @@ impl Endpoint for P2p {
             // Neither the SM engine nor stream write-values: nobody could store it.
             return Ok(false);
         }
-        if done_word_off_by_env() {
+        if !self.cfg.done_word {
             crate::info!(
                 "p2p:cuda{}: flush() waits for the proxy (MSCCLPP_P2P_DONE_WORD=0)",
                 self.device
