@@ -19,7 +19,11 @@ fn readme_variables() -> BTreeSet<String> {
         for quoted in first.split('`').skip(1).step_by(2) {
             // `MSCCLPP_P2P_ENGINE=ce` names MSCCLPP_P2P_ENGINE.
             let name = quoted.split('=').next().unwrap();
-            if !name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_') {
+            if !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+            {
                 names.insert(name.to_string());
             }
         }
