@@ -50,8 +50,9 @@ mod mr;
 mod select;
 mod staging;
 
+use super::epoch::{self, EpochMem};
 use super::staging::Copier;
-use super::{AbortCheck, Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
+use super::{AbortCheck, Caps, Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
 use crate::error::{Error, Result};
 use crate::mem::HostBlock;
 use blob::{AddrBlob, ChanBlob, Mode, MrBlob};
@@ -280,6 +281,8 @@ pub struct NetEndpoint {
     /// The chosen fi_info, kept (not read) so it outlives every object made from it: declared
     /// after `objs`, so it drops after them.
     _info: InfoList,
+    /// Serves `mscclppTransportSHM` (see `Endpoint::caps`).
+    shm_transport: bool,
     provider: String,
     domain: String,
     addr: AddrBlob,
@@ -383,6 +386,7 @@ impl NetEndpoint {
             staging,
             scratch,
             objs,
+            shm_transport: shm,
             provider: provider.clone(),
             domain: domain_name.clone(),
             addr: AddrBlob {
@@ -888,6 +892,31 @@ fn range_ok(off: u64, size: u64, len: u64) -> bool {
 impl Endpoint for NetEndpoint {
     fn describe(&self) -> String {
         format!("net:{}/{}", self.provider, self.domain)
+    }
+
+    /// Every net endpoint lingers at teardown (peers' delivery markers need our progress).
+    /// SHM endpoints (libfabric 1.17's shm keeps its locks in shared memory) may be wedged by
+    /// a peer that dies, and over host memory take signals straight into their epoch blocks.
+    fn caps(&self) -> Caps {
+        Caps {
+            may_wedge: self.shm_transport,
+            linger: true,
+            direct_epoch: self.shm_transport,
+        }
+    }
+
+    /// SHM over host memory: the epoch block in POSIX shared memory, which the peer maps and
+    /// stores signals into without a libfabric call (`proxy::direct_flag`).
+    fn epoch_block(&mut self, kind: MemKind) -> Result<EpochMem> {
+        if self.direct_epoch_for(kind) {
+            epoch::shared()
+        } else {
+            epoch::plain(kind)
+        }
+    }
+
+    fn direct_epoch_for(&self, kind: MemKind) -> bool {
+        self.shm_transport && kind == MemKind::Host
     }
 
     fn address(&self) -> Result<Vec<u8>> {
