@@ -11,7 +11,7 @@
  *     mscclpp.h includes after those prototypes.
  *   - mscclpp::device::*: the memory operations of the device paths (CUDA only).
  *
- * Device paths (__CUDA_ARCH__): the trigger-FIFO producer of DESIGN.md ("Trigger FIFO"):
+ * Device paths (__CUDA_ARCH__): the trigger-FIFO producer of docs/DESIGN.md ("The life of a trigger"):
  * mscclppConcurrentFifo::push() in mscclpp/fifo_methods.inc and the mscclppDevConn methods
  * in mscclpp/devconn_methods.inc.
  *

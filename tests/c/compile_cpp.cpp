@@ -54,7 +54,7 @@ int main()
   conn.epochIncrement();
   EXPECT(epoch.device == 1 && epoch.proxy == 0 && waitEpoch == 0);
 
-  // Trigger words as DESIGN.md lays them out.
+  // Trigger words as docs/DESIGN.md lays them out.
   uint64_t w[2];
   mscclppConcurrentFifo::encodeTrigger(w, mscclppData | mscclppFlag, 0x30, 0x20, 0x10, 5);
   EXPECT(w[0] == (0x10ull | (0x20ull << 32)));
