@@ -208,15 +208,16 @@ proptest! {
     ) {
         let tr = if shm { mscclppTransport_t::mscclppTransportSHM } else { mscclppTransport_t::mscclppTransportIB };
         let valid = ConnBlob { transport: tr as u32, tag, rank, size, addr: &addr, data: &data, epoch: &epoch, epoch_shm: &[] }.encode();
-        let round = ConnBlob::decode(&valid, rank, tag, tr, true).unwrap();
+        let round = ConnBlob::decode(&valid, rank, tag, tr, shm).unwrap();
         prop_assert_eq!(round.encode(), valid.clone());
         let m = mutate(valid, &flips, cut.map(|c| c % 300), &extra);
         for msg in [&m, &raw] {
-            if let Ok(b) = ConnBlob::decode(msg, rank, tag, tr, true) {
+            if let Ok(b) = ConnBlob::decode(msg, rank, tag, tr, shm) {
                 prop_assert_eq!((b.rank, b.tag, b.transport), (rank, tag, tr as u32));
                 prop_assert!(b.size > 0);
                 prop_assert!(b.addr.len() <= MAX_FIELD && b.data.len() <= MAX_FIELD && b.epoch.len() <= MAX_FIELD);
                 prop_assert_eq!(&b.encode(), msg);
+                prop_assert!(b.epoch_shm.is_empty() || shm, "an IB blob offering a shared epoch was accepted");
             }
         }
     }

@@ -530,7 +530,7 @@ fn good_setup(size: u64) {
     });
     let boot = Bootstrap::from_addr(&root, 1, 2).unwrap();
     let own = boot.recv(0, TAG_CONN | TAG as u32 as u64).unwrap();
-    let theirs = ConnBlob::decode(&own, 0, TAG, transport(), false).unwrap();
+    let theirs = ConnBlob::decode(&own, 0, TAG, transport(), is_shm()).unwrap();
     f.ep.add_peer(0, theirs.addr).unwrap();
     let msg = ConnBlob { size, ..f.blob() }.encode();
     boot.send(0, TAG_CONN | TAG as u32 as u64, &msg).unwrap();

@@ -11,10 +11,13 @@ fuzz_target!(|data: &[u8]| {
         mscclppTransport_t::mscclppTransportIB,
         mscclppTransport_t::mscclppTransportSHM,
     ] {
-        if let Ok(b) = ConnBlob::decode(data, 1, 5, tr, true) {
+        // The transports' `Caps::direct_epoch`: only SHM (and P2P) accept a shared epoch.
+        let direct = tr == mscclppTransport_t::mscclppTransportSHM;
+        if let Ok(b) = ConnBlob::decode(data, 1, 5, tr, direct) {
             assert_eq!((b.rank, b.tag, b.transport), (1, 5, tr as u32));
             assert!(b.size > 0);
             assert_eq!(b.encode(), data);
+            assert!(b.epoch_shm.is_empty() || direct);
         }
     }
 });
