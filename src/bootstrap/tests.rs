@@ -1,6 +1,6 @@
 //! Unit tests that need the bootstrap's internals (the root on its own, a rank's listener).
 //! The wire format's property tests live in `frame.rs`; end-to-end tests in
-//! `tests/bootstrap.rs`.
+//! `tests/bootstrap_*.rs`.
 
 use super::frame::{self, encode_addr, encode_frame, Kind, HEADER_LEN};
 use super::*;

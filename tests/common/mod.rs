@@ -4,10 +4,12 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod boot;
 pub mod netns;
 pub mod raw;
 
-use std::process::{Child, Command, Stdio};
+use std::io::Read;
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// True in a child process started for `test`.
@@ -45,6 +47,70 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// A command that re-runs test `test` of this binary alone (ignored or not) as one child
+/// process, with `MSCCLPP_TEST_ROLE=test` and `MSCCLPP_TEST_CHILD=role` (what the child is to
+/// do, see [`child_role`]); stdin is null unless the caller sets it.
+pub fn child_command(test: &str, role: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([
+        test,
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+        "--include-ignored",
+    ])
+    .env("MSCCLPP_TEST_ROLE", test)
+    .env("MSCCLPP_TEST_CHILD", role)
+    .stdin(Stdio::null());
+    c
+}
+
+/// In a child that [`child_command`] started for `test`: its role. None in the test's parent.
+pub fn child_role(test: &str) -> Option<String> {
+    if !is_rank(test) {
+        return None;
+    }
+    Some(std::env::var("MSCCLPP_TEST_CHILD").unwrap_or_default())
+}
+
+/// Runs `cmd` to its end, or kills it at `deadline`: its exit status (None: killed at the
+/// deadline) and its stdout then stderr.
+pub fn output_within(mut cmd: Command, deadline: Duration) -> (Option<ExitStatus>, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning a child");
+    // Readers on threads: a child that fills one pipe must not block on it.
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            String::from_utf8_lossy(&v).into_owned()
+        })
+    };
+    let out = drain(child.stdout.take().map(|r| Box::new(r) as _));
+    let err = drain(child.stderr.take().map(|r| Box::new(r) as _));
+    let t0 = Instant::now();
+    // Ends: the child exits, or the deadline passes and it is killed.
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if t0.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // The pipes close when the child (and whatever inherited them) has exited.
+    let text = format!("{}\n{}", out.join().unwrap(), err.join().unwrap());
+    (status, text)
 }
 
 pub struct Ranks {

@@ -1,6 +1,6 @@
 //! Unit tests of `NetEndpoint` internals that the trait does not show: the -FI_EAGAIN retry
 //! path, chunking, the forced FI_MR_ENDPOINT sequence on real providers, teardown order.
-//! Trait-level tests live in `tests/net_*.rs`.
+//! Trait-level tests live in `tests/endpoint_conformance.rs` and `tests/net_*.rs`.
 
 use super::*;
 use std::sync::atomic::AtomicU64;

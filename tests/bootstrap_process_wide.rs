@@ -1,0 +1,213 @@
+//! Bootstrap behaviour set for a whole process, each test in a child process of its own (this
+//! test re-run alone, `common::child_command`): the connection timeout from
+//! MSCCLPP_BOOTSTRAP_TIMEOUT and `set_timeout` bounding every wait (absent root, missing rank,
+//! silent peer, unwatched peer), the interface from MSCCLPP_SOCKET_IFNAME, and no thread or
+//! descriptor left behind by many communicators.
+
+mod common;
+
+use common::boot::{check_all_gather, child_done, local_addr, run_child, with_ranks};
+use common::child_role;
+use mscclpp::bootstrap::{self, Bootstrap};
+use mscclpp::error::Error;
+use std::time::{Duration, Instant};
+
+/// What this file's children do (their role, from `common::child_role`).
+fn play(role: &str) {
+    match role {
+        "timeouts" => role_timeouts(),
+        "env_timeout" => role_env_timeout(),
+        "ifname_lo" => role_ifname_lo(),
+        "ifname_none" => role_ifname_none(),
+        "leaks" => role_leaks(),
+        other => panic!("unknown role {other}"),
+    }
+    child_done(role);
+}
+
+#[test]
+fn timeouts_in_a_child() {
+    const T: &str = "timeouts_in_a_child";
+    if let Some(role) = child_role(T) {
+        return play(&role);
+    }
+    run_child(T, "timeouts", &[("MSCCLPP_BOOTSTRAP_TIMEOUT", "7")]);
+}
+
+#[test]
+fn env_timeout_alone_bounds_an_absent_root() {
+    const T: &str = "env_timeout_alone_bounds_an_absent_root";
+    if let Some(role) = child_role(T) {
+        return play(&role);
+    }
+    run_child(T, "env_timeout", &[("MSCCLPP_BOOTSTRAP_TIMEOUT", "1")]);
+}
+
+#[test]
+fn socket_ifname_in_a_child() {
+    const T: &str = "socket_ifname_in_a_child";
+    if let Some(role) = child_role(T) {
+        return play(&role);
+    }
+    run_child(T, "ifname_lo", &[("MSCCLPP_SOCKET_IFNAME", "lo")]);
+    run_child(
+        T,
+        "ifname_none",
+        &[("MSCCLPP_SOCKET_IFNAME", "=no-such-if9")],
+    );
+}
+
+#[test]
+fn no_thread_or_fd_leaks_in_a_child() {
+    const T: &str = "no_thread_or_fd_leaks_in_a_child";
+    if let Some(role) = child_role(T) {
+        return play(&role);
+    }
+    run_child(T, "leaks", &[]);
+}
+
+fn role_timeouts() {
+    // The environment overrides the default, set_timeout overrides the environment.
+    assert_eq!(bootstrap::timeout(), Duration::from_secs(7));
+    bootstrap::set_timeout(1).unwrap();
+    assert_eq!(bootstrap::timeout(), Duration::from_secs(1));
+    let limit = Duration::from_secs(10);
+
+    // No root ever appears.
+    let t = Instant::now();
+    let r = Bootstrap::from_addr(&local_addr(), 1, 2);
+    let el = t.elapsed();
+    println!("absent root: {el:?}: {:?}", r.as_ref().map(|_| ()));
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "{:?}",
+        r.map(|_| ())
+    );
+    assert!(el < limit, "{el:?}");
+
+    // A rank never shows up: the ranks that did fail within the timeout.
+    let addr = local_addr();
+    let t = Instant::now();
+    let hs: Vec<_> = (0..2)
+        .map(|r| {
+            let a = addr.clone();
+            std::thread::spawn(move || Bootstrap::from_addr(&a, r, 3).map(|_| ()))
+        })
+        .collect();
+    for h in hs {
+        let r = h.join().unwrap();
+        assert!(r.is_err(), "joined without rank 2");
+        println!("missing rank: {:?}", r);
+    }
+    assert!(t.elapsed() < limit, "{:?}", t.elapsed());
+
+    // A peer that never sends: recv and all-gather time out instead of hanging.
+    let addr = local_addr();
+    let res = with_ranks(&addr, 2, move |b| {
+        let t = Instant::now();
+        let r = if b.rank() == 0 {
+            b.recv(1, 42).map(|_| ())
+        } else {
+            // Stay alive, silent, until rank 0 has given up.
+            std::thread::sleep(Duration::from_millis(2500));
+            Ok(())
+        };
+        (r.map_err(|e| e.to_string()), t.elapsed())
+    });
+    let (r0, el) = &res[0];
+    println!("silent peer: {el:?}: {r0:?}");
+    assert!(r0.as_ref().unwrap_err().contains("timed out"), "{r0:?}");
+    assert!(*el < limit);
+
+    let addr = local_addr();
+    let res = with_ranks(&addr, 2, move |b| {
+        if b.rank() == 0 {
+            let mut d = [0u8; 2];
+            let r = b.all_gather(&mut d).map_err(|e| e.to_string());
+            // Sticky: the bootstrap stays failed.
+            assert!(b.barrier().is_err());
+            r
+        } else {
+            std::thread::sleep(Duration::from_millis(2500));
+            Ok(())
+        }
+    });
+    assert!(res[0].is_err(), "{:?}", res[0]);
+
+    // A peer that never calls watch_peers: bounded by the timeout, naming the peer.
+    let addr = local_addr();
+    let res = with_ranks(&addr, 2, move |b| {
+        let t = Instant::now();
+        let r = if b.rank() == 0 {
+            b.watch_peers(&[1]).map_err(|e| e.to_string())
+        } else {
+            std::thread::sleep(Duration::from_millis(2500));
+            Ok(())
+        };
+        (r, t.elapsed())
+    });
+    let (r0, el) = &res[0];
+    println!("unwatched peer: {el:?}: {r0:?}");
+    let e = r0.as_ref().unwrap_err();
+    assert!(e.contains("rank 1") && e.contains("timed out"), "{e}");
+    assert!(*el < limit);
+}
+
+fn role_env_timeout() {
+    assert_eq!(bootstrap::timeout(), Duration::from_secs(1));
+    let t = Instant::now();
+    let id = bootstrap::new_unique_id().unwrap();
+    let r = Bootstrap::from_id(&id, 1, 2);
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "{:?}",
+        r.map(|_| ())
+    );
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+fn role_ifname_lo() {
+    let id = bootstrap::new_unique_id().unwrap();
+    let hs: Vec<_> = (0..2)
+        .map(|r| {
+            std::thread::spawn(move || Bootstrap::from_id(&id, r, 2).unwrap().barrier().unwrap())
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
+fn role_ifname_none() {
+    match bootstrap::new_unique_id() {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("no-such-if9"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn count(dir: &str) -> usize {
+    std::fs::read_dir(dir).unwrap().count()
+}
+
+fn role_leaks() {
+    let cycle = || {
+        with_ranks(&local_addr(), 3, |b| {
+            check_all_gather(&b, 16, 0);
+            b.send((b.rank() + 1) % 3, 1, b"x").unwrap();
+            b.recv((b.rank() + 2) % 3, 1).unwrap();
+            b.barrier().unwrap();
+        });
+    };
+    cycle();
+    let (threads, fds) = (count("/proc/self/task"), count("/proc/self/fd"));
+    for _ in 0..20 {
+        cycle();
+    }
+    // Threads exit a moment after join() returns in some kernels' accounting; give it a bit.
+    let t = Instant::now();
+    while count("/proc/self/task") != threads && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(count("/proc/self/task"), threads, "threads leaked");
+    assert_eq!(count("/proc/self/fd"), fds, "file descriptors leaked");
+}

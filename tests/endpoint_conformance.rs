@@ -1,0 +1,285 @@
+//! The `Endpoint` conformance suite: every case of `conformance/cases.rs` over every endpoint
+//! that can open here. Test `<opener>::<case>` runs the case alone in a child process with the
+//! opener's environment (`conformance::run`); an opener that cannot open on this machine (no
+//! `net` provider in fi_getinfo, no CUDA driver) is skipped with its reason printed.
+//!
+//! Openers: `tcp` (tcp;ofi_rxm, the loopback domain named as ibDev would), `tcp_default` (no
+//! provider or domain named: must land on loopback), `net` (libfabric's `net` provider), `shm`,
+//! `staged_tcp` and `staged_shm` (MSCCLPP_TEST_FORCE_STAGING=1: every region staged through
+//! host memory as GPU memory without FI_HMEM is), `mr_endpoint_tcp` and `mr_endpoint_shm`
+//! (MSCCLPP_TEST_FORCE_MR_ENDPOINT=1: the FI_MR_ENDPOINT registration sequence), and `p2p`
+//! (CUDA IPC on device 0, device memory; needs a CUDA driver and device).
+//!
+//! Direct libfabric openers cap a single write at 64 KiB and the staged ones use a 64 KiB
+//! ring with 8 record slots, so that chunking, wrapping and flow control run in every case.
+
+mod common;
+mod conformance;
+
+use conformance::{cases, run, Opener};
+use mscclpp::transport::{self, Endpoint, MemKind};
+
+const CHUNK: &str = "65536";
+
+/// A write larger than the 64 KiB chunk (three chunks and a piece).
+const NET_BIG: usize = 3 * 65536 + 5;
+/// A write four times the 64 KiB staging ring, and a piece.
+const STAGED_BIG: usize = 4 * 65536 + 40;
+
+fn open_lo() -> mscclpp::error::Result<Box<dyn Endpoint>> {
+    transport::net::open(Some("lo"), false, None)
+}
+
+fn open_default() -> mscclpp::error::Result<Box<dyn Endpoint>> {
+    let ep = transport::net::open(None, false, None)?;
+    assert!(
+        ep.describe().contains("/lo"),
+        "default choice should be the loopback domain of a software provider: {}",
+        ep.describe()
+    );
+    Ok(ep)
+}
+
+fn open_shm() -> mscclpp::error::Result<Box<dyn Endpoint>> {
+    transport::net::open(None, true, None)
+}
+
+fn everywhere() -> Result<(), String> {
+    Ok(())
+}
+
+/// A libfabric endpoint on host memory, writes cut at 64 KiB.
+fn direct(
+    env: &'static [(&'static str, &'static str)],
+    open: fn() -> mscclpp::error::Result<Box<dyn Endpoint>>,
+    proof: &'static [&'static str],
+) -> Opener {
+    Opener {
+        env,
+        open,
+        mem: MemKind::Host,
+        big: NET_BIG,
+        libfabric: true,
+        proof,
+        available: everywhere,
+    }
+}
+
+mod openers {
+    use super::*;
+
+    const TCP: &str = "net: opened tcp;ofi_rxm domain lo ";
+    const SHM: &str = "net: opened shm domain ";
+    const CHUNKED: &str = "chunk 65536";
+    const STAGED: [&str; 2] = [
+        "(staging forced for testing)",
+        "stages through host memory with memcpy copies",
+    ];
+    const MR_ENDPOINT: &str = "(FI_MR_ENDPOINT forced for testing)";
+
+    pub fn tcp() -> Opener {
+        direct(
+            &[
+                ("MSCCLPP_NET_PROVIDER", "tcp"),
+                ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+            ],
+            open_lo,
+            &[TCP, CHUNKED],
+        )
+    }
+
+    pub fn tcp_default() -> Opener {
+        direct(
+            &[("MSCCLPP_NET_MAX_CHUNK", CHUNK)],
+            open_default,
+            &[TCP, CHUNKED],
+        )
+    }
+
+    pub fn net() -> Opener {
+        Opener {
+            available: || provider_listed("net"),
+            ..direct(
+                &[
+                    ("MSCCLPP_NET_PROVIDER", "net"),
+                    ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+                ],
+                || transport::net::open(None, false, None),
+                &["net: opened net domain ", CHUNKED],
+            )
+        }
+    }
+
+    pub fn shm() -> Opener {
+        direct(
+            &[("MSCCLPP_NET_MAX_CHUNK", CHUNK)],
+            open_shm,
+            &[SHM, CHUNKED],
+        )
+    }
+
+    const STAGING: [(&str, &str); 3] = [
+        ("MSCCLPP_TEST_FORCE_STAGING", "1"),
+        ("MSCCLPP_NET_STAGING_BYTES", "65536"),
+        ("MSCCLPP_NET_STAGING_SLOTS", "8"),
+    ];
+
+    pub fn staged_tcp() -> Opener {
+        const ENV: [(&str, &str); 4] = [
+            STAGING[0],
+            STAGING[1],
+            STAGING[2],
+            ("MSCCLPP_NET_PROVIDER", "tcp"),
+        ];
+        Opener {
+            big: STAGED_BIG,
+            ..direct(&ENV, open_lo, &[TCP, STAGED[0], STAGED[1]])
+        }
+    }
+
+    pub fn staged_shm() -> Opener {
+        Opener {
+            big: STAGED_BIG,
+            ..direct(&STAGING, open_shm, &[SHM, STAGED[0], STAGED[1]])
+        }
+    }
+
+    pub fn mr_endpoint_tcp() -> Opener {
+        direct(
+            &[
+                ("MSCCLPP_TEST_FORCE_MR_ENDPOINT", "1"),
+                ("MSCCLPP_NET_PROVIDER", "tcp"),
+                ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+            ],
+            open_lo,
+            &[TCP, MR_ENDPOINT, CHUNKED],
+        )
+    }
+
+    pub fn mr_endpoint_shm() -> Opener {
+        direct(
+            &[
+                ("MSCCLPP_TEST_FORCE_MR_ENDPOINT", "1"),
+                ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+            ],
+            open_shm,
+            &[SHM, MR_ENDPOINT, CHUNKED],
+        )
+    }
+
+    pub fn p2p() -> Opener {
+        Opener {
+            env: &[],
+            open: || transport::p2p::open(0),
+            mem: MemKind::Device(0),
+            // Above the SM engine's largest job (MSCCLPP_P2P_SM_MAX_BYTES, 2 MiB): the copy
+            // engines then carry it.
+            big: (2 << 20) + 24,
+            libfabric: false,
+            proof: &["p2p endpoint on CUDA device 0"],
+            available: || {
+                if !mscclpp::cuda::available() {
+                    return Err("no CUDA driver here (mscclpp::cuda::available() is false)".into());
+                }
+                if mscclpp::cuda::device_count() < 1 {
+                    return Err("the CUDA driver sees no device".into());
+                }
+                Ok(())
+            },
+        }
+    }
+}
+
+/// Whether fi_getinfo lists an RDM endpoint with RMA writes of provider `name`.
+fn provider_listed(name: &str) -> Result<(), String> {
+    use libfabric_sys as fi;
+    let c = std::ffi::CString::new(name).unwrap();
+    // SAFETY: fi_allocinfo gives a hints structure with every attribute allocated; we set plain
+    // fields and one malloc'd string, which fi_freeinfo frees; `out` is freed the same way.
+    unsafe {
+        let hints = fi::fi_allocinfo();
+        if hints.is_null() {
+            return Err("fi_allocinfo failed".into());
+        }
+        (*hints).caps = fi::FI_RMA as u64 | fi::FI_WRITE as u64 | fi::FI_REMOTE_WRITE as u64;
+        (*(*hints).ep_attr).type_ = fi::FI_EP_RDM;
+        (*(*hints).fabric_attr).prov_name = libc::strdup(c.as_ptr());
+        let mut out: *mut fi::fi_info = std::ptr::null_mut();
+        let rc = fi::fi_getinfo(
+            fi::FI_VERSION(1, 17),
+            std::ptr::null(),
+            std::ptr::null(),
+            0,
+            hints,
+            &mut out,
+        );
+        fi::fi_freeinfo(hints);
+        let listed = rc == 0 && !out.is_null();
+        if !out.is_null() {
+            fi::fi_freeinfo(out);
+        }
+        if listed {
+            Ok(())
+        } else {
+            Err(format!(
+                "fi_getinfo lists no RDM endpoint with RMA writes of provider {name} (rc {rc})"
+            ))
+        }
+    }
+}
+
+/// One module per opener, one test per case in it: `<opener>::<case>`.
+macro_rules! suite {
+    ($($opener:ident),* $(,)?) => {$(
+        mod $opener {
+            use super::*;
+            fn go(case: &str, body: fn(&Opener)) {
+                run(stringify!($opener), openers::$opener(), case, body)
+            }
+            #[test]
+            fn bytes_arrive() {
+                go("bytes_arrive", cases::bytes_arrive)
+            }
+            #[test]
+            fn value_after_data() {
+                go("value_after_data", cases::value_after_data)
+            }
+            #[test]
+            fn flush_means_arrived() {
+                go("flush_means_arrived", cases::flush_means_arrived)
+            }
+            #[test]
+            fn many_small_writes() {
+                go("many_small_writes", cases::many_small_writes)
+            }
+            #[test]
+            fn malformed_blobs_rejected() {
+                go("malformed_blobs_rejected", cases::malformed_blobs_rejected)
+            }
+            #[test]
+            fn out_of_range_refused() {
+                go("out_of_range_refused", cases::out_of_range_refused)
+            }
+            #[test]
+            fn register_twice_same_id() {
+                go("register_twice_same_id", cases::register_twice_same_id)
+            }
+            #[test]
+            fn two_peers() {
+                go("two_peers", cases::two_peers)
+            }
+        }
+    )*};
+}
+
+suite!(
+    tcp,
+    tcp_default,
+    net,
+    shm,
+    staged_tcp,
+    staged_shm,
+    mr_endpoint_tcp,
+    mr_endpoint_shm,
+    p2p,
+);
