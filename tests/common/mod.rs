@@ -39,14 +39,30 @@ pub fn env_usize(k: &str) -> usize {
         .unwrap()
 }
 
-/// A free TCP port on 127.0.0.1 (bound then released; good enough for tests run serially on
-/// distinct ports).
+/// A TCP port on 127.0.0.1 that is free now and that nothing else on this machine is about to
+/// take, for a bootstrap root that binds it a moment later.
+///
+/// Why not `bind(0)`: the kernel hands out the same ephemeral range to every `bind(0)` and
+/// `connect`, so a port released here could be taken by another test's listener or connection
+/// before the root binds it (seen in CI: "the port is already in use"). Ports below the
+/// ephemeral range are handed out only on request: this picks one there, different for each
+/// call of this process and spread by pid across processes, and checks it binds.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let (base, span) = (10_000u32, low.saturating_sub(10_000).max(1000));
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let port = base + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return port as u16;
+        }
+    }
+    panic!("no free TCP port in {base}..{}", base + span)
 }
 
 /// A command that re-runs test `test` of this binary alone (ignored or not) as one child
