@@ -39,6 +39,13 @@
 //! `flush(peer)` returns once the peer has acknowledged every record sent so far: the data is
 //! in the peer's *destination* memory (its GPU buffer), not only in its staging ring.
 
+mod chan;
+mod record;
+
+pub(crate) use chan::Chan;
+use chan::{Incoming, Outgoing};
+pub(crate) use record::{Kind, Record, RECORD_BYTES};
+
 use super::blob::{ChanBlob, MrBlob};
 use super::{Backing, NetEndpoint, Op, Wait};
 use crate::error::{Error, Result};
@@ -47,18 +54,11 @@ use crate::transport::staging::{Copier, CudaCopier, HostCopier, StageMem};
 use crate::transport::{Endpoint, MrId, PeerId};
 use libfabric_sys as fi;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering as AtOrd};
 
-/// One record in a peer's inbox: 8 little-endian words (see [`Record`]).
-pub(crate) const RECORD_BYTES: usize = 64;
-/// Ring allocations are rounded up to this (cache lines: no two chunks share one).
-const RING_ALIGN: u64 = 64;
 /// Records applied per channel per call, so one busy peer cannot starve the others.
 const APPLY_BATCH: usize = 64;
 /// Bounce slots for staged sources (each one chunk).
 const BOUNCE_SLOTS: usize = 4;
-/// Mixed into the record check word, so that a zeroed slot never passes as a record.
-const CHECK_SALT: u64 = 0x4d53_5354_4147_4531; // "MSSTAGE1"
 
 /// Defaults and bounds of the channel sizes (`Tuning::staging_bytes` / `staging_slots`).
 pub(super) const DEFAULT_RING: u64 = 8 << 20;
@@ -67,199 +67,6 @@ pub(super) const MAX_RING: u64 = 1 << 30;
 pub(super) const DEFAULT_SLOTS: u64 = 256;
 pub(super) const MIN_SLOTS: u64 = 2;
 pub(super) const MAX_SLOTS: u64 = 1 << 16;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Kind {
-    /// `arg` bytes from ring position `ring_pos` to `region` + `off`.
-    Data = 1,
-    /// The 8-byte value `arg` to `region` + `off`.
-    Value = 2,
-}
-
-/// A record: `seq` (from 1, one series per writer and receiving endpoint), kind and target
-/// region id, offset, size or value, ring position, then a check word over the others that a
-/// torn (partly arrived) record fails.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Record {
-    pub seq: u64,
-    pub kind: Kind,
-    pub region: u32,
-    pub off: u64,
-    pub arg: u64,
-    pub ring_pos: u64,
-}
-
-fn check_word(w: &[u64]) -> u64 {
-    // A 64-bit mix (splitmix-style) of every word: a record that is part old, part new fails it
-    // except with negligible probability.
-    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
-    for &x in w {
-        h = (h ^ x).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        h ^= h >> 31;
-    }
-    h ^ CHECK_SALT
-}
-
-impl Record {
-    fn words(&self) -> [u64; 8] {
-        let mut w = [
-            self.seq,
-            self.kind as u64 | (self.region as u64) << 32,
-            self.off,
-            self.arg,
-            self.ring_pos,
-            0,
-            0,
-            0,
-        ];
-        w[7] = check_word(&w[..7]);
-        w
-    }
-
-    pub fn encode(&self) -> [u8; RECORD_BYTES] {
-        let mut b = [0u8; RECORD_BYTES];
-        for (i, w) in self.words().iter().enumerate() {
-            b[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
-        }
-        b
-    }
-
-    /// A record from its 8 words as read from memory (little-endian); None if the check word
-    /// does not match (not written yet, or only partly) or the kind is unknown.
-    pub fn decode(raw: &[u64; 8]) -> Option<Record> {
-        let w = raw.map(u64::from_le);
-        if check_word(&w[..7]) != w[7] || w[5] != 0 || w[6] != 0 {
-            return None;
-        }
-        let kind = match w[1] & 0xff {
-            1 => Kind::Data,
-            2 => Kind::Value,
-            _ => return None,
-        };
-        if (w[1] >> 8) & 0xff_ffff != 0 {
-            return None;
-        }
-        Some(Record {
-            seq: w[0],
-            kind,
-            region: (w[1] >> 32) as u32,
-            off: w[2],
-            arg: w[3],
-            ring_pos: w[4],
-        })
-    }
-}
-
-/// The writer's side of one channel: records posted to the peer's inbox and ring space used.
-#[derive(Debug, Default)]
-pub(super) struct Outgoing {
-    /// Records posted so far (the last one has seq `sent`).
-    pub sent: u64,
-    /// Records the peer has acknowledged (applied and complete).
-    pub acked: u64,
-    /// Ring bytes allocated / freed, monotonic (positions are modulo the ring length).
-    head: u64,
-    tail: u64,
-    /// (seq, `head` after its data) of every unacknowledged data record, oldest first.
-    ends: VecDeque<(u64, u64)>,
-}
-
-impl Outgoing {
-    /// Takes an acknowledgement count read from the credit word into account and frees the
-    /// ring space of acknowledged data records. Counts only grow; one beyond `sent` (a peer
-    /// bug) is capped.
-    pub fn ack(&mut self, acked: u64) {
-        if acked <= self.acked {
-            return;
-        }
-        self.acked = acked.min(self.sent);
-        while let Some(&(seq, end)) = self.ends.front() {
-            if seq > self.acked {
-                break;
-            }
-            self.tail = end;
-            self.ends.pop_front();
-        }
-    }
-
-    /// Room for `n` bytes (`n <= len / 2`) in a ring of `len` bytes: the position, or None
-    /// until more is acknowledged. A chunk never wraps: the rest of the ring is skipped.
-    pub fn alloc(&mut self, len: u64, n: u64) -> Option<u64> {
-        let need = n.next_multiple_of(RING_ALIGN);
-        let pos = self.head % len;
-        let skip = if pos + need > len { len - pos } else { 0 };
-        if self.head + skip + need - self.tail > len {
-            return None;
-        }
-        self.head += skip;
-        let p = self.head % len;
-        self.head += need;
-        Some(p)
-    }
-
-    /// Remembers that the data of record `seq` ends at the current head.
-    pub fn data_sent(&mut self, seq: u64) {
-        self.ends.push_back((seq, self.head));
-    }
-
-    pub fn room_for_record(&self, slots: u64) -> bool {
-        self.sent - self.acked < slots
-    }
-}
-
-/// The receiver's side of one channel.
-pub(super) struct Incoming {
-    inbox: HostBlock,
-    ring: StageMem,
-    slots: u64,
-    /// Records taken so far: the next one has seq `read + 1`.
-    read: u64,
-    /// (seq, copier ticket): records up to seq are complete once the ticket is.
-    pending: VecDeque<(u64, u64)>,
-    /// Records complete, and the count last reported to the writer.
-    complete: u64,
-    reported: u64,
-}
-
-impl Incoming {
-    /// The next record, if it has fully arrived.
-    fn peek(&self) -> Option<Record> {
-        let slot = (self.read % self.slots) as usize;
-        let mut w = [0u64; 8];
-        for (i, x) in w.iter_mut().enumerate() {
-            // SAFETY: slot < slots and the inbox holds slots * RECORD_BYTES bytes, 64-aligned;
-            // the peer (its provider, in our progress or by DMA) writes them, hence atomics.
-            // Acquire pairs with nothing in Rust: the writer is the provider; the load only has
-            // to be a fresh read, and the check word rejects a record that is still arriving.
-            *x = unsafe {
-                AtomicU64::from_ptr(self.inbox.ptr().add(slot * RECORD_BYTES + i * 8).cast())
-            }
-            .load(AtOrd::Acquire);
-        }
-        Record::decode(&w).filter(|r| r.seq == self.read + 1)
-    }
-}
-
-/// Everything this endpoint keeps for one peer rank.
-pub(super) struct Chan {
-    pub rank: usize,
-    /// The peer, once `add_peer` has seen it (acknowledgements need it).
-    pub peer: Option<PeerId>,
-    /// Our acknowledgement count from the peer; written by the peer only.
-    credit: HostBlock,
-    pub blob: ChanBlob,
-    pub incoming: Option<Incoming>,
-    pub out: Outgoing,
-}
-
-impl Chan {
-    fn credit(&self) -> u64 {
-        // SAFETY: an 8-byte aligned word owned by this Chan. Acquire: the peer's write of the
-        // count (posted only after its copies completed) is the pair; the count alone is what
-        // we use, no data of the peer is read through it.
-        unsafe { AtomicU64::from_ptr(self.credit.ptr().cast()) }.load(AtOrd::Acquire)
-    }
-}
 
 /// Pinned slots that staged sources are copied out into before the network reads them.
 pub(super) struct Bounce {
@@ -782,85 +589,5 @@ impl NetEndpoint {
         let ci = self.peers[peer].chan?;
         let o = &self.chans[ci].out;
         (o.sent > o.acked.max(self.chans[ci].credit())).then_some((ci, o.sent))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn record_roundtrip_and_torn_records() {
-        let r = Record {
-            seq: 42,
-            kind: Kind::Data,
-            region: 7,
-            off: 1 << 33,
-            arg: 4096,
-            ring_pos: 128,
-        };
-        let b = r.encode();
-        let mut w = [0u64; 8];
-        for (i, x) in w.iter_mut().enumerate() {
-            *x = u64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
-        }
-        assert_eq!(Record::decode(&w), Some(r));
-        // Any word from an older record (a torn arrival) fails the check.
-        for i in 0..8 {
-            let mut t = w;
-            t[i] ^= 1;
-            assert_eq!(Record::decode(&t), None, "word {i}");
-        }
-        assert_eq!(Record::decode(&[0; 8]), None, "a zeroed slot is no record");
-        let v = Record {
-            kind: Kind::Value,
-            ..r
-        };
-        assert_eq!(Record::decode(&v.words().map(u64::to_le)), Some(v));
-    }
-
-    #[test]
-    fn ring_allocation_wraps_and_waits_for_acks() {
-        let mut o = Outgoing::default();
-        let len = 1024;
-        // Four 200-byte chunks (256 each after alignment) fill the ring.
-        let mut seqs = Vec::new();
-        for k in 0..4 {
-            let p = o.alloc(len, 200).expect("room");
-            assert_eq!(p, k * 256);
-            o.sent += 1;
-            o.data_sent(o.sent);
-            seqs.push(o.sent);
-        }
-        assert_eq!(o.alloc(len, 1), None, "full until acknowledged");
-        o.ack(1);
-        // 256 bytes free at the start; a 300-byte chunk does not fit there...
-        assert_eq!(o.alloc(len, 300), None);
-        // ...but 256 do, after wrapping.
-        assert_eq!(o.alloc(len, 256), Some(0));
-        o.sent += 1;
-        o.data_sent(o.sent);
-        o.ack(3);
-        // Unacknowledged: seq 4 at [768, 1024), seq 5 at [0, 256); free: [256, 768).
-        assert_eq!(o.alloc(len, 600), None);
-        assert_eq!(o.alloc(len, 500), Some(256));
-        // Acks never go back, nor beyond what was sent.
-        o.ack(2);
-        assert_eq!(o.acked, 3);
-        o.ack(99);
-        assert_eq!(o.acked, o.sent);
-        assert!(o.room_for_record(1));
-    }
-
-    #[test]
-    fn record_slots_bound_outstanding_records() {
-        let mut o = Outgoing::default();
-        for _ in 0..4 {
-            assert!(o.room_for_record(4));
-            o.sent += 1;
-        }
-        assert!(!o.room_for_record(4));
-        o.ack(1);
-        assert!(o.room_for_record(4));
     }
 }
