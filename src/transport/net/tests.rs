@@ -3,8 +3,10 @@
 //! Trait-level tests live in `tests/net_*.rs`.
 
 use super::*;
+use select::Ordering;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug)]
 enum Kind {
@@ -112,7 +114,7 @@ fn many_writes(kind: Kind) {
         s.eagain > 0,
         "{kind:?}: expected the provider to answer -FI_EAGAIN at least once: {s:?}"
     );
-    assert_eq!(a.outstanding, 0);
+    assert_eq!(a.ops.outstanding, 0);
 }
 
 #[test]
@@ -148,7 +150,7 @@ fn large_writes_are_chunked() {
         assert_eq!(a.stats().posted, ((len * 8) as u64).div_ceil(64 << 10) + 1);
         // Delivery-complete writes have arrived once flushed.
         assert!(
-            a.delivery_complete,
+            a.ops.delivery_complete,
             "{kind:?} should grant FI_DELIVERY_COMPLETE"
         );
         for (i, want) in src.iter().enumerate() {
@@ -170,7 +172,7 @@ fn forced_mr_endpoint_sequence_on_real_providers() {
         let dst = vec![0u64; 512];
         let flag = vec![0u64; 2];
         let (a, _b) = with_pair(kind, &t, |a, b, pa| {
-            assert!(a.policy.endpoint && a.policy.forced);
+            assert!(a.regions.policy.endpoint && a.regions.policy.forced);
             let (_, blob) = b.lock().unwrap().register(region(&dst)).unwrap();
             let (_, fblob) = b.lock().unwrap().register(region(&flag)).unwrap();
             let d = a.import(pa, &blob).unwrap();
@@ -192,7 +194,7 @@ fn flush_of_an_unreachable_peer_times_out() {
     // A peer that never progresses: the write cannot complete (delivery-complete needs the
     // target), and flush must give up at the deadline instead of hanging.
     let mut a = open(Kind::Tcp, &Tuning::default());
-    a.timeout = Duration::from_millis(300);
+    a.ops.timeout = Duration::from_millis(300);
     let mut b = open(Kind::Tcp, &Tuning::default());
     let pa = a.add_peer(1, &b.address().unwrap()).unwrap();
     let dst = vec![0u64; 8];
@@ -223,7 +225,7 @@ fn fence_and_drain_orderings_deliver_data_before_flag() {
             let dst = vec![0u64; n];
             let flag = vec![0u64; 2];
             let (a, _b) = with_pair(kind, &Tuning::default(), |a, b, pa| {
-                a.ordering = ordering;
+                a.ops.ordering = ordering;
                 let d = a
                     .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
                     .unwrap();
@@ -255,7 +257,7 @@ fn fence_and_drain_orderings_deliver_data_before_flag() {
                     a.flush(pa).unwrap();
                 }
             });
-            assert_eq!(a.outstanding, 0);
+            assert_eq!(a.ops.outstanding, 0);
         }
     }
 }
@@ -270,12 +272,14 @@ fn rejected_write_is_an_error() {
             let (a, _b) = with_pair(kind, &Tuning::default(), |a, b, pa| {
                 // tcp answers with an error completion quickly (but its connection setup may be
                 // slow on a loaded machine); shm never answers, so its wait is kept short.
-                a.timeout = match kind {
+                a.ops.timeout = match kind {
                     Kind::Tcp => Duration::from_secs(20),
                     Kind::Shm => Duration::from_millis(500),
                 };
                 let (_, blob) = b.lock().unwrap().register(region(&dst)).unwrap();
-                let mut mb = MrBlob::decode(&blob, a.policy.virt_addr, a.policy.key_size).unwrap();
+                let mut mb =
+                    MrBlob::decode(&blob, a.regions.policy.virt_addr, a.regions.policy.key_size)
+                        .unwrap();
                 let off = if bad_key {
                     mb.key ^= 0x5555;
                     0
@@ -305,7 +309,7 @@ fn rejected_write_is_an_error() {
             });
             // Retired (tcp) or still in flight at close (shm): either way no slot leaks into a
             // later operation, and the drop above closed everything.
-            assert!(a.outstanding <= 1);
+            assert!(a.ops.outstanding <= 1);
             assert!(
                 dst.iter().all(|&w| w == 0),
                 "{kind:?} bad_key={bad_key}: a rejected write landed"
@@ -363,7 +367,12 @@ fn staged_writes_apply_only_on_the_receiver_in_order() {
         let (a, _b) = with_staged_pair(kind, |a, b, pa| {
             let (d_id, d_blob) = b.lock().unwrap().register(region(&dst)).unwrap();
             let e_blob = b.lock().unwrap().register(region(&epoch)).unwrap().1;
-            let d_mb = MrBlob::decode(&d_blob, a.policy.virt_addr, a.policy.key_size).unwrap();
+            let d_mb = MrBlob::decode(
+                &d_blob,
+                a.regions.policy.virt_addr,
+                a.regions.policy.key_size,
+            )
+            .unwrap();
             assert_eq!(d_mb.mode, blob::Mode::Staged);
             assert_eq!(d_mb.id as usize, d_id);
             let d = a.import(pa, &d_blob).unwrap();
@@ -405,7 +414,7 @@ fn staged_writes_apply_only_on_the_receiver_in_order() {
                 assert_eq!(word(&dst, i), *want, "{kind:?} word {i}");
             }
         });
-        assert_eq!(a.outstanding, 0);
+        assert_eq!(a.ops.outstanding, 0);
         let ci = a.peers[0].chan.unwrap();
         assert_eq!(a.chans[ci].out.acked, a.chans[ci].out.sent);
         assert!(
@@ -469,7 +478,7 @@ fn bad_staging_records_are_refused() {
 fn flush_without_acknowledgement_times_out() {
     let dst = vec![0u64; 8];
     with_staged_pair(Kind::Tcp, |a, b, pa| {
-        a.timeout = Duration::from_millis(300);
+        a.ops.timeout = Duration::from_millis(300);
         let blob = b.lock().unwrap().register(region(&dst)).unwrap().1;
         let d = a.import(pa, &blob).unwrap();
         let src = vec![1u64; 8];

@@ -47,7 +47,8 @@ use chan::{Incoming, Outgoing};
 pub(crate) use record::{Kind, Record, RECORD_BYTES};
 
 use super::blob::{ChanBlob, MrBlob};
-use super::{Backing, NetEndpoint, Op, Wait};
+use super::regions::{range_ok, Backing};
+use super::{mr, NetEndpoint, Op, Wait};
 use crate::error::{Error, Result};
 use crate::mem::HostBlock;
 use crate::transport::staging::{Copier, CudaCopier, HostCopier, StageMem};
@@ -58,7 +59,7 @@ use std::collections::VecDeque;
 /// Records applied per channel per call, so one busy peer cannot starve the others.
 const APPLY_BATCH: usize = 64;
 /// Bounce slots for staged sources (each one chunk).
-const BOUNCE_SLOTS: usize = 4;
+pub(super) const BOUNCE_SLOTS: usize = 4;
 
 /// Defaults and bounds of the channel sizes (`Tuning::staging_bytes` / `staging_slots`).
 pub(super) const DEFAULT_RING: u64 = 8 << 20;
@@ -74,7 +75,6 @@ pub(super) struct Bounce {
     /// Its registration, in `NetEndpoint::mrs`.
     mr: usize,
     slot_len: u64,
-    pub busy: [bool; BOUNCE_SLOTS],
     next: usize,
 }
 
@@ -143,7 +143,7 @@ impl NetEndpoint {
             credit: credit_blob,
             incoming: in_blob,
         };
-        let peer = self.peers.iter().position(|p| p.rank == rank);
+        let peer = self.peers.of_rank(rank);
         self.chans.push(Chan {
             rank,
             peer,
@@ -162,22 +162,22 @@ impl NetEndpoint {
 
     /// Registers endpoint-owned host memory that peers write into (channel words and rings).
     fn register_internal(&mut self, addr: u64, len: u64) -> Result<MrBlob> {
-        let req = super::mr::Request {
+        let req = mr::Request {
             addr,
             len,
             access: fi::FI_REMOTE_WRITE as u64,
-            requested_key: self.request_key()?,
+            requested_key: self.regions.request_key()?,
             cuda_device: None,
         };
-        let policy = self.policy;
-        let m = super::mr::register(&mut self.ops(), &policy, &req)?;
+        let policy = self.regions.policy;
+        let m = mr::register(&mut self.ops.mr_ops(), &policy, &req)?;
         let blob = MrBlob::direct(
             policy.virt_addr,
             if policy.virt_addr { addr } else { 0 },
             len,
             m.key,
         );
-        self.add_mr(m);
+        self.regions.add_mr(m);
         Ok(blob)
     }
 
@@ -202,7 +202,7 @@ impl NetEndpoint {
         self.chans[ci].out.ack(c);
         self.poll()?;
         self.apply_incoming()?;
-        let (rank, limit) = (self.chans[ci].rank, self.timeout);
+        let (rank, limit) = (self.chans[ci].rank, self.ops.timeout);
         let (sent, acked) = (self.chans[ci].out.sent, self.chans[ci].out.acked);
         wait.get_or_insert_with(|| Wait::new(limit)).step(|| {
             format!("{what}: rank {rank} has applied {acked} of our {sent} staged writes (is its proxy running?)")
@@ -238,7 +238,7 @@ impl NetEndpoint {
         rec.seq = seq;
         let bytes = rec.encode();
         let fence = self.order_before_flag(peer)?;
-        let desc = self.mrs.mrs[super::STAGING_MR].desc;
+        let desc = self.ops.inline_desc;
         self.post(&Op {
             peer,
             local: 0,
@@ -305,7 +305,7 @@ impl NetEndpoint {
     /// The largest chunk a write from `src` may have: `limit`, the provider's, and for a
     /// staged source one bounce slot.
     pub(super) fn source_chunk(&mut self, src: MrId, limit: u64) -> Result<u64> {
-        let mut c = limit.min(self.max_chunk);
+        let mut c = limit.min(self.ops.max_chunk);
         if self.regions[src].backing == Backing::Staged {
             c = c.min(self.bounce()?.slot_len);
         }
@@ -329,7 +329,7 @@ impl NetEndpoint {
             (r.region.addr + off, r.backing)
         };
         let (local, desc, bounce) = match backing {
-            Backing::Mr(i) | Backing::Hmem(i) => (addr, self.mrs.mrs[i].desc, None),
+            Backing::Mr(i) | Backing::Hmem(i) => (addr, self.regions.mrs.mrs[i].desc, None),
             Backing::Staged => {
                 let slot = self.bounce_slot()?;
                 let b = self.bounce()?;
@@ -343,10 +343,10 @@ impl NetEndpoint {
                     .copier()
                     .and_then(|c| unsafe { c.stage_out(dst, addr, n) });
                 if let Err(e) = r {
-                    self.release_bounce(slot);
+                    self.ops.release_bounce(slot);
                     return Err(e);
                 }
-                (dst as u64, self.mrs.mrs[mr].desc, Some(slot))
+                (dst as u64, self.regions.mrs.mrs[mr].desc, Some(slot))
             }
         };
         self.post(&Op {
@@ -367,23 +367,22 @@ impl NetEndpoint {
     /// The bounce slots, made and registered on first use.
     fn bounce(&mut self) -> Result<&mut Bounce> {
         if self.bounce.is_none() {
-            let slot_len = (self.sizes.ring / 4).clamp(4096, self.max_chunk.max(4096));
+            let slot_len = (self.sizes.ring / 4).clamp(4096, self.ops.max_chunk.max(4096));
             let mem = self.copier()?.alloc(slot_len as usize * BOUNCE_SLOTS)?;
-            let req = super::mr::Request {
+            let req = mr::Request {
                 addr: mem.ptr() as u64,
                 len: mem.len() as u64,
                 access: fi::FI_WRITE as u64,
-                requested_key: self.request_key()?,
+                requested_key: self.regions.request_key()?,
                 cuda_device: None,
             };
-            let policy = self.policy;
-            let m = super::mr::register(&mut self.ops(), &policy, &req)?;
-            let mr = self.add_mr(m);
+            let policy = self.regions.policy;
+            let m = mr::register(&mut self.ops.mr_ops(), &policy, &req)?;
+            let mr = self.regions.add_mr(m);
             self.bounce = Some(Bounce {
                 mem,
                 mr,
                 slot_len,
-                busy: [false; BOUNCE_SLOTS],
                 next: 0,
             });
         }
@@ -397,26 +396,19 @@ impl NetEndpoint {
         let mut wait: Option<Wait> = None;
         // Ends when a write that read a bounce slot completes, on an error, or at the deadline.
         loop {
-            let b = self.bounce()?;
-            let start = b.next;
+            let start = self.bounce()?.next;
             for k in 0..BOUNCE_SLOTS {
                 let i = (start + k) % BOUNCE_SLOTS;
-                if !b.busy[i] {
-                    b.busy[i] = true;
-                    b.next = (i + 1) % BOUNCE_SLOTS;
+                if !self.ops.bounce_busy[i] {
+                    self.ops.bounce_busy[i] = true;
+                    self.bounce()?.next = (i + 1) % BOUNCE_SLOTS;
                     return Ok(i);
                 }
             }
             self.poll()?;
-            let limit = self.timeout;
+            let limit = self.ops.timeout;
             wait.get_or_insert_with(|| Wait::new(limit))
                 .step(|| "waiting for a bounce slot (staged writes not completing)".into())?;
-        }
-    }
-
-    pub(super) fn release_bounce(&mut self, slot: usize) {
-        if let Some(b) = self.bounce.as_mut() {
-            b.busy[slot] = false;
         }
     }
 
@@ -471,7 +463,7 @@ impl NetEndpoint {
                 if backing != Backing::Staged {
                     return Err(bad(format!("region {} is not staged", rec.region)));
                 }
-                if rec.arg == 0 || !super::range_ok(rec.off, rec.arg, len) {
+                if rec.arg == 0 || !range_ok(rec.off, rec.arg, len) {
                     return Err(bad(format!(
                         "range [{}, {}+{}) outside the {len}-byte region",
                         rec.off, rec.off, rec.arg
@@ -480,7 +472,7 @@ impl NetEndpoint {
                 let Some(inc) = self.chans[ci].incoming.as_ref() else {
                     return Err(Error::internal("applying without an inbox"));
                 };
-                if !super::range_ok(rec.ring_pos, rec.arg, inc.ring.len() as u64) {
+                if !range_ok(rec.ring_pos, rec.arg, inc.ring.len() as u64) {
                     return Err(bad(format!(
                         "ring range [{}, {}+{}) outside the {}-byte ring",
                         rec.ring_pos,
@@ -505,7 +497,7 @@ impl NetEndpoint {
                         rec.region
                     )));
                 }
-                if rec.off % 8 != 0 || !super::range_ok(rec.off, 8, len) {
+                if rec.off % 8 != 0 || !range_ok(rec.off, 8, len) {
                     return Err(bad(format!(
                         "value at {} outside (or unaligned in) the {len}-byte region",
                         rec.off
@@ -558,7 +550,7 @@ impl NetEndpoint {
                 self.chans[ci].rank
             )));
         };
-        let desc = self.mrs.mrs[super::STAGING_MR].desc;
+        let desc = self.ops.inline_desc;
         self.post(&Op {
             peer,
             local: 0,
