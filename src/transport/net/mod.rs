@@ -41,7 +41,7 @@
 //! `cuFlushGPUDirectRDMAWrites`) device regions are registered directly, and values (signal
 //! counts) written into them are relayed through the owner's proxy, which flushes GPUDirect
 //! writes before storing them. Otherwise device regions are staged through pinned host memory
-//! (`staging.rs`): the owner's proxy copies every write into the GPU buffer and stores values
+//! (`staging/`): the owner's proxy copies every write into the GPU buffer and stores values
 //! after those copies. The owner chooses per region and tells writers in the region blob.
 
 mod blob;
@@ -54,16 +54,15 @@ mod select;
 mod staging;
 mod tuning;
 
-use super::staging::Copier;
-use super::{AbortCheck, Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
+use super::{AbortCheck, Endpoint, MrId, PeerId, Region, RemoteId};
 use crate::error::{Error, Result};
 use blob::{AddrBlob, Mode, MrBlob};
 use fabric::InfoView;
 use libfabric_sys as fi;
-use ops::{Op, Ops, Wait};
+use ops::{Op, Ops};
 use peers::Peers;
-use regions::{Backing, LocalRegion, Regions};
-use std::collections::HashMap;
+use regions::Regions;
+use staging::Staging;
 use std::sync::atomic::{AtomicBool, Ordering as AtOrd};
 
 pub use ops::Stats;
@@ -98,6 +97,10 @@ fn remove_stale_shm_names() {
     });
 }
 
+/// A libfabric RDM endpoint (module doc), in parts. Fields drop in this order once `Drop` has
+/// closed every MR and the endpoint: `ops` frees its registered host blocks, closes the CQ, AV,
+/// domain and fabric, then frees the op slots (the writes' contexts); `staging` drops its
+/// copier before the rings and bounce slots its copies read.
 pub struct NetEndpoint {
     /// Registrations, local regions, imported regions (`regions.rs`).
     regions: Regions,
@@ -105,16 +108,30 @@ pub struct NetEndpoint {
     ops: Ops,
     /// Our address and the peer table (`peers.rs`).
     peers: Peers,
-    /// The CUDA device whose memory this endpoint serves (None: host memory).
-    device: Option<i32>,
-    force_staging: bool,
-    sizes: staging::Sizes,
-    /// Copies for staging, made on first use; drained before the rings are freed.
-    copier: Option<Box<dyn Copier>>,
-    /// Staging channels, one per peer rank (`chan_ids`).
-    chans: Vec<staging::Chan>,
-    chan_ids: HashMap<usize, usize>,
-    bounce: Option<staging::Bounce>,
+    /// GPU memory staged through host memory (`staging/`).
+    staging: Staging,
+}
+
+/// The parts of an endpoint that `Staging` works with, borrowed next to it for one call
+/// (`NetEndpoint::parts`).
+struct Net<'a> {
+    regions: &'a mut Regions,
+    ops: &'a mut Ops,
+    peers: &'a mut Peers,
+}
+
+impl Net<'_> {
+    fn post(&mut self, op: &Op<'_>) -> Result<()> {
+        self.ops.post(self.peers, op)
+    }
+
+    fn poll(&mut self) -> Result<usize> {
+        self.ops.poll(self.peers)
+    }
+
+    fn order_before_flag(&mut self, peer: PeerId) -> Result<bool> {
+        self.peers.order_before_flag(self.ops, peer)
+    }
 }
 
 // SAFETY: the raw pointers are libfabric objects and memory owned by this endpoint. The domain is
@@ -198,23 +215,7 @@ impl NetEndpoint {
                 scratch: MrBlob::direct(policy.virt_addr, 0, 8, 0),
                 chan: None,
             }),
-            device,
-            force_staging: tuning.force_staging,
-            sizes: staging::Sizes {
-                ring: tuning
-                    .staging_bytes
-                    .map_or(staging::DEFAULT_RING, |b| {
-                        b.clamp(staging::MIN_RING, staging::MAX_RING)
-                    })
-                    .next_multiple_of(4096),
-                slots: tuning.staging_slots.map_or(staging::DEFAULT_SLOTS, |n| {
-                    n.clamp(staging::MIN_SLOTS, staging::MAX_SLOTS)
-                }),
-            },
-            copier: None,
-            chans: Vec::new(),
-            chan_ids: HashMap::new(),
-            bounce: None,
+            staging: Staging::new(device, tuning),
         };
         ep.regions
             .register_fixed(&mut ep.ops, &mut ep.peers.me.scratch)?;
@@ -228,7 +229,7 @@ impl NetEndpoint {
             ep.ops.ordering,
             ep.ops.delivery_complete,
             choice.hmem,
-            if ep.force_staging { " (staging forced for testing)" } else { "" },
+            if ep.staging.force_staging { " (staging forced for testing)" } else { "" },
         );
         if !ep.ops.delivery_complete && !WEAK_FLUSH_LOGGED.swap(true, AtOrd::Relaxed) {
             crate::info!(
@@ -253,20 +254,14 @@ impl NetEndpoint {
         &self.ops.provider
     }
 
-    fn post(&mut self, op: &Op<'_>) -> Result<()> {
-        self.ops.post(&mut self.peers, op)
-    }
-
-    fn poll(&mut self) -> Result<usize> {
-        self.ops.poll(&mut self.peers)
-    }
-
-    fn order_before_flag(&mut self, peer: PeerId) -> Result<bool> {
-        self.peers.order_before_flag(&mut self.ops, peer)
-    }
-
-    fn drain_writes(&mut self, peer: PeerId) -> Result<()> {
-        self.peers.drain_writes(&mut self.ops, peer)
+    /// The staging state, and the rest for it to work with.
+    fn parts(&mut self) -> (&mut Staging, Net<'_>) {
+        let net = Net {
+            regions: &mut self.regions,
+            ops: &mut self.ops,
+            peers: &mut self.peers,
+        };
+        (&mut self.staging, net)
     }
 
     fn remote(&self, peer: PeerId, dst: RemoteId) -> Result<MrBlob> {
@@ -294,7 +289,8 @@ impl Endpoint for NetEndpoint {
     }
 
     fn address_for(&mut self, remote_rank: usize) -> Result<Vec<u8>> {
-        let chan = self.chan_for(remote_rank)?;
+        let (st, mut net) = self.parts();
+        let chan = st.chan_for(&mut net, remote_rank)?;
         Ok(AddrBlob {
             chan: Some(chan),
             ..self.peers.me.clone()
@@ -303,7 +299,7 @@ impl Endpoint for NetEndpoint {
     }
 
     fn add_peer(&mut self, remote_rank: usize, address: &[u8]) -> Result<PeerId> {
-        let chan = self.chan_ids.get(&remote_rank).copied();
+        let chan = self.staging.chan_of(remote_rank);
         let policy = self.regions.policy;
         let (p, new) = self
             .peers
@@ -312,100 +308,15 @@ impl Endpoint for NetEndpoint {
             return Ok(p);
         }
         if let Some(ci) = chan {
-            self.chans[ci].peer = Some(p);
+            self.staging.chans[ci].peer = Some(p);
         }
         crate::trace!("net: {} added rank {remote_rank}", self.describe());
         Ok(p)
     }
 
     fn register(&mut self, region: Region) -> Result<(MrId, Vec<u8>)> {
-        if region.addr == 0 || region.len == 0 || region.addr.checked_add(region.len).is_none() {
-            return Err(Error::invalid_arg(format!(
-                "cannot register {:#x}+{} bytes",
-                region.addr, region.len
-            )));
-        }
-        if let Some(&id) = self.regions.region_ids.get(&region) {
-            return Ok((id, self.regions[id].blob.clone()));
-        }
-        let id = self.regions.local.len();
-        let backing = match region.kind {
-            MemKind::Host if self.force_staging => {
-                if self.device.is_some() {
-                    return Err(Error::usage(
-                        "MSCCLPP_TEST_FORCE_STAGING stages host memory on host endpoints only",
-                    ));
-                }
-                Backing::Staged
-            }
-            MemKind::Host => {
-                let req = mr::Request {
-                    addr: region.addr,
-                    len: region.len,
-                    access: fi::FI_WRITE as u64 | fi::FI_REMOTE_WRITE as u64,
-                    requested_key: self.regions.request_key()?,
-                    cuda_device: None,
-                };
-                let policy = self.regions.policy;
-                let m = mr::register(&mut self.ops.mr_ops(), &policy, &req)?;
-                Backing::Mr(self.regions.add_mr(m))
-            }
-            MemKind::Device(d) => {
-                if self.device != Some(d) {
-                    return Err(Error::usage(format!(
-                        "{} serves {}, not CUDA device {d}",
-                        self.describe(),
-                        self.device
-                            .map_or("host memory".to_string(), |x| format!("CUDA device {x}"))
-                    )));
-                }
-                match self.regions.try_hmem(&mut self.ops, region, d)? {
-                    Some(i) => Backing::Hmem(i),
-                    None => {
-                        // Fail now rather than at the first write if copies are impossible.
-                        self.copier()?;
-                        Backing::Staged
-                    }
-                }
-            }
-        };
-        let virt = self.regions.policy.virt_addr;
-        let blob = match backing {
-            Backing::Mr(i) | Backing::Hmem(i) => MrBlob {
-                virt_addr: virt,
-                base: if virt { region.addr } else { 0 },
-                len: region.len,
-                key: self.regions.mrs.mrs[i].key,
-                mode: if matches!(backing, Backing::Hmem(_)) {
-                    Mode::RelayValues
-                } else {
-                    Mode::Direct
-                },
-                id: id as u32,
-            },
-            Backing::Staged => MrBlob {
-                virt_addr: virt,
-                base: 0,
-                len: region.len,
-                key: 0,
-                mode: Mode::Staged,
-                id: id as u32,
-            },
-        }
-        .encode();
-        self.regions.local.push(LocalRegion {
-            region,
-            backing,
-            blob: blob.clone(),
-        });
-        self.regions.region_ids.insert(region, id);
-        crate::trace!(
-            "net: {} registered {:#x}+{} as region {id} ({backing:?})",
-            self.describe(),
-            region.addr,
-            region.len
-        );
-        Ok((id, blob))
+        self.regions
+            .register(&mut self.ops, &mut self.staging, region)
     }
 
     fn import(&mut self, peer: PeerId, blob: &[u8]) -> Result<RemoteId> {
@@ -426,14 +337,16 @@ impl Endpoint for NetEndpoint {
         let remote = self.remote(peer, dst)?;
         self.regions
             .check_write(&self.peers, peer, src, src_off, &remote, dst_off, size)?;
+        let (st, mut net) = self.parts();
         if remote.mode == Mode::Staged {
-            return self.write_staged(peer, src, src_off, remote, dst_off, size);
+            return st.write_staged(&mut net, peer, src, src_off, remote, dst_off, size);
         }
-        let chunk = self.source_chunk(src, u64::MAX)?;
+        let chunk = st.source_chunk(&mut net, src, u64::MAX)?;
         let mut done = 0u64;
         while done < size {
             let n = (size - done).min(chunk);
-            self.post_from(
+            st.post_from(
+                &mut net,
                 peer,
                 src,
                 src_off + done,
@@ -450,10 +363,12 @@ impl Endpoint for NetEndpoint {
         self.check_peer(peer)?;
         let remote = self.remote(peer, dst)?;
         regions::check_value(&self.peers, peer, &remote, dst_off)?;
+        let (st, mut net) = self.parts();
         if remote.mode != Mode::Direct {
             // Into device memory: the owner's proxy stores it after the data (module doc).
-            return self
+            return st
                 .post_record(
+                    &mut net,
                     peer,
                     staging::Record {
                         seq: 0,
@@ -466,13 +381,13 @@ impl Endpoint for NetEndpoint {
                 )
                 .map(|_| ());
         }
-        if let Some((ci, sent)) = self.records_pending(peer) {
+        if let Some((ci, sent)) = st.records_pending(net.peers, peer) {
             // A direct flag must not overtake staged data still being applied by the peer.
-            self.wait_acked(ci, sent)?;
+            st.wait_acked(&mut net, ci, sent)?;
         }
-        let fence = self.order_before_flag(peer)?;
-        let desc = self.ops.inline_desc;
-        self.post(&Op {
+        let fence = net.order_before_flag(peer)?;
+        let desc = net.ops.inline_desc;
+        net.post(&Op {
             peer,
             local: 0,
             len: 8,
@@ -495,15 +410,16 @@ impl Endpoint for NetEndpoint {
     /// peer has copied it into its destination memory (it acknowledges only then).
     fn flush(&mut self, peer: PeerId) -> Result<()> {
         self.check_peer(peer)?;
-        if let Some(ci) = self.peers[peer].chan {
-            let sent = self.chans[ci].out.sent;
-            self.wait_acked(ci, sent)?;
-            if self.peers[peer].last_was_record {
+        let (st, mut net) = self.parts();
+        if let Some(ci) = net.peers[peer].chan {
+            let sent = st.chans[ci].out.sent;
+            st.wait_acked(&mut net, ci, sent)?;
+            if net.peers[peer].last_was_record {
                 // Acknowledged, and ordered after every earlier write: all have arrived.
-                self.peers[peer].unconfirmed = false;
+                net.peers[peer].unconfirmed = false;
             }
         }
-        self.drain_writes(peer)
+        net.peers.drain_writes(net.ops, peer)
     }
 
     fn set_abort_check(&mut self, check: AbortCheck) {
@@ -515,10 +431,8 @@ impl Endpoint for NetEndpoint {
     }
 
     fn poll_incoming(&mut self) -> Result<()> {
-        if self.chans.iter().any(|c| c.incoming.is_some()) {
-            self.apply_incoming()?;
-        }
-        Ok(())
+        let (st, mut net) = self.parts();
+        st.poll_incoming(&mut net)
     }
 }
 
@@ -528,7 +442,7 @@ impl Drop for NetEndpoint {
         // close every MR (endpoint-bound ones must go before the endpoint), then the endpoint;
         // `objs` closes the CQ, AV, domain and fabric as it drops, and only then is the staging
         // ring freed (fields drop after this body).
-        self.drain_copier();
+        self.staging.drain_copier();
         self.ops.drain_at_close(&mut self.peers);
         let mut mrs = std::mem::replace(&mut self.regions.mrs, mr::Table::new());
         if let Err(e) = mr::teardown(&mut self.ops.mr_ops(), &mut mrs) {

@@ -3,12 +3,13 @@
 //! queue, and the bounded wait every loop of the endpoint steps with.
 
 use super::fabric::{self, fab_err, strerror, InfoList, Objects, EAGAIN, EAVAIL, EBADFLAGS};
+use super::mr;
 use super::peers::Peers;
 use super::select::Ordering;
 use super::staging::{BOUNCE_SLOTS, RECORD_BYTES};
-use super::{mr, AbortCheck, PeerId};
 use crate::error::{Error, Result};
 use crate::mem::HostBlock;
+use crate::transport::{AbortCheck, PeerId};
 use libfabric_sys as fi;
 use std::ffi::c_void;
 use std::time::{Duration, Instant};

@@ -3,13 +3,15 @@
 
 use super::blob::{AddrBlob, ChanBlob, MrBlob};
 use super::fabric::fab_err;
+use super::mr;
 use super::ops::{Op, Ops, Wait};
 use super::select::{self, Ordering};
-use super::{mr, PeerId};
 use crate::error::{Error, Result};
+use crate::transport::PeerId;
 use libfabric_sys as fi;
 use std::ops::{Index, IndexMut};
 
+/// One peer (`Endpoint::add_peer`).
 pub(super) struct Peer {
     pub rank: usize,
     pub addr: fi::fi_addr_t,
@@ -21,7 +23,8 @@ pub(super) struct Peer {
     /// A write without FI_DELIVERY_COMPLETE was posted since the last one with it: a flush
     /// must post a marker before its completions mean "arrived".
     pub unconfirmed: bool,
-    /// Our staging channel for this rank (index into `chans`), once `address_for` made it.
+    /// Our staging channel for this rank (index into `Staging::chans`), once `address_for` made
+    /// it.
     pub chan: Option<usize>,
     /// The staging channel the peer keeps for us (from its address).
     pub remote_chan: Option<ChanBlob>,

@@ -3,10 +3,12 @@
 //! against before it is posted.
 
 use super::blob::{Mode, MrBlob};
+use super::mr;
 use super::ops::Ops;
 use super::peers::Peers;
-use super::{mr, MrId, PeerId, Region, RemoteId};
+use super::staging::Staging;
 use crate::error::{Error, Result};
+use crate::transport::{MemKind, MrId, PeerId, Region, RemoteId};
 use libfabric_sys as fi;
 use std::collections::HashMap;
 use std::ops::Index;
@@ -39,6 +41,7 @@ struct Remote {
     blob: MrBlob,
 }
 
+/// The registrations and regions of one endpoint (module doc).
 pub(super) struct Regions {
     /// libfabric registrations; entry `STAGING_MR` is the staging ring, `SCRATCH_MR` the
     /// scratch word, then user regions, channels and bounce slots. Closed before `objs.ep`.
@@ -47,8 +50,8 @@ pub(super) struct Regions {
     /// The provider has FI_HMEM (`try_hmem`).
     hmem: bool,
     /// Regions handed out by `register` (`MrId` indexes this), deduplicated by `region_ids`.
-    pub local: Vec<LocalRegion>,
-    pub region_ids: HashMap<Region, MrId>,
+    local: Vec<LocalRegion>,
+    region_ids: HashMap<Region, MrId>,
     remotes: Vec<Remote>,
 }
 
@@ -77,7 +80,7 @@ impl Regions {
 
     /// The registrations every endpoint makes when it opens: the op slots' inline area
     /// (`STAGING_MR`) and the scratch word (`SCRATCH_MR`), whose key (and address) go into
-    /// `scratch`, the blob peers write markers with.
+    /// `scratch`, the blob peers write markers with. Sets `ops.inline_desc`.
     pub fn register_fixed(&mut self, ops: &mut Ops, scratch: &mut MrBlob) -> Result<()> {
         let policy = self.policy;
         // The staging ring: registered like any source buffer (FI_MR_LOCAL needs its desc).
@@ -127,15 +130,108 @@ impl Regions {
         }
     }
 
+    /// `Endpoint::register`: host memory is registered, device memory registered with FI_HMEM
+    /// where that works and staged otherwise (and every region under forced staging).
+    pub fn register(
+        &mut self,
+        ops: &mut Ops,
+        staging: &mut Staging,
+        region: Region,
+    ) -> Result<(MrId, Vec<u8>)> {
+        if region.addr == 0 || region.len == 0 || region.addr.checked_add(region.len).is_none() {
+            return Err(Error::invalid_arg(format!(
+                "cannot register {:#x}+{} bytes",
+                region.addr, region.len
+            )));
+        }
+        if let Some(&id) = self.region_ids.get(&region) {
+            return Ok((id, self.local[id].blob.clone()));
+        }
+        let id = self.local.len();
+        let backing = match region.kind {
+            MemKind::Host if staging.force_staging => {
+                if staging.device.is_some() {
+                    return Err(Error::usage(
+                        "MSCCLPP_TEST_FORCE_STAGING stages host memory on host endpoints only",
+                    ));
+                }
+                Backing::Staged
+            }
+            MemKind::Host => {
+                let req = mr::Request {
+                    addr: region.addr,
+                    len: region.len,
+                    access: fi::FI_WRITE as u64 | fi::FI_REMOTE_WRITE as u64,
+                    requested_key: self.request_key()?,
+                    cuda_device: None,
+                };
+                let policy = self.policy;
+                let m = mr::register(&mut ops.mr_ops(), &policy, &req)?;
+                Backing::Mr(self.add_mr(m))
+            }
+            MemKind::Device(d) => {
+                if staging.device != Some(d) {
+                    return Err(Error::usage(format!(
+                        "{} serves {}, not CUDA device {d}",
+                        ops.describe(),
+                        staging
+                            .device
+                            .map_or("host memory".to_string(), |x| format!("CUDA device {x}"))
+                    )));
+                }
+                match self.try_hmem(ops, region, d)? {
+                    Some(i) => Backing::Hmem(i),
+                    None => {
+                        // Fail now rather than at the first write if copies are impossible.
+                        staging.copier(ops)?;
+                        Backing::Staged
+                    }
+                }
+            }
+        };
+        let virt = self.policy.virt_addr;
+        let blob = match backing {
+            Backing::Mr(i) | Backing::Hmem(i) => MrBlob {
+                virt_addr: virt,
+                base: if virt { region.addr } else { 0 },
+                len: region.len,
+                key: self.mrs.mrs[i].key,
+                mode: if matches!(backing, Backing::Hmem(_)) {
+                    Mode::RelayValues
+                } else {
+                    Mode::Direct
+                },
+                id: id as u32,
+            },
+            Backing::Staged => MrBlob {
+                virt_addr: virt,
+                base: 0,
+                len: region.len,
+                key: 0,
+                mode: Mode::Staged,
+                id: id as u32,
+            },
+        }
+        .encode();
+        self.local.push(LocalRegion {
+            region,
+            backing,
+            blob: blob.clone(),
+        });
+        self.region_ids.insert(region, id);
+        crate::trace!(
+            "net: {} registered {:#x}+{} as region {id} ({backing:?})",
+            ops.describe(),
+            region.addr,
+            region.len
+        );
+        Ok((id, blob))
+    }
+
     /// Registers device memory with FI_HMEM if this endpoint can use it directly: the provider
     /// has FI_HMEM, registering CUDA memory succeeds, and the driver can flush GPUDirect RDMA
     /// writes (needed before a relayed value is stored). None: stage it instead.
-    pub fn try_hmem(
-        &mut self,
-        ops: &mut Ops,
-        region: Region,
-        device: i32,
-    ) -> Result<Option<usize>> {
+    fn try_hmem(&mut self, ops: &mut Ops, region: Region, device: i32) -> Result<Option<usize>> {
         if !self.hmem {
             return Ok(None);
         }

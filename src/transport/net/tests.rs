@@ -3,6 +3,7 @@
 //! Trait-level tests live in `tests/net_*.rs`.
 
 use super::*;
+use crate::transport::MemKind;
 use select::Ordering;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -343,6 +344,12 @@ fn with_staged_pair(
     with_target_progressed(a, b, pa, body)
 }
 
+/// Waits until every write `a` made to `pa` has arrived (a flush without the staging
+/// acknowledgements).
+fn drain_writes(a: &mut NetEndpoint, pa: PeerId) {
+    a.peers.drain_writes(&mut a.ops, pa).unwrap();
+}
+
 /// Calls `b.poll_incoming()` until `done` holds (bounded: 20 s).
 fn apply_until(b: &Mutex<NetEndpoint>, mut done: impl FnMut() -> bool) {
     let t0 = Instant::now();
@@ -382,7 +389,7 @@ fn staged_writes_apply_only_on_the_receiver_in_order() {
             a.write(pa, s, 8, d, 8, 16).unwrap();
             a.write(pa, s, 64, d, 64, 8).unwrap();
             a.write_value(pa, e, 8, 1).unwrap();
-            a.drain_writes(pa).unwrap();
+            drain_writes(a, pa);
             assert_eq!(word(&dst, 1), u64::MAX, "not applied before poll_incoming");
             assert_eq!(word(&epoch, 1), 0);
             apply_until(b, || word(&epoch, 1) == 1);
@@ -416,9 +423,9 @@ fn staged_writes_apply_only_on_the_receiver_in_order() {
         });
         assert_eq!(a.ops.outstanding, 0);
         let ci = a.peers[0].chan.unwrap();
-        assert_eq!(a.chans[ci].out.acked, a.chans[ci].out.sent);
+        assert_eq!(a.staging.chans[ci].out.acked, a.staging.chans[ci].out.sent);
         assert!(
-            a.chans[ci].out.sent > 16,
+            a.staging.chans[ci].out.sent > 16,
             "ring and inbox wrapped several times"
         );
     }
@@ -437,7 +444,9 @@ fn bad_staging_records_are_refused() {
         let dst = vec![0u64; 8];
         with_staged_pair(Kind::Tcp, |a, b, pa| {
             b.lock().unwrap().register(region(&dst)).unwrap();
-            a.post_record(
+            let (st, mut net) = a.parts();
+            st.post_record(
+                &mut net,
                 pa,
                 staging::Record {
                     seq: 0,
@@ -449,7 +458,7 @@ fn bad_staging_records_are_refused() {
                 },
             )
             .unwrap();
-            a.drain_writes(pa).unwrap();
+            drain_writes(a, pa);
             let t0 = Instant::now();
             // Ends with the refusal, or fails after 20 s.
             let e = loop {
