@@ -54,8 +54,9 @@ pub enum LogLevel {
     Trace,
 }
 
-/// Settings of the libfabric transport (`transport::net`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Settings of the libfabric transport (`transport::net`). Tests open endpoints with one of
+/// their own (`NetEndpoint::open`): the environment is shared by the tests of a process.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetConfig {
     /// `MSCCLPP_NET_PROVIDER`, else `FI_PROVIDER` unless that is an exclusion list (`^...`):
     /// the providers to consider, in order.
@@ -80,6 +81,24 @@ pub struct NetConfig {
     pub force_staging: bool,
     /// `MSCCLPP_TEST_FORCE_MR_ENDPOINT=1` (tests): the FI_MR_ENDPOINT registration sequence.
     pub force_mr_endpoint: bool,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig {
+            providers: None,
+            iface: None,
+            addr: None,
+            tx_depth: None,
+            max_chunk: None,
+            delivery_complete: true,
+            hmem: true,
+            staging_bytes: None,
+            staging_slots: None,
+            force_staging: false,
+            force_mr_endpoint: false,
+        }
+    }
 }
 
 /// Settings of the CUDA IPC transport (`transport::p2p`).
@@ -276,8 +295,11 @@ impl Config {
             addr: r.text("MSCCLPP_NET_ADDR"),
             tx_depth: r.num("MSCCLPP_NET_TX_DEPTH", "the provider's depth"),
             max_chunk: r.num("MSCCLPP_NET_MAX_CHUNK", "the provider's max_msg_size"),
-            delivery_complete: r.flag("MSCCLPP_NET_DELIVERY_COMPLETE", true),
-            hmem: r.flag("MSCCLPP_NET_HMEM", true),
+            delivery_complete: r.flag(
+                "MSCCLPP_NET_DELIVERY_COMPLETE",
+                net_default.delivery_complete,
+            ),
+            hmem: r.flag("MSCCLPP_NET_HMEM", net_default.hmem),
             staging_bytes: r.num("MSCCLPP_NET_STAGING_BYTES", "the default"),
             staging_slots: r.num("MSCCLPP_NET_STAGING_SLOTS", "the default"),
             force_staging: r.flag("MSCCLPP_TEST_FORCE_STAGING", net_default.force_staging),

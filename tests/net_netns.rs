@@ -9,8 +9,10 @@ mod common;
 
 use common::netns::Hosts;
 use common::raw::{fetch, initiator_rounds, publish, region, target_rounds};
+use mscclpp::config::NetConfig;
 use mscclpp::error::Error;
-use mscclpp::transport::net;
+use mscclpp::transport::net::{self, NetEndpoint};
+use mscclpp::transport::Endpoint;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -36,10 +38,17 @@ fn target(dir: &Path) {
 fn initiator(dir: &Path) {
     let t = fetch(dir, "target", DEADLINE);
     // The default endpoint (loopback) must refuse a peer on another host, and say what to set.
-    let iface = std::env::var("MSCCLPP_NET_IFACE").unwrap();
-    std::env::remove_var("MSCCLPP_NET_IFACE");
-    let mut lo = net::open(None, false, None).unwrap();
-    std::env::set_var("MSCCLPP_NET_IFACE", &iface);
+    // The process's settings name the namespace's interface; the same without it is the default.
+    let cfg = &mscclpp::config::get().net;
+    let iface = cfg
+        .iface
+        .clone()
+        .expect("MSCCLPP_NET_IFACE is set for this child");
+    let no_iface = NetConfig {
+        iface: None,
+        ..cfg.clone()
+    };
+    let mut lo = NetEndpoint::open(None, false, None, &no_iface).unwrap();
     match lo.add_peer(1, &t[0]) {
         Err(Error::InvalidArgument(m)) => assert!(m.contains("MSCCLPP_NET_IFACE"), "{m}"),
         other => panic!("loopback endpoint accepted a remote peer: {other:?}"),

@@ -1,5 +1,5 @@
 //! The blobs the net transport hands to peers: its address (with, per peer, the staging channel:
-//! see `staging.rs`), and one per registered region. Each starts with a magic and a version and
+//! see `staging/`), and one per registered region. Each starts with a magic and a version and
 //! is parsed with `crate::wire::Reader`, so a blob from another transport, another version or a
 //! corrupted one is refused with a message.
 
@@ -98,7 +98,7 @@ pub(super) enum Mode {
     Direct,
     /// FI_HMEM device memory: data is written directly, values go through the owner's
     /// staging channel, which flushes GPUDirect writes before storing them (module doc of
-    /// `staging.rs`).
+    /// `staging/mod.rs`).
     RelayValues,
     /// Device memory without FI_HMEM (or any region under `MSCCLPP_TEST_FORCE_STAGING=1`):
     /// data and values go through the owner's staging channel; `base`/`key` are unused (0).

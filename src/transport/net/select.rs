@@ -8,6 +8,7 @@
 //! less, so a provider that rejects a request is still used with the next-best guarantee.
 
 use super::fabric::{strdup, InfoList, InfoView};
+use crate::config::NetConfig;
 use crate::error::{Error, Result};
 use libfabric_sys as fi;
 
@@ -44,42 +45,6 @@ pub(super) struct Request<'a> {
     pub domain: Option<&'a str>,
     pub shm: bool,
     pub device: Option<i32>,
-}
-
-/// Environment knobs, read once per `open`.
-#[derive(Clone, Debug, Default)]
-pub(super) struct Env {
-    /// `MSCCLPP_NET_PROVIDER`, else `FI_PROVIDER` (unless it is an exclusion list `^...`).
-    pub providers: Option<Vec<String>>,
-    /// `MSCCLPP_NET_IFACE`: the interface (= domain name of socket providers) to use.
-    pub iface: Option<String>,
-    /// `MSCCLPP_NET_ADDR`: the local address to bind (node + FI_SOURCE).
-    pub addr: Option<String>,
-}
-
-impl Env {
-    pub fn read() -> Self {
-        let get = |k: &str| {
-            std::env::var(k)
-                .ok()
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-        };
-        let list = |s: String| -> Vec<String> {
-            s.split(',')
-                .map(|x| x.trim().to_string())
-                .filter(|x| !x.is_empty())
-                .collect()
-        };
-        let providers = get("MSCCLPP_NET_PROVIDER")
-            .map(list)
-            .or_else(|| get("FI_PROVIDER").filter(|s| !s.starts_with('^')).map(list));
-        Env {
-            providers: providers.filter(|v| !v.is_empty()),
-            iface: get("MSCCLPP_NET_IFACE"),
-            addr: get("MSCCLPP_NET_ADDR"),
-        }
-    }
 }
 
 /// The outcome: one info (owned, `next` = NULL) and the guarantees it comes with.
@@ -184,7 +149,7 @@ fn matches_any(prov: &str, list: &[&str]) -> bool {
 fn rank(
     v: &InfoView<'_>,
     req: &Request<'_>,
-    env: &Env,
+    env: &NetConfig,
     idx: usize,
 ) -> Option<(u32, u32, u32, usize)> {
     let prov = v.prov_name();
@@ -287,7 +252,7 @@ fn list_domains(all: &InfoList) -> String {
 }
 
 /// Picks the provider/domain for `req` and the strongest guarantees it grants.
-pub(super) fn choose(req: &Request<'_>, env: &Env) -> Result<Choice> {
+pub(super) fn choose(req: &Request<'_>, env: &NetConfig) -> Result<Choice> {
     let node = if req.shm { None } else { env.addr.as_deref() };
     let flags = if node.is_some() { fi::FI_SOURCE } else { 0 };
     // GPU memory: ask for FI_HMEM first; without it the endpoint still opens, and registering

@@ -3,8 +3,11 @@
 //! Trait-level tests live in `tests/endpoint_conformance.rs` and `tests/net_*.rs`.
 
 use super::*;
+use crate::transport::MemKind;
+use select::Ordering;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug)]
 enum Kind {
@@ -12,7 +15,7 @@ enum Kind {
     Shm,
 }
 
-fn open(kind: Kind, t: &Tuning) -> NetEndpoint {
+fn open(kind: Kind, t: &NetConfig) -> NetEndpoint {
     match kind {
         Kind::Tcp => NetEndpoint::open(Some("lo"), false, None, t),
         Kind::Shm => NetEndpoint::open(None, true, None, t),
@@ -62,11 +65,11 @@ fn with_target_progressed(
 /// would); returns `a` and `b` for inspection.
 fn with_pair(
     kind: Kind,
-    ta: &Tuning,
+    ta: &NetConfig,
     body: impl FnOnce(&mut NetEndpoint, &Mutex<NetEndpoint>, PeerId),
 ) -> (NetEndpoint, NetEndpoint) {
     let mut a = open(kind, ta);
-    let mut b = open(kind, &Tuning::default());
+    let mut b = open(kind, &NetConfig::default());
     let pa = a.add_peer(1, &b.address().unwrap()).unwrap();
     b.add_peer(0, &a.address().unwrap()).unwrap();
     with_target_progressed(a, b, pa, body)
@@ -78,8 +81,8 @@ fn many_writes(kind: Kind) {
     let src: Vec<u64> = (0..n as u64).map(|i| i * 3 + 1).collect();
     let dst = vec![0u64; n];
     // More op slots than the provider's tx queue, so the provider itself says -FI_EAGAIN.
-    let t = Tuning {
-        depth: Some(16384),
+    let t = NetConfig {
+        tx_depth: Some(16384),
         ..Default::default()
     };
     let (a, _b) = with_pair(kind, &t, |a, b, pa| {
@@ -112,7 +115,7 @@ fn many_writes(kind: Kind) {
         s.eagain > 0,
         "{kind:?}: expected the provider to answer -FI_EAGAIN at least once: {s:?}"
     );
-    assert_eq!(a.outstanding, 0);
+    assert_eq!(a.ops.outstanding, 0);
 }
 
 #[test]
@@ -128,9 +131,9 @@ fn eagain_is_retried_not_dropped_shm() {
 #[test]
 fn large_writes_are_chunked() {
     for kind in [Kind::Tcp, Kind::Shm] {
-        let t = Tuning {
+        let t = NetConfig {
             max_chunk: Some(64 << 10),
-            depth: Some(4),
+            tx_depth: Some(4),
             ..Default::default()
         };
         let len = (1 << 20) / 8 + 3; // words
@@ -148,7 +151,7 @@ fn large_writes_are_chunked() {
         assert_eq!(a.stats().posted, ((len * 8) as u64).div_ceil(64 << 10) + 1);
         // Delivery-complete writes have arrived once flushed.
         assert!(
-            a.delivery_complete,
+            a.ops.delivery_complete,
             "{kind:?} should grant FI_DELIVERY_COMPLETE"
         );
         for (i, want) in src.iter().enumerate() {
@@ -162,7 +165,7 @@ fn forced_mr_endpoint_sequence_on_real_providers() {
     // tcp and shm answer fi_mr_bind/fi_mr_enable with -FI_ENOSYS; the forced mode runs the
     // sequence, accepts that, reads key/desc afterwards and closes MRs before the endpoint.
     for kind in [Kind::Tcp, Kind::Shm] {
-        let t = Tuning {
+        let t = NetConfig {
             force_mr_endpoint: true,
             ..Default::default()
         };
@@ -170,7 +173,7 @@ fn forced_mr_endpoint_sequence_on_real_providers() {
         let dst = vec![0u64; 512];
         let flag = vec![0u64; 2];
         let (a, _b) = with_pair(kind, &t, |a, b, pa| {
-            assert!(a.policy.endpoint && a.policy.forced);
+            assert!(a.regions.policy.endpoint && a.regions.policy.forced);
             let (_, blob) = b.lock().unwrap().register(region(&dst)).unwrap();
             let (_, fblob) = b.lock().unwrap().register(region(&flag)).unwrap();
             let d = a.import(pa, &blob).unwrap();
@@ -191,9 +194,9 @@ fn forced_mr_endpoint_sequence_on_real_providers() {
 fn flush_of_an_unreachable_peer_times_out() {
     // A peer that never progresses: the write cannot complete (delivery-complete needs the
     // target), and flush must give up at the deadline instead of hanging.
-    let mut a = open(Kind::Tcp, &Tuning::default());
-    a.timeout = Duration::from_millis(300);
-    let mut b = open(Kind::Tcp, &Tuning::default());
+    let mut a = open(Kind::Tcp, &NetConfig::default());
+    a.ops.timeout = Duration::from_millis(300);
+    let mut b = open(Kind::Tcp, &NetConfig::default());
     let pa = a.add_peer(1, &b.address().unwrap()).unwrap();
     let dst = vec![0u64; 8];
     let (_, blob) = b.register(region(&dst)).unwrap();
@@ -222,8 +225,8 @@ fn fence_and_drain_orderings_deliver_data_before_flag() {
             let mut src = vec![0u64; n];
             let dst = vec![0u64; n];
             let flag = vec![0u64; 2];
-            let (a, _b) = with_pair(kind, &Tuning::default(), |a, b, pa| {
-                a.ordering = ordering;
+            let (a, _b) = with_pair(kind, &NetConfig::default(), |a, b, pa| {
+                a.ops.ordering = ordering;
                 let d = a
                     .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
                     .unwrap();
@@ -255,7 +258,7 @@ fn fence_and_drain_orderings_deliver_data_before_flag() {
                     a.flush(pa).unwrap();
                 }
             });
-            assert_eq!(a.outstanding, 0);
+            assert_eq!(a.ops.outstanding, 0);
         }
     }
 }
@@ -267,15 +270,17 @@ fn rejected_write_is_an_error() {
     for kind in [Kind::Shm, Kind::Tcp] {
         for bad_key in [true, false] {
             let dst = vec![0u64; 64];
-            let (a, _b) = with_pair(kind, &Tuning::default(), |a, b, pa| {
+            let (a, _b) = with_pair(kind, &NetConfig::default(), |a, b, pa| {
                 // tcp answers with an error completion quickly (but its connection setup may be
                 // slow on a loaded machine); shm never answers, so its wait is kept short.
-                a.timeout = match kind {
+                a.ops.timeout = match kind {
                     Kind::Tcp => Duration::from_secs(20),
                     Kind::Shm => Duration::from_millis(500),
                 };
                 let (_, blob) = b.lock().unwrap().register(region(&dst)).unwrap();
-                let mut mb = MrBlob::decode(&blob, a.policy.virt_addr, a.policy.key_size).unwrap();
+                let mut mb =
+                    MrBlob::decode(&blob, a.regions.policy.virt_addr, a.regions.policy.key_size)
+                        .unwrap();
                 let off = if bad_key {
                     mb.key ^= 0x5555;
                     0
@@ -305,7 +310,7 @@ fn rejected_write_is_an_error() {
             });
             // Retired (tcp) or still in flight at close (shm): either way no slot leaks into a
             // later operation, and the drop above closed everything.
-            assert!(a.outstanding <= 1);
+            assert!(a.ops.outstanding <= 1);
             assert!(
                 dst.iter().all(|&w| w == 0),
                 "{kind:?} bad_key={bad_key}: a rejected write landed"
@@ -316,8 +321,8 @@ fn rejected_write_is_an_error() {
 
 // ---- staging (GPU memory without FI_HMEM), over host memory with the test switch ------------
 
-fn staged_tuning() -> Tuning {
-    Tuning {
+fn staged_tuning() -> NetConfig {
+    NetConfig {
         force_staging: true,
         staging_bytes: Some(16 << 10),
         staging_slots: Some(4),
@@ -337,6 +342,12 @@ fn with_staged_pair(
     let pa = a.add_peer(1, &addr_b).unwrap();
     b.add_peer(0, &addr_a).unwrap();
     with_target_progressed(a, b, pa, body)
+}
+
+/// Waits until every write `a` made to `pa` has arrived (a flush without the staging
+/// acknowledgements).
+fn drain_writes(a: &mut NetEndpoint, pa: PeerId) {
+    a.peers.drain_writes(&mut a.ops, pa).unwrap();
 }
 
 /// Calls `b.poll_incoming()` until `done` holds (bounded: 20 s).
@@ -363,7 +374,12 @@ fn staged_writes_apply_only_on_the_receiver_in_order() {
         let (a, _b) = with_staged_pair(kind, |a, b, pa| {
             let (d_id, d_blob) = b.lock().unwrap().register(region(&dst)).unwrap();
             let e_blob = b.lock().unwrap().register(region(&epoch)).unwrap().1;
-            let d_mb = MrBlob::decode(&d_blob, a.policy.virt_addr, a.policy.key_size).unwrap();
+            let d_mb = MrBlob::decode(
+                &d_blob,
+                a.regions.policy.virt_addr,
+                a.regions.policy.key_size,
+            )
+            .unwrap();
             assert_eq!(d_mb.mode, blob::Mode::Staged);
             assert_eq!(d_mb.id as usize, d_id);
             let d = a.import(pa, &d_blob).unwrap();
@@ -373,7 +389,7 @@ fn staged_writes_apply_only_on_the_receiver_in_order() {
             a.write(pa, s, 8, d, 8, 16).unwrap();
             a.write(pa, s, 64, d, 64, 8).unwrap();
             a.write_value(pa, e, 8, 1).unwrap();
-            a.drain_writes(pa).unwrap();
+            drain_writes(a, pa);
             assert_eq!(word(&dst, 1), u64::MAX, "not applied before poll_incoming");
             assert_eq!(word(&epoch, 1), 0);
             apply_until(b, || word(&epoch, 1) == 1);
@@ -405,11 +421,11 @@ fn staged_writes_apply_only_on_the_receiver_in_order() {
                 assert_eq!(word(&dst, i), *want, "{kind:?} word {i}");
             }
         });
-        assert_eq!(a.outstanding, 0);
+        assert_eq!(a.ops.outstanding, 0);
         let ci = a.peers[0].chan.unwrap();
-        assert_eq!(a.chans[ci].out.acked, a.chans[ci].out.sent);
+        assert_eq!(a.staging.chans[ci].out.acked, a.staging.chans[ci].out.sent);
         assert!(
-            a.chans[ci].out.sent > 16,
+            a.staging.chans[ci].out.sent > 16,
             "ring and inbox wrapped several times"
         );
     }
@@ -428,7 +444,9 @@ fn bad_staging_records_are_refused() {
         let dst = vec![0u64; 8];
         with_staged_pair(Kind::Tcp, |a, b, pa| {
             b.lock().unwrap().register(region(&dst)).unwrap();
-            a.post_record(
+            let (st, mut net) = a.parts();
+            st.post_record(
+                &mut net,
                 pa,
                 staging::Record {
                     seq: 0,
@@ -440,7 +458,7 @@ fn bad_staging_records_are_refused() {
                 },
             )
             .unwrap();
-            a.drain_writes(pa).unwrap();
+            drain_writes(a, pa);
             let t0 = Instant::now();
             // Ends with the refusal, or fails after 20 s.
             let e = loop {
@@ -469,7 +487,7 @@ fn bad_staging_records_are_refused() {
 fn flush_without_acknowledgement_times_out() {
     let dst = vec![0u64; 8];
     with_staged_pair(Kind::Tcp, |a, b, pa| {
-        a.timeout = Duration::from_millis(300);
+        a.ops.timeout = Duration::from_millis(300);
         let blob = b.lock().unwrap().register(region(&dst)).unwrap().1;
         let d = a.import(pa, &blob).unwrap();
         let src = vec![1u64; 8];

@@ -1,0 +1,439 @@
+//! The writes in flight on one endpoint: the libfabric objects they are posted on, the op slots
+//! whose addresses are their contexts, posting with the -FI_EAGAIN retry, reading the completion
+//! queue, and the bounded wait every loop of the endpoint steps with.
+
+use super::fabric::{self, fab_err, strerror, InfoList, Objects, EAGAIN, EAVAIL, EBADFLAGS};
+use super::mr;
+use super::peers::Peers;
+use super::select::Ordering;
+use super::staging::{BOUNCE_SLOTS, RECORD_BYTES};
+use crate::error::{Error, Result};
+use crate::mem::HostBlock;
+use crate::sync::{Backoff, Nap, Policy};
+use crate::transport::{AbortCheck, PeerId};
+use libfabric_sys as fi;
+use std::ffi::c_void;
+use std::time::Duration;
+
+/// Completions read per `fi_cq_read`.
+pub(super) const CQ_BATCH: usize = 32;
+/// Bytes of the staging ring per op slot: the largest inline source (a staging record).
+pub(super) const INLINE_BYTES: usize = RECORD_BYTES;
+/// Longest wait for in-flight writes when an endpoint is dropped.
+const DROP_DRAIN: Duration = Duration::from_secs(2);
+
+/// One in-flight operation. `ctx` comes first: its address is the operation's context, as
+/// FI_CONTEXT/FI_CONTEXT2 require (provider scratch space that lives until the completion).
+#[repr(C)]
+#[derive(Default)]
+struct OpSlot {
+    ctx: fi::fi_context2,
+    peer: PeerId,
+    busy: bool,
+    /// The bounce slot this write reads, freed at its completion.
+    bounce: Option<usize>,
+}
+
+/// One RMA write to post (see `Ops::post`).
+pub(super) struct Op<'a> {
+    pub peer: PeerId,
+    /// Source address and descriptor (ignored with `inline`).
+    pub local: u64,
+    pub len: u64,
+    pub desc: *mut c_void,
+    pub raddr: u64,
+    pub key: u64,
+    pub fence: bool,
+    /// Ask for FI_DELIVERY_COMPLETE (flags and markers).
+    pub confirm: bool,
+    /// At most `INLINE_BYTES` bytes, copied into the op slot's staging area and sent from there.
+    pub inline: Option<&'a [u8]>,
+    /// A bounce slot the write reads, busy until it completes.
+    pub bounce: Option<usize>,
+    /// Protocol traffic (staging acknowledgements): not a user write, so it does not make a
+    /// later flush post a delivery marker.
+    pub internal: bool,
+}
+
+/// Counters for tests and logs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    pub posted: u64,
+    pub completed: u64,
+    /// Times the provider answered -FI_EAGAIN (each retried).
+    pub eagain: u64,
+}
+
+/// How the endpoint waits for the provider: spins briefly, then yields (the peer's proxy may
+/// share our core), never naps (the wait is for a completion that is microseconds away).
+const WAIT: Policy = Policy {
+    spins: 127,
+    yield_for: Duration::ZERO,
+    nap: Nap::Yield,
+};
+
+/// A bounded wait for the provider (`Backoff::step`), failing with `Error::Timeout` once
+/// `limit` has passed.
+pub(super) fn provider_wait(limit: Duration) -> Backoff {
+    Backoff::new(WAIT, limit)
+}
+
+/// The libfabric objects of one endpoint and the operations in flight on them. Fields drop in
+/// this order after `Drop for NetEndpoint` closed every MR and the endpoint: the two registered
+/// host blocks, the objects (CQ, AV, domain, fabric), the fi_info, then the op slots.
+pub(super) struct Ops {
+    /// `INLINE_BYTES` per op slot: the source of values, flush markers and staging records.
+    pub inline: HostBlock,
+    /// The descriptor of `inline`'s registration (`INLINE_MR`), set once it is registered.
+    pub inline_desc: *mut c_void,
+    /// 8 bytes peers write flush markers into (nobody reads them).
+    pub scratch: HostBlock,
+    pub objs: Objects,
+    /// The chosen fi_info, kept (not read) so it outlives every object made from it: declared
+    /// after `objs`, so it drops after them.
+    _info: InfoList,
+    pub provider: String,
+    pub domain: String,
+    pub ordering: Ordering,
+    pub delivery_complete: bool,
+    slots: Box<[OpSlot]>,
+    free: Vec<usize>,
+    pub outstanding: usize,
+    /// Bounce slots (`staging::Bounce`) in use: taken by `Staging::bounce_slot`, freed at the
+    /// completion of the write that reads the slot (or when that write is not posted).
+    pub bounce_busy: [bool; BOUNCE_SLOTS],
+    pub max_chunk: u64,
+    pub timeout: Duration,
+    pub stats: Stats,
+    /// Consulted by `poll` when nothing completed (`Endpoint::set_abort_check`), so that every
+    /// wait loop, all of which poll, ends at once when a peer died: shm neither completes nor
+    /// fails a write to a peer that died.
+    pub abort_check: Option<AbortCheck>,
+}
+
+impl Ops {
+    /// Opens the libfabric objects for `info` (a CQ of twice `depth` entries), `depth` op slots
+    /// and their inline area, and the scratch word; returns them with the endpoint's address.
+    pub fn open(
+        info: InfoList,
+        depth: usize,
+        max_chunk: u64,
+        provider: String,
+        domain: String,
+        ordering: Ordering,
+        delivery_complete: bool,
+    ) -> Result<(Self, Vec<u8>)> {
+        let objs = Objects::open(&info, depth * 2)?;
+        let raw = objs.name()?;
+        let inline = HostBlock::zeroed(depth * INLINE_BYTES, 64)?;
+        let scratch = HostBlock::zeroed(8, 64)?;
+        let ops = Ops {
+            inline,
+            inline_desc: std::ptr::null_mut(),
+            scratch,
+            objs,
+            _info: info,
+            provider,
+            domain,
+            ordering,
+            delivery_complete,
+            slots: (0..depth).map(|_| OpSlot::default()).collect(),
+            free: (0..depth).rev().collect(),
+            outstanding: 0,
+            bounce_busy: [false; BOUNCE_SLOTS],
+            max_chunk,
+            timeout: crate::config::wait_timeout(),
+            stats: Stats::default(),
+            abort_check: None,
+        };
+        Ok((ops, raw))
+    }
+
+    /// `Endpoint::describe`: `net:<provider>/<domain>`.
+    pub fn describe(&self) -> String {
+        format!("net:{}/{}", self.provider, self.domain)
+    }
+
+    /// What `mr::register` and `mr::teardown` act on.
+    pub fn mr_ops(&mut self) -> mr::RealOps<'_> {
+        mr::RealOps {
+            domain: self.objs.domain,
+            ep: &mut self.objs.ep,
+        }
+    }
+
+    pub fn release_bounce(&mut self, slot: usize) {
+        self.bounce_busy[slot] = false;
+    }
+
+    /// Maps a completion's context back to its slot and retires it.
+    fn retire(&mut self, peers: &mut Peers, ctx: *mut c_void) -> Result<PeerId> {
+        let base = self.slots.as_ptr() as usize;
+        let sz = std::mem::size_of::<OpSlot>();
+        let off = (ctx as usize).wrapping_sub(base);
+        let idx = off / sz;
+        if off % sz != 0 || idx >= self.slots.len() || !self.slots[idx].busy {
+            return Err(Error::internal(format!(
+                "completion with unknown context {ctx:p} on {}",
+                self.describe()
+            )));
+        }
+        let s = &mut self.slots[idx];
+        s.busy = false;
+        let p = s.peer;
+        if let Some(b) = s.bounce.take() {
+            self.release_bounce(b);
+        }
+        self.free.push(idx);
+        self.outstanding -= 1;
+        if let Some(peer) = peers.get_mut(p) {
+            peer.outstanding -= 1;
+        }
+        self.stats.completed += 1;
+        Ok(p)
+    }
+
+    /// Reads available completions once; returns how many. When none were there, fails if the
+    /// abort check says so (every bounded wait of this endpoint polls).
+    pub fn poll(&mut self, peers: &mut Peers) -> Result<usize> {
+        let n = self.poll_cq(peers)?;
+        if n == 0 {
+            if let Some(why) = self.abort_check.as_ref().and_then(|f| f()) {
+                return Err(Error::remote(format!("{}: {why}", self.describe())));
+            }
+        }
+        Ok(n)
+    }
+
+    /// Reads available completions once; returns how many.
+    fn poll_cq(&mut self, peers: &mut Peers) -> Result<usize> {
+        let mut ents = [fi::fi_cq_entry::default(); CQ_BATCH];
+        // SAFETY: cq is open with FI_CQ_FORMAT_CONTEXT; ents has room for CQ_BATCH entries.
+        let rc = unsafe { fi::fi_cq_read(self.objs.cq, ents.as_mut_ptr().cast(), CQ_BATCH) } as i64;
+        if rc > 0 {
+            for e in &ents[..rc as usize] {
+                self.retire(peers, e.op_context)?;
+            }
+            return Ok(rc as usize);
+        }
+        if rc == EAGAIN {
+            return Ok(0);
+        }
+        if rc == EAVAIL {
+            return Err(self.read_error(peers));
+        }
+        Err(fab_err(format!("fi_cq_read on {}", self.describe()), rc))
+    }
+
+    /// Turns the error completion at the head of the CQ into an error naming the peer.
+    fn read_error(&mut self, peers: &mut Peers) -> Error {
+        let mut e = fi::fi_cq_err_entry::default();
+        // SAFETY: cq is open; e is a valid, zeroed error entry (err_data_size 0: no buffer).
+        let rc = unsafe { fi::fi_cq_readerr(self.objs.cq, &mut e, 0) } as i64;
+        if rc < 0 {
+            return fab_err("fi_cq_readerr", rc);
+        }
+        let mut buf = [0 as std::ffi::c_char; 256];
+        // SAFETY: cq is open; err_data belongs to the provider and is valid until the next
+        // readerr; buf is writable for its length. Returns a string in buf or a static one.
+        let p = unsafe {
+            fi::fi_cq_strerror(
+                self.objs.cq,
+                e.prov_errno,
+                e.err_data,
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
+        let prov = fabric::cstr(p);
+        let who = match self.retire(peers, e.op_context) {
+            Ok(p) => peers.name(p),
+            Err(_) => "an unknown peer".into(),
+        };
+        Error::Fabric {
+            call: format!("RMA write to {who} over {} (completion)", self.describe()),
+            code: -(e.err as i64),
+            detail: format!("{}; provider: {prov}", strerror(e.err as i64)),
+        }
+    }
+
+    /// `Endpoint::progress`.
+    pub fn progress(&mut self, peers: &mut Peers) -> Result<()> {
+        // Drains what is there (bounded: a few batches), which also drives the provider's
+        // progress engine for incoming writes.
+        for _ in 0..8 {
+            if self.poll(peers)? < CQ_BATCH {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// A free op slot for `peer`, progressing until one frees up (bounded).
+    fn acquire(&mut self, peers: &mut Peers, peer: PeerId) -> Result<usize> {
+        let mut wait: Option<Backoff> = None;
+        loop {
+            if let Some(i) = self.free.pop() {
+                let s = &mut self.slots[i];
+                s.busy = true;
+                s.peer = peer;
+                return Ok(i);
+            }
+            self.poll(peers)?;
+            let depth = self.slots.len();
+            let rank = peers.get(peer).map_or(usize::MAX, |p| p.rank);
+            wait.get_or_insert_with(|| provider_wait(self.timeout)).step(|| {
+                format!("waiting for one of {depth} in-flight writes to complete (writing to rank {rank})")
+            })?;
+        }
+    }
+
+    fn release(&mut self, i: usize) {
+        self.slots[i].busy = false;
+        if let Some(b) = self.slots[i].bounce.take() {
+            self.release_bounce(b);
+        }
+        self.free.push(i);
+    }
+
+    /// Posts one RMA write of `[op.local, op.local+op.len)` (or of `op.inline`, copied into the
+    /// op slot's staging area first and sent from there) to `op.raddr` under `op.key`.
+    pub fn post(&mut self, peers: &mut Peers, op: &Op<'_>) -> Result<()> {
+        let (peer, len, raddr, key, fence, confirm) =
+            (op.peer, op.len, op.raddr, op.key, op.fence, op.confirm);
+        let (mut local, mut desc) = (op.local, op.desc);
+        let slot = match self.acquire(peers, peer) {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(b) = op.bounce {
+                    self.release_bounce(b);
+                }
+                return Err(e);
+            }
+        };
+        self.slots[slot].bounce = op.bounce;
+        if let Some(bytes) = op.inline {
+            if bytes.len() > INLINE_BYTES || bytes.len() as u64 != len {
+                self.release(slot);
+                return Err(Error::internal(format!(
+                    "inline write of {} bytes (length {len})",
+                    bytes.len()
+                )));
+            }
+            // SAFETY: slot < depth and the ring has INLINE_BYTES * depth bytes; the slot's area
+            // is ours until its completion, so no in-flight write reads it while we store.
+            let p = unsafe { self.inline.ptr().add(slot * INLINE_BYTES) };
+            // SAFETY: p has room for INLINE_BYTES (checked above); distinct from `bytes`.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len()) };
+            local = p as u64;
+            desc = self.inline_desc;
+        }
+        let iov = libc::iovec {
+            iov_base: local as *mut c_void,
+            iov_len: len as usize,
+        };
+        let rma = fi::fi_rma_iov {
+            addr: raddr,
+            len: len as usize,
+            key,
+        };
+        let msg = fi::fi_msg_rma {
+            msg_iov: (&iov as *const libc::iovec).cast(),
+            desc: &mut desc,
+            iov_count: 1,
+            addr: peers[peer].addr,
+            rma_iov: &rma,
+            rma_iov_count: 1,
+            context: (&mut self.slots[slot] as *mut OpSlot).cast(),
+            data: 0,
+        };
+        let mut wait: Option<Backoff> = None;
+        loop {
+            let mut flags = fi::FI_COMPLETION as u64;
+            // Every write in Drain mode (no ordering to lean on), else only markers.
+            let dc = self.delivery_complete && (confirm || self.ordering == Ordering::Drain);
+            if dc {
+                flags |= fi::FI_DELIVERY_COMPLETE as u64;
+            }
+            if fence {
+                flags |= fi::FI_FENCE as u64;
+            }
+            // SAFETY: ep is open; msg and everything it points to (iov, desc, rma) live until
+            // the call returns (the provider copies them); the source memory is registered and
+            // stays valid until completion (user buffers by contract, staging by slot
+            // ownership); the context is a slot that lives in `self.slots` until retired.
+            let rc = unsafe { fi::fi_writemsg(self.objs.ep, &msg, flags) } as i64;
+            if rc == 0 {
+                break;
+            }
+            let r = if rc == EAGAIN {
+                // The provider's queue is full: complete something, then retry the same write.
+                self.stats.eagain += 1;
+                let (rank, limit) = (peers[peer].rank, self.timeout);
+                self.poll(peers).and_then(|_| {
+                    wait.get_or_insert_with(|| provider_wait(limit)).step(|| {
+                        format!("provider kept answering -FI_EAGAIN to a write to rank {rank}")
+                    })
+                })
+            } else if rc == EBADFLAGS && self.delivery_complete {
+                // Accepted at fi_getinfo time but refused per operation: fall back once.
+                self.delivery_complete = false;
+                crate::info!(
+                    "net: {} refuses FI_DELIVERY_COMPLETE on writes; flush now waits for local completion only",
+                    self.provider
+                );
+                Ok(())
+            } else {
+                Err(fab_err(
+                    format!(
+                        "fi_writemsg to {} over {}",
+                        peers.name(peer),
+                        self.describe()
+                    ),
+                    rc,
+                ))
+            };
+            if let Err(e) = r {
+                self.release(slot);
+                return Err(e);
+            }
+        }
+        let dc = self.delivery_complete && (confirm || self.ordering == Ordering::Drain);
+        self.stats.posted += 1;
+        self.outstanding += 1;
+        let p = &mut peers[peer];
+        p.outstanding += 1;
+        if !op.internal {
+            p.unconfirmed = !dc;
+            p.last_was_record = false;
+        }
+        Ok(())
+    }
+
+    /// Lets the writes still in flight finish before the endpoint closes (bounded by
+    /// `DROP_DRAIN`): they read registered memory.
+    pub fn drain_at_close(&mut self, peers: &mut Peers) {
+        let mut wait = provider_wait(DROP_DRAIN.min(self.timeout));
+        while self.outstanding > 0 {
+            match self.poll_cq(peers) {
+                Ok(0) => {
+                    if wait.step(String::new).is_err() {
+                        crate::warn!(
+                            "net: closing {} with {} writes still in flight",
+                            self.describe(),
+                            self.outstanding
+                        );
+                        break;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    crate::warn!("net: while closing {}: {e}", self.describe());
+                    if wait.step(String::new).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}

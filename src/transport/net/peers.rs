@@ -1,0 +1,238 @@
+//! The peers of one endpoint: our address, the peer table and its address vector entries, and
+//! what a flush rests on (the delivery marker, ordering a flag after earlier writes).
+
+use super::blob::{AddrBlob, ChanBlob, MrBlob};
+use super::fabric::fab_err;
+use super::mr;
+use super::ops::{provider_wait, Op, Ops};
+use super::select::{self, Ordering};
+use crate::error::{Error, Result};
+use crate::sync::Backoff;
+use crate::transport::PeerId;
+use libfabric_sys as fi;
+use std::ops::{Index, IndexMut};
+
+/// One peer (`Endpoint::add_peer`).
+pub(super) struct Peer {
+    pub rank: usize,
+    pub addr: fi::fi_addr_t,
+    raw: Vec<u8>,
+    /// The peer's scratch word: target of flush markers.
+    scratch: MrBlob,
+    /// Posted operations to this peer whose completion has not been read yet.
+    pub outstanding: usize,
+    /// A write without FI_DELIVERY_COMPLETE was posted since the last one with it: a flush
+    /// must post a marker before its completions mean "arrived".
+    pub unconfirmed: bool,
+    /// Our staging channel for this rank (index into `Staging::chans`), once `address_for` made
+    /// it.
+    pub chan: Option<usize>,
+    /// The staging channel the peer keeps for us (from its address).
+    pub remote_chan: Option<ChanBlob>,
+    /// The last user write to the peer was a staging record: once the peer acknowledges it,
+    /// every earlier write has arrived (no delivery marker needed).
+    pub last_was_record: bool,
+}
+
+/// The peer table (`PeerId` indexes it) and our own address.
+pub(super) struct Peers {
+    /// The address blob of this endpoint (`Endpoint::address`).
+    pub me: AddrBlob,
+    list: Vec<Peer>,
+}
+
+impl Index<PeerId> for Peers {
+    type Output = Peer;
+    fn index(&self, p: PeerId) -> &Peer {
+        &self.list[p]
+    }
+}
+
+impl IndexMut<PeerId> for Peers {
+    fn index_mut(&mut self, p: PeerId) -> &mut Peer {
+        &mut self.list[p]
+    }
+}
+
+impl Peers {
+    pub fn new(me: AddrBlob) -> Self {
+        Peers {
+            me,
+            list: Vec::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn get(&self, p: PeerId) -> Option<&Peer> {
+        self.list.get(p)
+    }
+
+    pub fn get_mut(&mut self, p: PeerId) -> Option<&mut Peer> {
+        self.list.get_mut(p)
+    }
+
+    /// The peer of rank `rank`, if added.
+    pub fn of_rank(&self, rank: usize) -> Option<PeerId> {
+        self.list.iter().position(|p| p.rank == rank)
+    }
+
+    /// `rank N` for errors and logs.
+    pub fn name(&self, p: PeerId) -> String {
+        self.list
+            .get(p)
+            .map_or_else(|| format!("peer {p}"), |x| format!("rank {}", x.rank))
+    }
+
+    /// `Endpoint::add_peer`: validates the peer's address against ours and inserts it into the
+    /// address vector of `ops`. `chan` is our staging channel for the rank, if made. Returns the
+    /// peer and whether it is new (an address seen before returns the same peer).
+    pub fn add(
+        &mut self,
+        ops: &mut Ops,
+        policy: &mr::Policy,
+        remote_rank: usize,
+        address: &[u8],
+        chan: Option<usize>,
+    ) -> Result<(PeerId, bool)> {
+        let a = AddrBlob::decode(address, policy.virt_addr, policy.key_size)
+            .map_err(|e| Error::remote(format!("rank {remote_rank}: {e}")))?;
+        if a.provider != ops.provider || a.addr_format != self.me.addr_format {
+            return Err(Error::invalid_arg(format!(
+                "rank {remote_rank} uses libfabric provider {} (address format {}) but this endpoint is {} (format {}): set MSCCLPP_NET_PROVIDER / ibDev alike on every rank",
+                a.provider, a.addr_format, ops.describe(), self.me.addr_format
+            )));
+        }
+        let mut raw = a.raw;
+        if self.me.addr_format == fi::FI_ADDR_STR {
+            // A C string: no interior NUL, terminated.
+            let body = raw.strip_suffix(&[0]).unwrap_or(&raw);
+            if body.is_empty() || body.contains(&0) {
+                return Err(Error::remote(format!(
+                    "rank {remote_rank}: malformed string address"
+                )));
+            }
+            raw = [body, &[0]].concat();
+        } else if raw.len() != self.me.raw.len() {
+            return Err(Error::remote(format!(
+                "rank {remote_rank}: address of {} bytes, this provider's are {}",
+                raw.len(),
+                self.me.raw.len()
+            )));
+        }
+        let fmt = self.me.addr_format;
+        let (here_lo, there_lo) = (
+            select::is_loopback(fmt, &self.me.raw),
+            select::is_loopback(fmt, &raw),
+        );
+        if here_lo != there_lo {
+            return Err(Error::invalid_arg(format!(
+                "rank {remote_rank} listens on a {} address but this endpoint ({}) on a {} one: ranks on different hosts need a routable interface: set MSCCLPP_NET_IFACE (or MSCCLPP_NET_ADDR, or pass ibDev) on every rank",
+                if there_lo { "loopback" } else { "non-loopback" },
+                ops.describe(),
+                if here_lo { "loopback" } else { "non-loopback" },
+            )));
+        }
+        if let Some(i) = self.list.iter().position(|p| p.rank == remote_rank) {
+            if self.list[i].raw == raw {
+                // Several connections to one rank: each address carries the same channel.
+                if self.list[i].remote_chan.is_none() {
+                    self.list[i].remote_chan = a.chan;
+                }
+                return Ok((i, false));
+            }
+            return Err(Error::invalid_arg(format!(
+                "rank {remote_rank} was already added with a different address"
+            )));
+        }
+        let mut addr: fi::fi_addr_t = fi::FI_ADDR_NOTAVAIL;
+        // SAFETY: av is open; raw holds one address of this provider's format (checked above);
+        // addr receives the handle. Synchronous insert (no flags, no context).
+        let rc = unsafe {
+            fi::fi_av_insert(
+                ops.objs.av,
+                raw.as_ptr().cast(),
+                1,
+                &mut addr,
+                0,
+                std::ptr::null_mut(),
+            )
+        } as i64;
+        if rc != 1 {
+            return Err(fab_err(
+                format!("fi_av_insert for rank {remote_rank}"),
+                if rc < 0 { rc } else { -(fi::FI_EINVAL as i64) },
+            ));
+        }
+        self.list.push(Peer {
+            rank: remote_rank,
+            addr,
+            raw,
+            scratch: a.scratch,
+            outstanding: 0,
+            unconfirmed: false,
+            chan,
+            remote_chan: a.chan,
+            last_was_record: false,
+        });
+        Ok((self.list.len() - 1, true))
+    }
+
+    /// Orders the next write to `peer` after every earlier one, as a flag must be: nothing
+    /// with WAW ordering, FI_FENCE on it (returns true), or drain every earlier write first.
+    pub fn order_before_flag(&mut self, ops: &mut Ops, peer: PeerId) -> Result<bool> {
+        match ops.ordering {
+            Ordering::Waw => Ok(false),
+            Ordering::Fence => Ok(true),
+            Ordering::Drain => {
+                self.drain_writes(ops, peer)?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Waits (bounded) until every write to `peer` has arrived (`flush` without the staging
+    /// acknowledgements; see the module doc for what "arrived" rests on).
+    pub fn drain_writes(&mut self, ops: &mut Ops, peer: PeerId) -> Result<()> {
+        if ops.delivery_complete && self[peer].unconfirmed {
+            // The marker: ordered after every earlier write to the peer (WAW, or fenced), and
+            // its completion waits for delivery, so all of them have arrived when it completes.
+            let sc = self[peer].scratch;
+            let desc = ops.inline_desc;
+            let fence = ops.ordering == Ordering::Fence;
+            ops.post(
+                self,
+                &Op {
+                    peer,
+                    local: 0,
+                    len: 8,
+                    desc,
+                    raddr: sc.base,
+                    key: sc.key,
+                    fence,
+                    confirm: true,
+                    inline: Some(&0u64.to_ne_bytes()),
+                    bounce: None,
+                    internal: false,
+                },
+            )?;
+        }
+        let mut wait: Option<Backoff> = None;
+        // Ends when every write to `peer` has completed, on an error completion, or at the
+        // deadline.
+        while self[peer].outstanding > 0 {
+            if ops.poll(self)? > 0 {
+                continue;
+            }
+            let (n, rank, limit) = (self[peer].outstanding, self[peer].rank, ops.timeout);
+            wait.get_or_insert_with(|| provider_wait(limit)).step(|| {
+                format!(
+                    "flushing {n} writes to rank {rank}: no completion (is the peer's proxy running?)"
+                )
+            })?;
+        }
+        Ok(())
+    }
+}

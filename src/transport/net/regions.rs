@@ -1,0 +1,366 @@
+//! The memory of one endpoint: its libfabric registrations, the regions it hands out
+//! (`register`), the regions peers handed it (`import`), and the bounds every write is checked
+//! against before it is posted.
+
+use super::blob::{Mode, MrBlob};
+use super::mr;
+use super::ops::Ops;
+use super::peers::Peers;
+use super::staging::Staging;
+use crate::error::{Error, Result};
+use crate::transport::{MemKind, MrId, PeerId, Region, RemoteId};
+use libfabric_sys as fi;
+use std::collections::HashMap;
+use std::ops::Index;
+use std::sync::atomic::{AtomicBool, Ordering as AtOrd};
+
+/// Index of the staging-ring registration in the MR table.
+pub(super) const STAGING_MR: usize = 0;
+/// Index of the scratch word peers write flush markers into.
+pub(super) const SCRATCH_MR: usize = 1;
+
+/// How a local region handed out by `register` is backed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Backing {
+    /// Registered with libfabric (index into `mrs`): host memory.
+    Mr(usize),
+    /// Device memory registered with FI_HMEM (index into `mrs`): data direct, values relayed.
+    Hmem(usize),
+    /// Not registered: writes arrive through a staging channel.
+    Staged,
+}
+
+pub(super) struct LocalRegion {
+    pub region: Region,
+    pub backing: Backing,
+    pub blob: Vec<u8>,
+}
+
+struct Remote {
+    peer: PeerId,
+    blob: MrBlob,
+}
+
+/// The registrations and regions of one endpoint (module doc).
+pub(super) struct Regions {
+    /// libfabric registrations; entry `STAGING_MR` is the staging ring, `SCRATCH_MR` the
+    /// scratch word, then user regions, channels and bounce slots. Closed before `objs.ep`.
+    pub mrs: mr::Table<*mut fi::fid_mr, Region>,
+    pub policy: mr::Policy,
+    /// The provider has FI_HMEM (`try_hmem`).
+    hmem: bool,
+    /// Regions handed out by `register` (`MrId` indexes this), deduplicated by `region_ids`.
+    local: Vec<LocalRegion>,
+    region_ids: HashMap<Region, MrId>,
+    remotes: Vec<Remote>,
+}
+
+impl Index<MrId> for Regions {
+    type Output = LocalRegion;
+    fn index(&self, id: MrId) -> &LocalRegion {
+        &self.local[id]
+    }
+}
+
+impl Regions {
+    pub fn new(policy: mr::Policy, hmem: bool) -> Self {
+        Regions {
+            mrs: mr::Table::new(),
+            policy,
+            hmem,
+            local: Vec::new(),
+            region_ids: HashMap::new(),
+            remotes: Vec::new(),
+        }
+    }
+
+    pub fn get(&self, id: MrId) -> Option<&LocalRegion> {
+        self.local.get(id)
+    }
+
+    /// The registrations every endpoint makes when it opens: the op slots' inline area
+    /// (`STAGING_MR`) and the scratch word (`SCRATCH_MR`), whose key (and address) go into
+    /// `scratch`, the blob peers write markers with. Sets `ops.inline_desc`.
+    pub fn register_fixed(&mut self, ops: &mut Ops, scratch: &mut MrBlob) -> Result<()> {
+        let policy = self.policy;
+        // The staging ring: registered like any source buffer (FI_MR_LOCAL needs its desc).
+        let staging_req = mr::Request {
+            addr: ops.inline.ptr() as u64,
+            len: ops.inline.len() as u64,
+            access: fi::FI_WRITE as u64,
+            requested_key: self.request_key()?,
+            cuda_device: None,
+        };
+        let m = mr::register(&mut ops.mr_ops(), &policy, &staging_req)?;
+        debug_assert_eq!(self.mrs.mrs.len(), STAGING_MR);
+        ops.inline_desc = m.desc;
+        self.mrs.mrs.push(m);
+        self.mrs.blobs.push(Vec::new());
+        // The scratch word: peers' flush markers land here.
+        let scratch_req = mr::Request {
+            addr: ops.scratch.ptr() as u64,
+            len: 8,
+            access: fi::FI_REMOTE_WRITE as u64,
+            requested_key: self.request_key()?,
+            cuda_device: None,
+        };
+        let m = mr::register(&mut ops.mr_ops(), &policy, &scratch_req)?;
+        debug_assert_eq!(self.mrs.mrs.len(), SCRATCH_MR);
+        scratch.key = m.key;
+        if policy.virt_addr {
+            scratch.base = m.addr;
+        }
+        self.mrs.mrs.push(m);
+        self.mrs.blobs.push(Vec::new());
+        Ok(())
+    }
+
+    /// Keeps a registration for teardown; returns its index in `mrs`.
+    pub fn add_mr(&mut self, m: mr::LocalMr<*mut fi::fid_mr>) -> usize {
+        self.mrs.mrs.push(m);
+        self.mrs.blobs.push(Vec::new());
+        self.mrs.mrs.len() - 1
+    }
+
+    pub fn request_key(&self) -> Result<u64> {
+        if self.policy.prov_key {
+            Ok(0)
+        } else {
+            mr::next_key(self.policy.key_size)
+        }
+    }
+
+    /// `Endpoint::register`: host memory is registered, device memory registered with FI_HMEM
+    /// where that works and staged otherwise (and every region under forced staging).
+    pub fn register(
+        &mut self,
+        ops: &mut Ops,
+        staging: &mut Staging,
+        region: Region,
+    ) -> Result<(MrId, Vec<u8>)> {
+        if region.addr == 0 || region.len == 0 || region.addr.checked_add(region.len).is_none() {
+            return Err(Error::invalid_arg(format!(
+                "cannot register {:#x}+{} bytes",
+                region.addr, region.len
+            )));
+        }
+        if let Some(&id) = self.region_ids.get(&region) {
+            return Ok((id, self.local[id].blob.clone()));
+        }
+        let id = self.local.len();
+        let backing = match region.kind {
+            MemKind::Host if staging.force_staging => {
+                if staging.device.is_some() {
+                    return Err(Error::usage(
+                        "MSCCLPP_TEST_FORCE_STAGING stages host memory on host endpoints only",
+                    ));
+                }
+                Backing::Staged
+            }
+            MemKind::Host => {
+                let req = mr::Request {
+                    addr: region.addr,
+                    len: region.len,
+                    access: fi::FI_WRITE as u64 | fi::FI_REMOTE_WRITE as u64,
+                    requested_key: self.request_key()?,
+                    cuda_device: None,
+                };
+                let policy = self.policy;
+                let m = mr::register(&mut ops.mr_ops(), &policy, &req)?;
+                Backing::Mr(self.add_mr(m))
+            }
+            MemKind::Device(d) => {
+                if staging.device != Some(d) {
+                    return Err(Error::usage(format!(
+                        "{} serves {}, not CUDA device {d}",
+                        ops.describe(),
+                        staging
+                            .device
+                            .map_or("host memory".to_string(), |x| format!("CUDA device {x}"))
+                    )));
+                }
+                match self.try_hmem(ops, region, d)? {
+                    Some(i) => Backing::Hmem(i),
+                    None => {
+                        // Fail now rather than at the first write if copies are impossible.
+                        staging.copier(ops)?;
+                        Backing::Staged
+                    }
+                }
+            }
+        };
+        let virt = self.policy.virt_addr;
+        let blob = match backing {
+            Backing::Mr(i) | Backing::Hmem(i) => MrBlob {
+                virt_addr: virt,
+                base: if virt { region.addr } else { 0 },
+                len: region.len,
+                key: self.mrs.mrs[i].key,
+                mode: if matches!(backing, Backing::Hmem(_)) {
+                    Mode::RelayValues
+                } else {
+                    Mode::Direct
+                },
+                id: id as u32,
+            },
+            Backing::Staged => MrBlob {
+                virt_addr: virt,
+                base: 0,
+                len: region.len,
+                key: 0,
+                mode: Mode::Staged,
+                id: id as u32,
+            },
+        }
+        .encode();
+        self.local.push(LocalRegion {
+            region,
+            backing,
+            blob: blob.clone(),
+        });
+        self.region_ids.insert(region, id);
+        crate::trace!(
+            "net: {} registered {:#x}+{} as region {id} ({backing:?})",
+            ops.describe(),
+            region.addr,
+            region.len
+        );
+        Ok((id, blob))
+    }
+
+    /// Registers device memory with FI_HMEM if this endpoint can use it directly: the provider
+    /// has FI_HMEM, registering CUDA memory succeeds, and the driver can flush GPUDirect RDMA
+    /// writes (needed before a relayed value is stored). None: stage it instead.
+    fn try_hmem(&mut self, ops: &mut Ops, region: Region, device: i32) -> Result<Option<usize>> {
+        if !self.hmem {
+            return Ok(None);
+        }
+        if !crate::cuda::has_flush_gpudirect_rdma() {
+            log_once(
+                &NO_GDR_FLUSH_LOGGED,
+                "net: the CUDA driver has no cuFlushGPUDirectRDMAWrites: GPU memory is staged through host memory instead of FI_HMEM",
+            );
+            return Ok(None);
+        }
+        let req = mr::Request {
+            addr: region.addr,
+            len: region.len,
+            access: fi::FI_WRITE as u64 | fi::FI_REMOTE_WRITE as u64,
+            requested_key: self.request_key()?,
+            cuda_device: Some(device),
+        };
+        let policy = self.policy;
+        match mr::register(&mut ops.mr_ops(), &policy, &req) {
+            Ok(m) => Ok(Some(self.add_mr(m))),
+            // A provider that claims FI_HMEM may still lack CUDA support in this build.
+            Err(e) => {
+                log_once(
+                    &HMEM_FAILED_LOGGED,
+                    &format!(
+                        "net: {} reports FI_HMEM but registering CUDA memory failed ({e}): GPU memory is staged through host memory",
+                        ops.provider
+                    ),
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    /// `Endpoint::import`, once the peer is known to exist.
+    pub fn import(&mut self, peers: &Peers, peer: PeerId, blob: &[u8]) -> Result<RemoteId> {
+        let b = MrBlob::decode(blob, self.policy.virt_addr, self.policy.key_size)
+            .map_err(|e| Error::remote(format!("{}: {e}", peers.name(peer))))?;
+        self.remotes.push(Remote { peer, blob: b });
+        Ok(self.remotes.len() - 1)
+    }
+
+    /// The imported region `dst`, which must belong to `peer`.
+    pub fn remote(&self, ops: &Ops, peers: &Peers, peer: PeerId, dst: RemoteId) -> Result<MrBlob> {
+        let r = self.remotes.get(dst).ok_or_else(|| {
+            Error::invalid_arg(format!("unknown remote region {dst} on {}", ops.describe()))
+        })?;
+        if r.peer != peer {
+            return Err(Error::invalid_arg(format!(
+                "remote region {dst} belongs to {}, not {}",
+                peers.name(r.peer),
+                peers.name(peer)
+            )));
+        }
+        Ok(r.blob)
+    }
+
+    /// `Endpoint::write`'s bounds: the source range inside its registration, a non-empty
+    /// destination range inside the region imported from `peer`.
+    #[allow(clippy::too_many_arguments)] // `write`'s arguments, the peers for the message
+    pub fn check_write(
+        &self,
+        peers: &Peers,
+        peer: PeerId,
+        src: MrId,
+        src_off: u64,
+        remote: &MrBlob,
+        dst_off: u64,
+        size: u64,
+    ) -> Result<()> {
+        match self.local.get(src) {
+            Some(r) if range_ok(src_off, size, r.region.len) => {}
+            Some(r) => {
+                return Err(Error::invalid_arg(format!(
+                    "write refused: source range [{src_off}, {src_off}+{size}) outside the {}-byte registration",
+                    r.region.len
+                )))
+            }
+            None => {
+                return Err(Error::invalid_arg(format!(
+                    "unknown local registration {src}"
+                )))
+            }
+        }
+        if size == 0 || !range_ok(dst_off, size, remote.len) {
+            return Err(Error::invalid_arg(format!(
+                "write refused: destination range [{dst_off}, {dst_off}+{size}) outside the {}-byte region imported from {}",
+                remote.len,
+                peers.name(peer)
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `Endpoint::write_value`'s bounds: 8 bytes inside the region imported from `peer`, aligned
+/// where the owner stores the value itself (a region that is not `Mode::Direct`).
+pub(super) fn check_value(
+    peers: &Peers,
+    peer: PeerId,
+    remote: &MrBlob,
+    dst_off: u64,
+) -> Result<()> {
+    if !range_ok(dst_off, 8, remote.len) {
+        return Err(Error::invalid_arg(format!(
+            "flag write refused: 8 bytes at {dst_off} outside the {}-byte region imported from {}",
+            remote.len,
+            peers.name(peer)
+        )));
+    }
+    if remote.mode != Mode::Direct && dst_off % 8 != 0 {
+        return Err(Error::invalid_arg(format!(
+            "flag write refused: offset {dst_off} is not 8-byte aligned"
+        )));
+    }
+    Ok(())
+}
+
+/// Logged once per process each: why GPU memory is staged although the provider has FI_HMEM.
+static NO_GDR_FLUSH_LOGGED: AtomicBool = AtomicBool::new(false);
+static HMEM_FAILED_LOGGED: AtomicBool = AtomicBool::new(false);
+
+fn log_once(flag: &AtomicBool, msg: &str) {
+    // Relaxed: only "once" matters, nothing is published through the flag.
+    if !flag.swap(true, AtOrd::Relaxed) {
+        crate::info!("{msg}");
+    }
+}
+
+pub(super) fn range_ok(off: u64, size: u64, len: u64) -> bool {
+    off.checked_add(size).is_some_and(|e| e <= len)
+}

@@ -1,0 +1,175 @@
+//! The receiver's side of staging: records taken from the inbox in order, checked, queued on
+//! the copier, and acknowledged to the writer once their copies are complete.
+
+use super::{Kind, Record, Staging};
+use crate::error::{Error, Result};
+use crate::transport::net::ops::Op;
+use crate::transport::net::regions::{range_ok, Backing};
+use crate::transport::net::Net;
+
+/// Records applied per channel per call, so one busy peer cannot starve the others.
+const APPLY_BATCH: usize = 64;
+
+impl Staging {
+    /// `Endpoint::poll_incoming`: applies what has arrived, if this endpoint has an inbox.
+    pub fn poll_incoming(&mut self, net: &mut Net<'_>) -> Result<()> {
+        if self.chans.iter().any(|c| c.incoming.is_some()) {
+            self.apply_incoming(net)?;
+        }
+        Ok(())
+    }
+
+    /// Applies the records that have arrived on every channel and acknowledges completed ones
+    /// (the receiver's half of the protocol; see the module doc).
+    pub(super) fn apply_incoming(&mut self, net: &mut Net<'_>) -> Result<()> {
+        for ci in 0..self.chans.len() {
+            if self.chans[ci].incoming.is_some() {
+                self.apply_chan(net, ci)?;
+                self.acknowledge(net, ci)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_chan(&mut self, net: &mut Net<'_>, ci: usize) -> Result<()> {
+        let mut taken = 0;
+        // Ends at the first record that has not (fully) arrived, or after APPLY_BATCH records.
+        while taken < APPLY_BATCH {
+            let Some(inc) = self.chans[ci].incoming.as_ref() else {
+                return Ok(());
+            };
+            let Some(rec) = inc.peek() else { break };
+            self.apply_record(net, ci, &rec)?;
+            if let Some(inc) = self.chans[ci].incoming.as_mut() {
+                inc.read += 1;
+            }
+            taken += 1;
+        }
+        if taken > 0 {
+            let t = self.copier(net.ops)?.mark()?;
+            if let Some(inc) = self.chans[ci].incoming.as_mut() {
+                inc.pending.push_back((inc.read, t));
+            }
+        }
+        Ok(())
+    }
+
+    /// Validates one record against the region table and the ring, then queues it.
+    fn apply_record(&mut self, net: &mut Net<'_>, ci: usize, rec: &Record) -> Result<()> {
+        let rank = self.chans[ci].rank;
+        let bad = |why: String| Error::remote(format!("rank {rank}: staged write refused: {why}"));
+        let Some(r) = net.regions.get(rec.region as usize) else {
+            return Err(bad(format!(
+                "record {} names unknown region {}",
+                rec.seq, rec.region
+            )));
+        };
+        let (addr, len, backing) = (r.region.addr, r.region.len, r.backing);
+        match rec.kind {
+            Kind::Data => {
+                if backing != Backing::Staged {
+                    return Err(bad(format!("region {} is not staged", rec.region)));
+                }
+                if rec.arg == 0 || !range_ok(rec.off, rec.arg, len) {
+                    return Err(bad(format!(
+                        "range [{}, {}+{}) outside the {len}-byte region",
+                        rec.off, rec.off, rec.arg
+                    )));
+                }
+                let Some(inc) = self.chans[ci].incoming.as_ref() else {
+                    return Err(Error::internal("applying without an inbox"));
+                };
+                if !range_ok(rec.ring_pos, rec.arg, inc.ring.len() as u64) {
+                    return Err(bad(format!(
+                        "ring range [{}, {}+{}) outside the {}-byte ring",
+                        rec.ring_pos,
+                        rec.ring_pos,
+                        rec.arg,
+                        inc.ring.len()
+                    )));
+                }
+                // SAFETY: within the ring (checked above).
+                let from = unsafe { inc.ring.ptr().add(rec.ring_pos as usize) };
+                let c = self.copier(net.ops)?;
+                // SAFETY: the destination range lies in a registered staged region (checked
+                // above), which its user must keep alive while connected; the ring bytes stay
+                // unchanged until we acknowledge this record, which we do only once the copy's
+                // ticket is done (`acknowledge`); the ring lives until the copier is drained.
+                unsafe { c.copy_in(addr + rec.off, from, rec.arg) }
+            }
+            Kind::Value => {
+                if !matches!(backing, Backing::Staged | Backing::Hmem(_)) {
+                    return Err(bad(format!(
+                        "region {} takes no relayed values",
+                        rec.region
+                    )));
+                }
+                if rec.off % 8 != 0 || !range_ok(rec.off, 8, len) {
+                    return Err(bad(format!(
+                        "value at {} outside (or unaligned in) the {len}-byte region",
+                        rec.off
+                    )));
+                }
+                if let (Backing::Hmem(_), Some(d)) = (backing, self.device) {
+                    // The NIC wrote the data before this record (ordering); make those writes
+                    // visible to the device's kernels before the value can be seen.
+                    crate::cuda::flush_gpudirect_rdma_writes(d)?;
+                }
+                let c = self.copier(net.ops)?;
+                // SAFETY: an aligned word inside a registered region (checked above), which
+                // the local waiter reads atomically.
+                unsafe { c.value_in(addr + rec.off, rec.arg) }
+            }
+        }
+    }
+
+    /// Reports completed records to the writer (one 8-byte write of the count into its credit
+    /// word), once per change.
+    fn acknowledge(&mut self, net: &mut Net<'_>, ci: usize) -> Result<()> {
+        let Some(peer) = self.chans[ci].peer else {
+            return Ok(());
+        };
+        // Completed tickets, oldest first; ends at the first incomplete one or an empty queue.
+        while let Some(&(seq, t)) = self.chans[ci]
+            .incoming
+            .as_ref()
+            .and_then(|i| i.pending.front())
+        {
+            if !self.copier(net.ops)?.done(t)? {
+                break;
+            }
+            if let Some(inc) = self.chans[ci].incoming.as_mut() {
+                inc.complete = seq;
+                inc.pending.pop_front();
+            }
+        }
+        let Some(inc) = self.chans[ci].incoming.as_mut() else {
+            return Ok(());
+        };
+        if inc.complete == inc.reported {
+            return Ok(());
+        }
+        let n = inc.complete;
+        inc.reported = n;
+        let Some(credit) = net.peers[peer].remote_chan.map(|c| c.credit) else {
+            return Err(Error::remote(format!(
+                "rank {} writes staged records but offered no credit word",
+                self.chans[ci].rank
+            )));
+        };
+        let desc = net.ops.inline_desc;
+        net.post(&Op {
+            peer,
+            local: 0,
+            len: 8,
+            desc,
+            raddr: credit.base,
+            key: credit.key,
+            fence: false,
+            confirm: false,
+            inline: Some(&n.to_ne_bytes()),
+            bounce: None,
+            internal: true,
+        })
+    }
+}
