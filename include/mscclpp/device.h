@@ -15,7 +15,7 @@
  * mscclppConcurrentFifo::push() in mscclpp/fifo_methods.inc and the mscclppDevConn methods
  * in mscclpp/devconn_methods.inc.
  *
- * Where the FIFO lives (set up by the library, src/fifo.rs and src/cuda/):
+ * Where the FIFO lives (set up by the library, src/fifo/ and src/cuda/):
  *   - triggerFifo: the slots, in pinned host memory mapped into the GPU. A trigger is one
  *     16-byte store that crosses PCIe as a posted write; the proxy polls its own memory.
  *   - triggerFifoTail[0]: the proxy's published tail, triggerFifoTail[1]: the abort word,

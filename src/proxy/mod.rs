@@ -280,7 +280,7 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
 }
 
 /// The peer's epoch block mapped into this process (SHM connections over host memory, see
-/// `mem::SharedBlock`), or the host word of a P2P peer's epoch block (`cuda::SignaledEpoch`,
+/// `mem::SharedBlock`), or the host word of a P2P peer's epoch block (`transport::epoch::SignaledEpoch`,
 /// which the peer's wait() polls beside the count the engines store).
 #[derive(Clone)]
 pub struct DirectEpoch(pub Arc<crate::mem::SharedBlock>);

@@ -29,7 +29,7 @@ pub type RemoteId = usize;
 /// Ordering contract: on one `PeerId`, `write_value` is delivered after every earlier `write`
 /// (the receiver that sees the value sees the data), and `flush` returns only when every earlier
 /// `write` and `write_value` to that peer has reached the peer's memory (for memory the peer
-/// stages, its destination memory: see `net/staging.rs`). Some of that may need the receiving
+/// stages, its destination memory: see `net/staging/`). Some of that may need the receiving
 /// endpoint's own work: its proxy calls `progress` and `poll_incoming` whenever idle.
 pub trait Endpoint: Send {
     /// Human-readable identity for logs and errors, e.g. `net:tcp;ofi_rxm/lo`.

@@ -1,5 +1,5 @@
 //! Copies between a region's own memory and host staging memory, behind one small trait so that
-//! the staging protocol of the network transport (`net/staging.rs`) runs unchanged over CUDA
+//! the staging protocol of the network transport (`net/staging/`) runs unchanged over CUDA
 //! copies (GPU buffers on providers without FI_HMEM) and over plain `memcpy` (host buffers under
 //! `MSCCLPP_TEST_FORCE_STAGING=1`, which is how CI exercises the whole protocol without a GPU).
 //!

@@ -31,7 +31,7 @@
  *   never overlap in time, so a later put's bytes are the ones that stay.
  * - A job's `done` (non-zero) is stored at doneAddr (the FIFO's done word in device memory)
  *   after its flag: the proxy's claim that every trigger below that value has completed once
- *   this job has, which the producer's flush() polls on this GPU (src/fifo.rs, done_word).
+ *   this job has, which the producer's flush() polls on this GPU (src/fifo/mod.rs, done_word).
  * - ctrl[STOP] != 0 (written by the proxy only when every posted job is done) ends block 0,
  *   which passes STOP on to the others.
  * - At start every block checks in; block 0 then writes ctrl[ALIVE] = `launch`, after which
@@ -254,7 +254,7 @@ extern "C" __global__ void __launch_bounds__(1024)
        * all) fences so that the earlier flags are delivered before its DONE. */
       if (job[2] != 0 || (job[3] == 0 && job[5] == 0)) fenceAcqRelSys();
       if (job[3] != 0) storeRelaxedSys(reinterpret_cast<unsigned long long*>(job[3]), job[4]);
-      /* The FIFO's done word (src/fifo.rs, Fifo::done_word): after the fence like the flag.
+      /* The FIFO's done word (src/fifo/mod.rs, Fifo::done_word): after the fence like the flag.
        * Values only grow: the proxy hands them out in job order. The producer's flush() polls
        * it, then fences (acquire). */
       if (job[5] != 0 && doneAddr != nullptr) storeRelaxedSys(doneAddr, job[5]);

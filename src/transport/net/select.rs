@@ -12,7 +12,7 @@ use crate::config::NetConfig;
 use crate::error::{Error, Result};
 use libfabric_sys as fi;
 
-/// The `mr_mode` bits this transport implements (DESIGN.md, "Transports").
+/// The `mr_mode` bits this transport implements (docs/DESIGN.md, 3.3 "IB").
 pub(super) const MR_MODE_SUPPORTED: u32 = fi::FI_MR_LOCAL
     | fi::FI_MR_VIRT_ADDR
     | fi::FI_MR_ALLOCATED

@@ -1,5 +1,5 @@
 //! GPU memory over providers without FI_HMEM: staging through host memory, with the receiver's
-//! proxy finishing every write (DESIGN.md, "Transports": after a peer's writes land, they are
+//! proxy finishing every write (docs/DESIGN.md, 3.3, "GPU memory": after a peer's writes land, they are
 //! made visible before the kernel's `wait()` may return).
 //!
 //! Which regions are staged is the owner's choice, told to writers in the region blob
