@@ -1,5 +1,5 @@
 //! Unit tests that need the bootstrap's internals (the root on its own, a rank's listener).
-//! The wire format's property tests live in `frame.rs`; end-to-end tests in
+//! The wire format's property tests live in `frame/tests.rs`; end-to-end tests in
 //! `tests/bootstrap_*.rs`.
 
 use super::frame::{self, encode_addr, encode_frame, Kind, HEADER_LEN};
