@@ -1,276 +1,17 @@
-//! The receiving half of a rank: one thread accepts connections on the rank's listener,
-//! authenticates them (magic and sender rank in an `Open` frame), reads whole frames and files
-//! them by (kind, sender, tag). Because it always drains its sockets, a `send` never waits for
-//! the receiver to call `recv`.
-//!
-//! It also watches the rank's outgoing connections: a peer never writes on those, so when one
-//! becomes readable the peer has closed it (exited, or dropped its communicator).
-//!
-//! Peer loss: a peer that destroys its communicator sends `Bye` before closing its connection
-//! to us; an incoming connection that ends any other way (EOF without `Bye`, an error, a
-//! malformed frame) is recorded as a loss. The owner reads losses of the peers it watches with
-//! [`Mailbox::lost_peer`], which costs one atomic load while nothing was lost.
+//! The mailbox's thread: accepts and authenticates connections on the rank's listener, reads
+//! their frames into the mailbox's `State`, watches the rank's outgoing connections for
+//! closure, and records why each peer's messages can no longer come.
 
-use super::frame::{Assembler, Expect, Kind};
-use super::net;
-use crate::error::{Error, Result};
+use super::Shared;
+use crate::bootstrap::frame::{Assembler, Expect, Kind};
+use crate::bootstrap::net;
 use crate::sync::lock;
-use std::collections::{HashMap, VecDeque};
-use std::io::{self, Write};
+use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// (frame kind, sender rank, tag).
-pub(crate) type Key = (Kind, usize, u64);
-
-#[derive(Default)]
-struct State {
-    msgs: HashMap<Key, VecDeque<Vec<u8>>>,
-    /// Per peer: why nothing more will come from it.
-    gone: Vec<Option<String>>,
-    /// A peer gave up on the whole communicator (its Abort), or the reader failed.
-    aborted: Option<String>,
-    /// Per peer: a `Watch` frame arrived from it, so its connection to us exists.
-    watch_in: Vec<bool>,
-    /// Per peer: the owner asked to hear of its loss ([`Mailbox::watch_mark`]).
-    watched: Vec<bool>,
-    /// Peers whose incoming connection ended without a `Bye`, in the order seen, with why.
-    lost: Vec<(usize, String)>,
-    new_watches: Vec<(usize, TcpStream)>,
-    stop: bool,
-    close_all: bool,
-}
-
-struct Shared {
-    st: Mutex<State>,
-    /// Signalled (notify_all) whenever `msgs`, `gone`, `aborted` or `watch_in` change.
-    cv: Condvar,
-    /// Set (Release) once `st.lost` is non-empty, so that the frequent "anything lost?" check
-    /// of a proxy thread is one atomic load (Acquire) and never waits on the reader's lock.
-    lost_any: AtomicBool,
-}
-
-pub(crate) struct Mailbox {
-    shared: Arc<Shared>,
-    wake: UnixStream,
-    thread: Option<JoinHandle<()>>,
-    rank: usize,
-}
-
-impl Mailbox {
-    pub(crate) fn start(
-        listener: TcpListener,
-        magic: u64,
-        rank: usize,
-        nranks: usize,
-        timeout: Duration,
-    ) -> Result<Mailbox> {
-        let ctx = |what: &str| format!("rank {rank}: bootstrap reader: {what}");
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| Error::sys(ctx("set_nonblocking"), e))?;
-        let (wake, wake_rx) = UnixStream::pair().map_err(|e| Error::sys(ctx("socketpair"), e))?;
-        wake.set_nonblocking(true)
-            .and_then(|_| wake_rx.set_nonblocking(true))
-            .map_err(|e| Error::sys(ctx("set_nonblocking"), e))?;
-        let shared = Arc::new(Shared {
-            st: Mutex::new(State {
-                gone: vec![None; nranks],
-                watch_in: vec![false; nranks],
-                watched: vec![false; nranks],
-                ..State::default()
-            }),
-            cv: Condvar::new(),
-            lost_any: AtomicBool::new(false),
-        });
-        let reader = Reader {
-            shared: shared.clone(),
-            listener,
-            wake: wake_rx,
-            magic,
-            rank,
-            nranks,
-            timeout,
-            conns: Vec::new(),
-            watches: Vec::new(),
-            in_closed: vec![None; nranks],
-            out_closed: vec![false; nranks],
-            closed: false,
-            buf: vec![0; 64 << 10],
-        };
-        let thread = std::thread::Builder::new()
-            .name(format!("mscclpp-boot-r{rank}"))
-            .spawn(move || reader.run())
-            .map_err(|e| Error::sys(ctx("spawning its thread"), e))?;
-        Ok(Mailbox {
-            shared,
-            wake,
-            thread: Some(thread),
-            rank,
-        })
-    }
-
-    fn poke(&self) {
-        // A full socket buffer means a wake-up is already pending, so WouldBlock is fine.
-        let _ = (&self.wake).write(&[1]);
-    }
-
-    /// Files a message this rank sent to itself.
-    pub(crate) fn put_local(&self, kind: Kind, tag: u64, data: Vec<u8>) {
-        let mut st = lock(&self.shared.st);
-        st.msgs
-            .entry((kind, self.rank, tag))
-            .or_default()
-            .push_back(data);
-        self.shared.cv.notify_all();
-    }
-
-    /// Takes the oldest message filed under `key`, waiting until the deadline. Fails at once
-    /// when the sender is gone or the communicator was aborted.
-    pub(crate) fn take(
-        &self,
-        key: Key,
-        deadline: Instant,
-        timeout: Duration,
-        what: &dyn Fn() -> String,
-    ) -> Result<Vec<u8>> {
-        let peer = key.1;
-        let mut st = lock(&self.shared.st);
-        // Ends: a message arrives, the peer is gone, the communicator aborted, the reader
-        // stopped, or the deadline passes (wait_timeout is bounded by it).
-        loop {
-            if let Some(q) = st.msgs.get_mut(&key) {
-                if let Some(m) = q.pop_front() {
-                    if q.is_empty() {
-                        st.msgs.remove(&key);
-                    }
-                    return Ok(m);
-                }
-            }
-            if let Some(a) = &st.aborted {
-                return Err(Error::remote(format!("{}: {a}", what())));
-            }
-            if let Some(g) = &st.gone[peer] {
-                return Err(Error::remote(format!("{}: rank {peer} {g}", what())));
-            }
-            if st.stop {
-                return Err(Error::internal(format!(
-                    "{}: bootstrap reader stopped",
-                    what()
-                )));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::timeout(
-                    format!("{}: nothing arrived from rank {peer}", what()),
-                    timeout,
-                ));
-            }
-            st = self
-                .shared
-                .cv
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-
-    /// Waits until `peer`'s `Watch` frame has arrived (its connection to us exists and is
-    /// authenticated), until the deadline. Fails at once when the peer is gone or the
-    /// communicator was aborted.
-    pub(crate) fn wait_watch(
-        &self,
-        peer: usize,
-        deadline: Instant,
-        timeout: Duration,
-        what: &dyn Fn() -> String,
-    ) -> Result<()> {
-        let mut st = lock(&self.shared.st);
-        // Ends: the Watch arrives, the peer is gone, the communicator aborted, the reader
-        // stopped, or the deadline passes (wait_timeout is bounded by it).
-        loop {
-            if st.watch_in[peer] {
-                return Ok(());
-            }
-            if let Some(a) = &st.aborted {
-                return Err(Error::remote(format!("{}: {a}", what())));
-            }
-            if let Some(g) = &st.gone[peer] {
-                return Err(Error::remote(format!("{}: rank {peer} {g}", what())));
-            }
-            if st.stop {
-                return Err(Error::internal(format!(
-                    "{}: bootstrap reader stopped",
-                    what()
-                )));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::timeout(
-                    format!(
-                        "{}: rank {peer} did not open its connection to this rank (did it call watch_peers with this rank?)",
-                        what()
-                    ),
-                    timeout,
-                ));
-            }
-            st = self
-                .shared
-                .cv
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-
-    /// Adds peers to the set whose loss [`Mailbox::lost_peer`] reports.
-    pub(crate) fn watch_mark(&self, peers: &[usize]) {
-        let mut st = lock(&self.shared.st);
-        for &p in peers {
-            st.watched[p] = true;
-        }
-    }
-
-    /// The first watched peer whose incoming connection ended without a `Bye`, and why.
-    pub(crate) fn lost_peer(&self) -> Option<(usize, String)> {
-        if !self.shared.lost_any.load(Ordering::Acquire) {
-            return None;
-        }
-        let st = lock(&self.shared.st);
-        st.lost.iter().find(|(p, _)| st.watched[*p]).cloned()
-    }
-
-    /// Asks the reader to watch an outgoing connection to `peer` for closure.
-    pub(crate) fn watch(&self, peer: usize, s: TcpStream) {
-        lock(&self.shared.st).new_watches.push((peer, s));
-        self.poke();
-    }
-
-    /// Closes every connection (incoming and watched) and refuses new ones: peers see this
-    /// rank disappear, which is how a failure travels to ranks that wait on it.
-    pub(crate) fn close_all(&self) {
-        lock(&self.shared.st).close_all = true;
-        self.poke();
-    }
-
-    pub(crate) fn aborted(&self) -> Option<String> {
-        lock(&self.shared.st).aborted.clone()
-    }
-}
-
-impl Drop for Mailbox {
-    fn drop(&mut self) {
-        lock(&self.shared.st).stop = true;
-        self.poke();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
 
 struct Conn {
     s: TcpStream,
@@ -286,7 +27,7 @@ struct Conn {
     aborted: bool,
 }
 
-struct Reader {
+pub(super) struct Reader {
     shared: Arc<Shared>,
     listener: TcpListener,
     wake: UnixStream,
@@ -308,7 +49,34 @@ struct Reader {
 const READ_BUDGET: usize = 1 << 20;
 
 impl Reader {
-    fn run(mut self) {
+    /// The reader of a new mailbox, before its thread starts.
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        listener: TcpListener,
+        wake: UnixStream,
+        magic: u64,
+        rank: usize,
+        nranks: usize,
+        timeout: Duration,
+    ) -> Reader {
+        Reader {
+            shared,
+            listener,
+            wake,
+            magic,
+            rank,
+            nranks,
+            timeout,
+            conns: Vec::new(),
+            watches: Vec::new(),
+            in_closed: vec![None; nranks],
+            out_closed: vec![false; nranks],
+            closed: false,
+            buf: vec![0; 64 << 10],
+        }
+    }
+
+    pub(super) fn run(mut self) {
         // Ends: when `stop` is set (Mailbox::drop), when the wake socket's other end closes,
         // or when poll fails (recorded as an abort so that waiters fail instead of hanging).
         loop {
