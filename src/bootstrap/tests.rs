@@ -6,6 +6,7 @@ use super::frame::{self, encode_addr, encode_frame, Kind, HEADER_LEN};
 use super::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::time::Instant;
 
 #[test]
 fn rank_checks() {

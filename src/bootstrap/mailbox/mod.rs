@@ -10,6 +10,9 @@
 //! to us; an incoming connection that ends any other way (EOF without `Bye`, an error, a
 //! malformed frame) is recorded as a loss. The owner reads losses of the peers it watches with
 //! [`Mailbox::lost_peer`], which costs one atomic load while nothing was lost.
+//!
+//! The thread is `reader.rs`; this file is the owner's side: the state both share and the calls
+//! that file, take and wait on it.
 
 mod reader;
 
