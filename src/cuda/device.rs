@@ -1,0 +1,81 @@
+//! Device calls that need no state of their own: waiting on a user's stream, a device's NUMA
+//! node, the GPUDirect RDMA flush.
+
+use super::{available, check, need_driver, stream, CtxGuard};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::ffi::CStr;
+
+/// Waits (bounded by `MSCCLPP_WAIT_TIMEOUT`) for the work queued on a user's `cudaStream_t`
+/// (`0`: the legacy default stream, `1`/`2`: `cudaStreamLegacy`/`cudaStreamPerThread`). Host
+/// mode: nothing can be queued, returns at once.
+pub fn sync_stream(stream: i64) -> Result<()> {
+    if !available() {
+        return Ok(());
+    }
+    let s = stream as usize as sys::CUstream;
+    // The special handles mean "the current context's" stream; with none current, use the
+    // first device whose primary context is active (a user thread that never touched CUDA).
+    let _g = if stream <= 2 {
+        let mut cur: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer valid; driver initialised.
+        check(unsafe { sys::cuCtxGetCurrent(&mut cur) }, || {
+            "cuCtxGetCurrent".into()
+        })?;
+        if cur.is_null() {
+            Some(CtxGuard::enter(0)?)
+        } else {
+            None
+        }
+    } else {
+        None
+    };
+    stream::wait_raw(s, || {
+        "the user's stream passed to mscclppRegisteredBufferWrite".into()
+    })
+}
+
+/// The NUMA node of a device, from sysfs; `None` where unknown or reported as -1 (as on some
+/// virtual machines). Informational: nothing here depends on it.
+pub fn numa_node(device: i32) -> Option<i32> {
+    let _g = CtxGuard::enter(device).ok()?;
+    let mut buf = [0 as std::ffi::c_char; 32];
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: out-pointers valid; buffer length passed.
+    let ok = unsafe { sys::cuDeviceGet(&mut dev, device) } == sys::CUresult::CUDA_SUCCESS
+        // SAFETY: as above; the driver NUL-terminates within `len`.
+        && unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev) }
+            == sys::CUresult::CUDA_SUCCESS;
+    if !ok {
+        return None;
+    }
+    // SAFETY: NUL-terminated by the driver (checked success).
+    let bus = unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .to_ascii_lowercase();
+    let s = std::fs::read_to_string(format!("/sys/bus/pci/devices/{bus}/numa_node")).ok()?;
+    s.trim().parse::<i32>().ok().filter(|n| *n >= 0)
+}
+
+/// Makes GPUDirect RDMA writes that already reached `device` visible to its kernels
+/// (`cuFlushGPUDirectRDMAWrites`, owner scope). For the network transport's GPU buffers.
+/// Errors if the driver lacks the call: never silently skipped.
+pub fn flush_gpudirect_rdma_writes(device: i32) -> Result<()> {
+    let drv = need_driver("a GPUDirect RDMA flush")?;
+    if !drv.flush_rdma {
+        return Err(Error::usage(
+            "the CUDA driver has no cuFlushGPUDirectRDMAWrites (needs a CUDA 11.3+ driver)",
+        ));
+    }
+    let _g = CtxGuard::enter(device)?;
+    // SAFETY: the symbol exists (probed at detection); the context is current.
+    check(
+        unsafe {
+            sys::cuFlushGPUDirectRDMAWrites(
+                sys::CUflushGPUDirectRDMAWritesTarget::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+                sys::CUflushGPUDirectRDMAWritesScope::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER,
+            )
+        },
+        || format!("cuFlushGPUDirectRDMAWrites(device {device})"),
+    )
+}

@@ -1,0 +1,71 @@
+//! One connection's state on its proxy, and its direct signal path: a Flag stored straight into
+//! the peer's mapped epoch block instead of going through the endpoint.
+
+use crate::transport::{MrId, PeerId, RemoteId};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Everything the proxy needs to act on one connection's triggers.
+#[derive(Clone, Debug)]
+pub struct ProxyConn {
+    pub remote_rank: usize,
+    pub peer: PeerId,
+    pub src: MrId,
+    pub local_size: u64,
+    pub dst: RemoteId,
+    pub remote_size: u64,
+    /// The peer's epoch block; the signal count goes to offset 8 (`proxy`).
+    pub remote_epoch: RemoteId,
+    /// Flags sent so far: the value the next Flag writes is this + 1. Counting here rather than
+    /// reading the producer's `device` epoch keeps the value in FIFO order with the data.
+    pub signals: u64,
+    /// The peer's epoch block, mapped (SHM over host memory), or its host signal word (P2P): a
+    /// Flag may be a plain store (`direct_flag`).
+    pub direct: Option<DirectEpoch>,
+    /// A write on this connection went through the endpoint since its last flush.
+    pub undelivered: bool,
+    /// A lone Flag of this connection went through the endpoint though it has a direct path
+    /// (something written before it may still be on its way, `undelivered`): once the FIFO is
+    /// empty the proxy flushes the peer (`ProxyWork::regain_direct`), or every later signal
+    /// would take the endpoint too until the user's next flush, which a ping-pong of
+    /// signal/wait never makes (test `e2e_host::signals_regain_direct_shm`).
+    pub regain_direct: bool,
+}
+
+/// The peer's epoch block mapped into this process (SHM connections over host memory, see
+/// `mem::SharedBlock`), or the host word of a P2P peer's epoch block (`transport::epoch::SignaledEpoch`,
+/// which the peer's wait() polls beside the count the engines store).
+#[derive(Clone)]
+pub struct DirectEpoch(pub Arc<crate::mem::SharedBlock>);
+
+impl std::fmt::Debug for DirectEpoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DirectEpoch({})", self.0.name())
+    }
+}
+
+/// Delivers connection `c`'s next Flag as a store into the peer's mapped epoch block, if it has
+/// one and nothing written on the connection since the last flush may still be on its way (a
+/// store could overtake it: the data, or an earlier flag and the count would step back).
+/// Returns whether it did; then the count went up by one.
+pub(super) fn direct_flag(c: &mut ProxyConn) -> bool {
+    let Some(d) = &c.direct else { return false };
+    if c.undelivered {
+        return false;
+    }
+    c.signals += 1;
+    // SAFETY: the peer's epoch block is mapped for the connection's lifetime (`d` holds it),
+    // at least 32 bytes; the signal count (`proxy`) is the aligned u64 at offset 8. Release
+    // pairs with the Acquire load of the peer's wait().
+    unsafe { AtomicU64::from_ptr(d.0.ptr().add(8).cast::<u64>()) }
+        .store(c.signals, Ordering::Release);
+    true
+}
+
+/// After a flush of `peer`: everything written to it has arrived, on every connection to it.
+pub(super) fn flushed(conns: &mut [ProxyConn], peer: PeerId) {
+    for x in conns.iter_mut().filter(|x| x.peer == peer) {
+        x.undelivered = false;
+        x.regain_direct = false;
+    }
+}

@@ -1,0 +1,279 @@
+//! One FIFO's consumer (`ProxyWork`): a `service` round drains a batch of triggers, checking
+//! each against the registered sizes and dispatching it to the endpoint, or progresses the
+//! endpoint when idle; it also watches for lost peers. Whoever holds the lock runs it: the proxy
+//! thread (`thread.rs`) or a host thread (`assist.rs`).
+
+use super::conn::{direct_flag, flushed, ProxyConn};
+use super::Sticky;
+use crate::abi::{mscclppData, mscclppFlag, mscclppSync};
+use crate::error::{Error, Result};
+use crate::fifo::{Fifo, Trigger};
+use crate::sync::lock;
+use crate::transport::{Endpoint, PeerId};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+pub type SharedEndpoint = Arc<Mutex<Box<dyn Endpoint>>>;
+
+/// One FIFO's consumer: the FIFO, its connections and the endpoint they use. Shared between the
+/// proxy thread and, for host FIFOs, the host threads that produce into it or wait on it: any
+/// of them may hold the lock and do the proxy's work (`ProxyWork::service`). The lock keeps one
+/// consumer at a time, so triggers still execute in FIFO order.
+pub struct ProxyWork {
+    /// Declared (so dropped) before the FIFO: the P2P SM copy engine stores into the FIFO's
+    /// done word until its endpoint is dropped.
+    pub endpoint: SharedEndpoint,
+    pub fifo: Fifo,
+    pub conns: Vec<ProxyConn>,
+    /// Polled for peers that died: their loss aborts every wait on this FIFO.
+    pub boot: Arc<crate::bootstrap::Bootstrap>,
+    pub sticky: Arc<Sticky>,
+    pub name: String,
+    /// Between `launch` and the end of the thread, and only while no error occurred: only then
+    /// may anyone consume (before launch, host producers' triggers wait for the proxy).
+    pub(super) active: bool,
+    /// Host producers and waiters do this FIFO's work too (see `new`).
+    pub(super) assisted: bool,
+    handled: u32,
+    last_watch: Instant,
+    /// Rounds of `service` so far (the clock is read once every `WATCH_EVERY` of them).
+    rounds: u32,
+    pub(super) stop_seen: Option<Instant>,
+    /// Host threads waiting on this FIFO while doing its work (host FIFOs only).
+    pub(super) gate: Arc<crate::fifo::HelperGate>,
+}
+
+pub type SharedWork = Arc<Mutex<ProxyWork>>;
+
+/// What one `service` round found.
+pub(super) enum Round {
+    /// Triggers were executed.
+    Busy,
+    /// Nothing to do; the endpoint was progressed.
+    Idle,
+    /// Asked to stop, and the FIFO is drained and flushed.
+    Done,
+}
+
+impl ProxyWork {
+    pub fn new(
+        fifo: Fifo,
+        endpoint: SharedEndpoint,
+        boot: Arc<crate::bootstrap::Bootstrap>,
+        sticky: Arc<Sticky>,
+        name: String,
+        assist: bool,
+    ) -> SharedWork {
+        // Host producers may do the work only if `assist`: an endpoint that can wedge when a
+        // peer dies (libfabric 1.17 shm: locks in shared memory) must be entered by the proxy
+        // thread alone, which can be abandoned; a user thread stuck there could not. They may
+        // still deliver a signal that needs no endpoint call (`direct_signal`).
+        let host_head = fifo
+            .device()
+            .is_none()
+            .then(|| fifo.producer_view(0).triggerFifoHead);
+        let gate = Arc::new(crate::fifo::HelperGate::default());
+        let work = Arc::new(Mutex::new(ProxyWork {
+            fifo,
+            conns: Vec::new(),
+            endpoint,
+            boot,
+            sticky,
+            name,
+            active: false,
+            assisted: assist && host_head.is_some(),
+            handled: 0,
+            last_watch: Instant::now(),
+            rounds: 0,
+            stop_seen: None,
+            gate: gate.clone(),
+        }));
+        if let Some(head) = host_head {
+            let weak: Weak<dyn crate::fifo::Assist> =
+                Arc::downgrade(&work) as Weak<Mutex<ProxyWork>>;
+            crate::fifo::set_consumer(head, weak, assist, gate);
+        }
+        work
+    }
+
+    /// Records `e` as the communicator's sticky error, raises the abort word and stops
+    /// consuming.
+    pub(super) fn fail(&mut self, e: &Error) {
+        let code = e.code();
+        self.sticky.set(code, format!("{}: {e}", self.name));
+        self.fifo.abort_word().set(code);
+        self.active = false;
+    }
+
+    /// One round of the proxy's work: up to a batch of triggers, or, when the FIFO is empty,
+    /// progress of the endpoint (and the final drain once `stopping`).
+    pub(super) fn service(&mut self, stopping: bool) -> Result<Round> {
+        // Reading the clock on every round cost ~1% of a tcp transfer's CPU time (`perf`, 2-core
+        // VM); a dead peer is noticed within the period plus WATCH_EVERY rounds.
+        self.rounds = self.rounds.wrapping_add(1);
+        if self.rounds % WATCH_EVERY == 0 && self.last_watch.elapsed() > PEER_WATCH_PERIOD {
+            self.last_watch = Instant::now();
+            check_peers(self)?;
+        }
+        let mut n = 0;
+        while n < BATCH {
+            let Some(words) = self.fifo.peek() else { break };
+            let t = Trigger::decode(words);
+            handle(self, &t)?;
+            self.fifo.pop(t.ty & mscclppSync != 0);
+            n += 1;
+            self.handled = self.handled.wrapping_add(1);
+            if self.handled % BUSY_PROGRESS_EVERY == 0 {
+                // Writes posted must also move while triggers keep coming: a socket provider
+                // sends only when progressed, and a host producer's every push is a Busy round
+                // (4 MiB puts over tcp ran at 77% of raw fi_write without this).
+                lock(&self.endpoint).progress()?;
+            }
+            if self.handled % BUSY_INCOMING_EVERY == 0 {
+                // A FIFO that never empties must not starve the peers' writes into us.
+                lock(&self.endpoint).poll_incoming()?;
+            }
+        }
+        if n > 0 {
+            self.stop_seen = None;
+            return Ok(Round::Busy);
+        }
+        if stopping {
+            // A producer may have taken a ticket and not yet written its slot; give it a short
+            // grace period, then finish.
+            let t0 = *self.stop_seen.get_or_insert_with(Instant::now);
+            if t0.elapsed() > Duration::from_millis(20) {
+                let mut ep = lock(&self.endpoint);
+                ep.poll_incoming()?;
+                let mut peers: Vec<PeerId> = self.conns.iter().map(|c| c.peer).collect();
+                peers.sort_unstable();
+                peers.dedup();
+                for p in peers {
+                    ep.flush(p)?;
+                }
+                // Nothing of ours may keep running on the GPU once the proxy is stopped.
+                ep.quiesce()?;
+                return Ok(Round::Done);
+            }
+        }
+        if self.conns.iter().any(|c| c.regain_direct) {
+            self.regain_direct()?;
+        }
+        let mut ep = lock(&self.endpoint);
+        ep.progress()?;
+        // Writes peers made into us that need our work before our waiters may see them (net
+        // staging); after progress, which may just have delivered some.
+        ep.poll_incoming()?;
+        Ok(Round::Idle)
+    }
+
+    /// With the FIFO empty: flushes each peer that a connection with a direct path sent a Flag
+    /// to through the endpoint (`ProxyConn::regain_direct`), so that its next signals may be
+    /// stores again. One delivery-complete round trip per such episode, off the producer's
+    /// thread; bounded like every flush.
+    fn regain_direct(&mut self) -> Result<()> {
+        let mut ep = lock(&self.endpoint);
+        while let Some(peer) = self.conns.iter().find(|c| c.regain_direct).map(|c| c.peer) {
+            ep.flush(peer)?;
+            flushed(&mut self.conns, peer);
+        }
+        Ok(())
+    }
+}
+
+/// Triggers one `service` round executes before it lets go of the lock.
+const BATCH: u32 = 32;
+
+/// While busy, the proxy finishes incoming writes (`Endpoint::poll_incoming`) after this many
+/// triggers; when idle, on every round.
+const BUSY_INCOMING_EVERY: u32 = 64;
+
+/// While busy, the proxy progresses its endpoint after this many triggers; when idle, on every
+/// round.
+const BUSY_PROGRESS_EVERY: u32 = 4;
+
+/// How often the proxy asks the bootstrap whether a connected peer vanished.
+const PEER_WATCH_PERIOD: Duration = Duration::from_millis(10);
+/// Rounds of `service` between two looks at the clock for that period.
+const WATCH_EVERY: u32 = 64;
+
+/// Fails when a peer of one of this proxy's connections died (no goodbye on its bootstrap
+/// connection): the caller turns that into the sticky error and the abort word.
+fn check_peers(w: &ProxyWork) -> Result<()> {
+    let ranks: Vec<usize> = w.conns.iter().map(|c| c.remote_rank).collect();
+    match lost_peer_of(&w.boot, &ranks) {
+        Some(why) => Err(Error::remote(why)),
+        None => Ok(()),
+    }
+}
+
+/// "peer lost: why" when one of `ranks` died (one atomic load while none did).
+pub(super) fn lost_peer_of(boot: &crate::bootstrap::Bootstrap, ranks: &[usize]) -> Option<String> {
+    match boot.lost_peer() {
+        Some((rank, why)) if ranks.contains(&rank) => Some(format!("peer lost: {why}")),
+        _ => None,
+    }
+}
+
+/// Checks one trigger against the connection's registered sizes, then acts on it.
+fn handle(w: &mut ProxyWork, t: &Trigger) -> Result<()> {
+    let ticket = w.fifo.ticket();
+    let nconns = w.conns.len();
+    // Only host FIFOs regain the direct path by a flush: a P2P flush waits for the GPU's copies,
+    // which a kernel's next trigger must not queue behind.
+    let host_fifo = w.fifo.device().is_none();
+    let c = w.conns.get_mut(t.conn_id).ok_or_else(|| {
+        Error::invalid_arg(format!(
+            "trigger for connection {} but this proxy has {nconns}",
+            t.conn_id
+        ))
+    })?;
+    if t.ty == 0 || t.ty & !(mscclppData | mscclppFlag | mscclppSync) != 0 {
+        return Err(Error::invalid_arg(format!(
+            "trigger with unknown type {:#x}",
+            t.ty
+        )));
+    }
+    let mut ep = lock(&w.endpoint);
+    ep.set_ticket(ticket);
+    if t.ty & mscclppData != 0 {
+        check_range("source", t.src_off, t.size, c.local_size, c.remote_rank)?;
+        check_range(
+            "destination",
+            t.dst_off,
+            t.size,
+            c.remote_size,
+            c.remote_rank,
+        )?;
+        c.undelivered = true;
+        if t.ty & mscclppFlag != 0 {
+            c.signals += 1;
+            let flag = (c.remote_epoch, 8, c.signals);
+            ep.write_then_value(c.peer, c.src, t.src_off, c.dst, t.dst_off, t.size, flag)?;
+        } else {
+            ep.write(c.peer, c.src, t.src_off, c.dst, t.dst_off, t.size)?;
+        }
+    } else if t.ty & mscclppFlag != 0 && !direct_flag(c) {
+        c.undelivered = true;
+        // (A Sync in the same trigger clears it again below.)
+        c.regain_direct = c.direct.is_some() && host_fifo;
+        c.signals += 1;
+        ep.write_value(c.peer, c.remote_epoch, 8, c.signals)?;
+    }
+    if t.ty & mscclppSync != 0 {
+        let peer = c.peer;
+        ep.flush(peer)?;
+        drop(ep);
+        flushed(&mut w.conns, peer);
+    }
+    Ok(())
+}
+
+fn check_range(side: &str, off: u64, size: u64, limit: u64, peer: usize) -> Result<()> {
+    if size == 0 || off.checked_add(size).is_none_or(|end| end > limit) {
+        return Err(Error::invalid_arg(format!(
+            "put refused: {side} range [{off}, {off}+{size}) is outside the {limit}-byte buffer registered on the connection to rank {peer}"
+        )));
+    }
+    Ok(())
+}
