@@ -68,7 +68,7 @@ impl Drop for HostBlock {
 /// Zeroed host memory in a POSIX shared-memory object, so that another process of this host
 /// can map it by name ([`SharedBlock::open`]). The SHM transport keeps each connection's epoch
 /// block in one: a peer then stores a signal straight into it, without entering libfabric
-/// (`proxy::direct`).
+/// (`direct_flag`, proxy/conn.rs).
 ///
 /// Names are `/mscclpp-epoch-<pid>-<n>`; the creator unlinks the name once the peer has mapped
 /// it (end of connection setup) or on drop, so a crash leaves at most the objects of

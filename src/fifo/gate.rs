@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Host threads that wait on a FIFO while doing its consumer's work (`Spin`), counted so that
-/// the proxy thread can stand aside meanwhile (`proxy::run`): on a machine with fewer cores than
+/// the proxy thread can stand aside meanwhile (`run`, proxy/thread.rs): on a machine with fewer cores than
 /// busy threads, a second thread taking turns at the same work only costs the first one its
 /// core, and both of them the futex hand-offs of the consumer's lock.
 ///

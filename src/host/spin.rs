@@ -126,7 +126,7 @@ impl Spin {
         self.backoff.check(|| what.to_string())?;
         // Without help to give, the proxy thread does the work: on a machine with fewer cores
         // than busy threads, yielding soon hands it the core. A few polls first: a signal
-        // stored straight into our epoch (SHM, `proxy::direct_flag`) needs no other thread.
+        // stored straight into our epoch (SHM, `direct_flag`, proxy/conn.rs) needs no other thread.
         self.backoff.pause();
         Ok(())
     }

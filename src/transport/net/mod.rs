@@ -298,7 +298,7 @@ impl Endpoint for NetEndpoint {
     }
 
     /// SHM over host memory: the epoch block in POSIX shared memory, which the peer maps and
-    /// stores signals into without a libfabric call (`proxy::direct_flag`).
+    /// stores signals into without a libfabric call (`direct_flag`, proxy/conn.rs).
     fn epoch_block(&mut self, kind: MemKind) -> Result<EpochMem> {
         if self.direct_epoch_for(kind) {
             epoch::shared()

@@ -134,7 +134,7 @@ impl Endpoint for P2p {
     }
 
     /// A peer offers the host word of its epoch block by name: this proxy stores a signal with
-    /// no data in flight before it there (`proxy::direct_flag`), one PCIe leg instead of the
+    /// no data in flight before it there (`direct_flag`, proxy/conn.rs), one PCIe leg instead of the
     /// proxy -> GPU -> NVLink chain.
     fn caps(&self) -> Caps {
         Caps {
