@@ -1,8 +1,9 @@
 # Helpers shared by scripts/demo.sh and scripts/test.sh (sourced, not run).
 
 # The Debian packages the build, the tests and the examples need.
+# autoconf, automake, libtool: building libfabric 2.x from Debian's source (scripts/libfabric2.sh).
 MSCCLPP_APT_PACKAGES=(cmake make pkg-config g++ clang libclang-dev libfabric-dev libfabric-bin valgrind
-  iproute2)
+  iproute2 autoconf automake libtool xz-utils)
 
 # Installs those of MSCCLPP_APT_PACKAGES that dpkg does not list as installed.
 ensure_apt_packages() {

@@ -8,7 +8,8 @@
 # CMake build + install; CTest (C/C++ header tests); c_examples built against the installed
 # package (find_package) and through pkg-config; bootstrap_demo and allgather_host run with 3
 # local ranks (shared and static library); ASan/UBSan and valgrind runs (scripts/sanitize.sh);
-# a bounded soak of 4 ranks over tcp and shm (examples/soak.rs).
+# the libfabric suites again against libfabric 2.x built from Debian's source
+# (scripts/libfabric2.sh); a bounded soak of 4 ranks over tcp and shm (examples/soak.rs).
 #
 # Needs Debian/Ubuntu (missing packages are installed with apt-get) and a Rust toolchain.
 # Environment: CARGO_TARGET_DIR (default ./target), MSCCLPP_TEST_BUILD_DIR (default
@@ -89,6 +90,22 @@ run_examples() {
     scripts/run-local-ranks.sh 3 "$build/c_examples/allgather_host_static" -t shm -s 1048576 -i 5
 }
 
+# The library built against libfabric 2.x (Debian trixie's source, built by
+# scripts/libfabric2.sh into a cache) and its libfabric tests run on it: the bindings, the
+# conformance suite over tcp/shm (direct, staged, FI_MR_ENDPOINT), the multi-process host
+# suites, hostile input. 2.x has no `net` provider: the tests over it skip, saying so.
+libfabric2() {
+  local prefix
+  prefix=$(scripts/libfabric2.sh) || return 1
+  echo "libfabric 2.x: $("$prefix/bin/fi_info" --version | head -1) in $prefix"
+  PKG_CONFIG_PATH=$prefix/lib/pkgconfig LD_LIBRARY_PATH=$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+    CARGO_TARGET_DIR=$CARGO_TARGET_DIR/libfabric2 MSCCLPP_TEST_ALLOW_MISSING=net \
+    MSCCLPP_TEST_EXPECT_LIBFABRIC=2. \
+    cargo test -p libfabric-sys -p mscclpp --no-fail-fast --lib --test version \
+    --test endpoint_conformance --test net_endpoint --test net_two_process --test net_staging \
+    --test e2e_host --test hostile_region --test hostile_setup
+}
+
 # Bounded soak: 4 ranks over tcp, then shm, checksums on every transfer, RSS flat after warm-up
 # (examples/soak.rs; MSCCLPP_SOAK_SECONDS per provider, default 30).
 soak() {
@@ -120,6 +137,7 @@ step "c_examples build" needs="cmake install" -- examples_build
 step "pkg-config build" needs="cmake install" -- pkgconfig_build
 step "c_examples run" needs="c_examples build" -- run_examples
 step sanitize needs="cmake install" -- scripts/sanitize.sh "$prefix" "$build/sanitize"
+step "libfabric 2.x" -- libfabric2
 step soak -- soak
 
 passed=0 failed=0

@@ -41,6 +41,9 @@ fn with(
 
 /// Runs `body` as every rank of test `name` (in children), or launches the ranks (in the parent).
 fn ranks(name: &str, n: usize, provider: &str, body: fn(Env)) {
+    if skip_missing_provider(name, provider) {
+        return;
+    }
     if is_rank(name) {
         body(env());
         return;

@@ -68,7 +68,10 @@ fn direct(
 mod openers {
     use super::*;
 
-    const TCP: &str = "net: opened tcp;ofi_rxm domain lo ";
+    // libfabric 1.x serves RDM over tcp as `tcp;ofi_rxm`, 2.x's tcp provider does it itself:
+    // the opened provider's name starts with `tcp` either way, on the loopback domain.
+    const TCP: &str = "net: opened tcp";
+    const LO: &str = " domain lo ";
     const SHM: &str = "net: opened shm domain ";
     const CHUNKED: &str = "chunk 65536";
     const STAGED: [&str; 2] = [
@@ -84,7 +87,7 @@ mod openers {
                 ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
             ],
             open_lo,
-            &[TCP, CHUNKED],
+            &[TCP, LO, CHUNKED],
         )
     }
 
@@ -92,13 +95,13 @@ mod openers {
         direct(
             &[("MSCCLPP_NET_MAX_CHUNK", CHUNK)],
             open_default,
-            &[TCP, CHUNKED],
+            &[TCP, LO, CHUNKED],
         )
     }
 
     pub fn net() -> Opener {
         Opener {
-            available: || provider_listed("net"),
+            available: || common::provider_listed("net"),
             ..direct(
                 &[
                     ("MSCCLPP_NET_PROVIDER", "net"),
@@ -133,7 +136,7 @@ mod openers {
         ];
         Opener {
             big: STAGED_BIG,
-            ..direct(&ENV, open_lo, &[TCP, STAGED[0], STAGED[1]])
+            ..direct(&ENV, open_lo, &[TCP, LO, STAGED[0], STAGED[1]])
         }
     }
 
@@ -152,7 +155,7 @@ mod openers {
                 ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
             ],
             open_lo,
-            &[TCP, MR_ENDPOINT, CHUNKED],
+            &[TCP, LO, MR_ENDPOINT, CHUNKED],
         )
     }
 
@@ -186,44 +189,6 @@ mod openers {
                 }
                 Ok(())
             },
-        }
-    }
-}
-
-/// Whether fi_getinfo lists an RDM endpoint with RMA writes of provider `name`.
-fn provider_listed(name: &str) -> Result<(), String> {
-    use libfabric_sys as fi;
-    let c = std::ffi::CString::new(name).unwrap();
-    // SAFETY: fi_allocinfo gives a hints structure with every attribute allocated; we set plain
-    // fields and one malloc'd string, which fi_freeinfo frees; `out` is freed the same way.
-    unsafe {
-        let hints = fi::fi_allocinfo();
-        if hints.is_null() {
-            return Err("fi_allocinfo failed".into());
-        }
-        (*hints).caps = fi::FI_RMA as u64 | fi::FI_WRITE as u64 | fi::FI_REMOTE_WRITE as u64;
-        (*(*hints).ep_attr).type_ = fi::FI_EP_RDM;
-        (*(*hints).fabric_attr).prov_name = libc::strdup(c.as_ptr());
-        let mut out: *mut fi::fi_info = std::ptr::null_mut();
-        let rc = fi::fi_getinfo(
-            fi::FI_VERSION(1, 17),
-            std::ptr::null(),
-            std::ptr::null(),
-            0,
-            hints,
-            &mut out,
-        );
-        fi::fi_freeinfo(hints);
-        let listed = rc == 0 && !out.is_null();
-        if !out.is_null() {
-            fi::fi_freeinfo(out);
-        }
-        if listed {
-            Ok(())
-        } else {
-            Err(format!(
-                "fi_getinfo lists no RDM endpoint with RMA writes of provider {name} (rc {rc})"
-            ))
         }
     }
 }

@@ -245,6 +245,9 @@ fn body() {
 }
 
 fn run(name: &str, provider: &str) {
+    if skip_missing_provider(name, provider) {
+        return;
+    }
     if is_rank(name) {
         return body();
     }

@@ -25,6 +25,23 @@ fn main() {
         ),
     };
 
+    // libfabric 2.0 put `fi_mr_attr.mr_iov` into an anonymous union (with `dmabuf`); the
+    // crate's `mr_attr_set_iov` picks the field by this cfg.
+    println!("cargo::rustc-check-cfg=cfg(fi_mr_iov_in_union)");
+    let major: u32 = lib
+        .version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(1);
+    if major >= 2 {
+        println!("cargo:rustc-cfg=fi_mr_iov_in_union");
+    }
+    println!(
+        "cargo:rustc-env=LIBFABRIC_SYS_BUILT_AGAINST={}",
+        lib.version
+    );
+
     let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
     let wrap_c = out.join("fi_static_wrappers.c");
     let clang_includes: Vec<String> = lib

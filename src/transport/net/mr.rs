@@ -186,7 +186,6 @@ impl FabricOps for RealOps<'_> {
             iov_len: r.len as usize,
         };
         let mut attr = fi::fi_mr_attr {
-            mr_iov: (&iov as *const libc::iovec).cast(),
             iov_count: 1,
             access: r.access,
             offset: 0,
@@ -194,6 +193,7 @@ impl FabricOps for RealOps<'_> {
             iface: fi::FI_HMEM_SYSTEM,
             ..Default::default()
         };
+        fi::mr_attr_set_iov(&mut attr, (&iov as *const libc::iovec).cast());
         if let Some(d) = r.cuda_device {
             attr.iface = fi::FI_HMEM_CUDA;
             attr.device.cuda = d;
