@@ -78,7 +78,7 @@ pub fn value_after_data(o: &Opener) {
     let ack_r = b.lock().unwrap().import(b_peer, &ack_blob).unwrap();
     let rounds = 20u64;
     let (dst2, epoch2) = (dst.clone(), epoch.clone());
-    let checker = std::thread::spawn(move || -> Result<(), String> {
+    let mut checker = Some(std::thread::spawn(move || -> Result<(), String> {
         for r in 1..=rounds {
             let t0 = Instant::now();
             // Ends when value r arrives, or fails at the deadline.
@@ -102,16 +102,17 @@ pub fn value_after_data(o: &Opener) {
             b.flush(b_peer).map_err(|e| e.to_string())?;
         }
         Ok(())
-    });
+    }));
     for r in 1..=rounds {
         src.write(0, &pattern_bytes(r, len));
         g.a.write(p, s, 0, d, 0, len as u64).unwrap();
         g.a.write_value(p, e, 8, r).unwrap();
         // Reusing `src` needs its writes complete; the ack gates the next overwrite of dst.
         g.a.flush(p).unwrap();
-        g.wait_word(&ack, 0, r, "the target's acknowledgement");
+        g.wait_word_from(&ack, 0, r, "the target's acknowledgement", &mut checker);
     }
     // The checker's last flush may need `a`'s progress.
+    let checker = checker.expect("the checker ended without failing");
     g.progress_until(&checker, "the checker");
     checker.join().unwrap().unwrap();
 }

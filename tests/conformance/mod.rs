@@ -376,6 +376,36 @@ impl Group {
         }
     }
 
+    /// As [`Group::wait_word`], for a word that thread `h` (which returns why it failed)
+    /// writes: fails at once with that thread's own error if it ends first, instead of
+    /// waiting out the deadline and hiding it.
+    pub fn wait_word_from(
+        &mut self,
+        mem: &Mem,
+        i: usize,
+        want: u64,
+        what: &str,
+        h: &mut Option<JoinHandle<Result<(), String>>>,
+    ) {
+        let t0 = Instant::now();
+        // Ends when the word gets there, fails when the thread ended without it, or at the
+        // deadline.
+        while mem.word(i) < want {
+            self.progress_a();
+            self.check_targets();
+            if h.as_ref().is_some_and(|t| t.is_finished()) && mem.word(i) < want {
+                let r = h.take().unwrap().join().unwrap();
+                panic!("{what}: word {i} is {}, want {want}, and the thread writing it ended: {r:?}", mem.word(i));
+            }
+            assert!(
+                t0.elapsed() < DEADLINE,
+                "{what}: word {i} is {} after {DEADLINE:?}, want {want}",
+                mem.word(i)
+            );
+            std::thread::yield_now();
+        }
+    }
+
     /// Runs `f` on target `k`'s endpoint (its id for `a` given) on a thread of its own, while
     /// this thread progresses `a` (what `f`'s writes and flushes to `a` need); returns `f`'s
     /// result. Fails at [`DEADLINE`].
