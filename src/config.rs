@@ -22,6 +22,7 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_DISABLE_CUDA",
     "MSCCLPP_NET_PROVIDER",
     "FI_PROVIDER",
+    "MSCCLPP_IBDEV_MAP",
     "MSCCLPP_NET_IFACE",
     "MSCCLPP_NET_ADDR",
     "MSCCLPP_NET_TX_DEPTH",
@@ -63,6 +64,9 @@ pub struct NetConfig {
     pub providers: Option<Vec<String>>,
     /// `MSCCLPP_NET_IFACE`: the interface (the domain name of socket providers).
     pub iface: Option<String>,
+    /// `MSCCLPP_IBDEV_MAP`: `from=to` pairs for the `ibDev` names programs pass (see
+    /// [`NetConfig::map_ibdev`]), in the order given.
+    pub ibdev_map: Vec<(String, String)>,
     /// `MSCCLPP_NET_ADDR`: the local address to bind (node + FI_SOURCE).
     pub addr: Option<String>,
     /// `MSCCLPP_NET_TX_DEPTH`: outstanding operations per endpoint (default: the provider's).
@@ -88,6 +92,7 @@ impl Default for NetConfig {
         NetConfig {
             providers: None,
             iface: None,
+            ibdev_map: Vec::new(),
             addr: None,
             tx_depth: None,
             max_chunk: None,
@@ -97,6 +102,55 @@ impl Default for NetConfig {
             staging_slots: None,
             force_staging: false,
             force_mr_endpoint: false,
+        }
+    }
+}
+
+/// What an `ibDev` name resolved to (`NetConfig::map_ibdev`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum IbDev {
+    /// The library's own choice of domain (`ibDev` NULL, or mapped to `auto`).
+    Auto,
+    /// This domain or fabric name, as the program passed it (no mapping applies).
+    Named(String),
+    /// This domain or fabric name, which `MSCCLPP_IBDEV_MAP` maps the program's name to.
+    Mapped { from: String, to: String },
+    /// `MSCCLPP_IBDEV_MAP` maps the program's name to `auto`.
+    MappedAuto { from: String },
+}
+
+impl IbDev {
+    /// The domain to open (None: the library's choice).
+    pub fn domain(&self) -> Option<&str> {
+        match self {
+            IbDev::Named(d) | IbDev::Mapped { to: d, .. } => Some(d),
+            IbDev::Auto | IbDev::MappedAuto { .. } => None,
+        }
+    }
+}
+
+impl NetConfig {
+    /// The domain for the `ibDev` name a program passed: the first `from=to` pair whose `from`
+    /// is that name, else a `*=to` pair; `to` is a domain or fabric name, or `auto`. A name no
+    /// pair maps stays as it is; NULL is always the library's choice.
+    pub fn map_ibdev(&self, name: Option<&str>) -> IbDev {
+        let Some(name) = name else {
+            return IbDev::Auto;
+        };
+        let pair = self
+            .ibdev_map
+            .iter()
+            .find(|(f, _)| f == name)
+            .or_else(|| self.ibdev_map.iter().find(|(f, _)| f == "*"));
+        match pair {
+            None => IbDev::Named(name.to_string()),
+            Some((_, to)) if to == "auto" => IbDev::MappedAuto {
+                from: name.to_string(),
+            },
+            Some((_, to)) => IbDev::Mapped {
+                from: name.to_string(),
+                to: to.clone(),
+            },
         }
     }
 }
@@ -228,6 +282,26 @@ impl Reader<'_> {
         }
     }
 
+    /// Comma-separated `from=to` pairs, each side non-empty; a malformed pair is reported and
+    /// left out, the others kept.
+    fn pairs(&mut self, name: &str) -> Vec<(String, String)> {
+        let Some(s) = self.text(name) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            match item.split_once('=').map(|(f, t)| (f.trim(), t.trim())) {
+                Some((f, t)) if !f.is_empty() && !t.is_empty() && !t.contains('=') => {
+                    out.push((f.to_string(), t.to_string()))
+                }
+                _ => self.problems.push(format!(
+                    "ignoring {item:?} in {name}={s:?}: expected from=to (a name a program passes as ibDev, or *, = a libfabric domain or fabric name, or auto)"
+                )),
+            }
+        }
+        out
+    }
+
     /// One of `choices` (case-insensitive), returned lower-case; unset is `None`.
     fn choice(&mut self, name: &str, choices: &[&str], instead: &str) -> Option<String> {
         let s = self.text(name)?;
@@ -292,6 +366,7 @@ impl Config {
         let net = NetConfig {
             providers,
             iface: r.text("MSCCLPP_NET_IFACE"),
+            ibdev_map: r.pairs("MSCCLPP_IBDEV_MAP"),
             addr: r.text("MSCCLPP_NET_ADDR"),
             tx_depth: r.num("MSCCLPP_NET_TX_DEPTH", "the provider's depth"),
             max_chunk: r.num("MSCCLPP_NET_MAX_CHUNK", "the provider's max_msg_size"),
@@ -493,6 +568,45 @@ mod tests {
                 c.problems
             );
         }
+    }
+
+    #[test]
+    fn ibdev_map_pairs_and_lookup() {
+        let c = with(&[(
+            "MSCCLPP_IBDEV_MAP",
+            " mlx5_ib0 = lo , bad, =x, y=, mlx5_ib1=auto, *=eth0,a=b=c",
+        )]);
+        let n = &c.net;
+        assert_eq!(
+            n.ibdev_map,
+            vec![
+                ("mlx5_ib0".into(), "lo".into()),
+                ("mlx5_ib1".into(), "auto".into()),
+                ("*".into(), "eth0".into())
+            ]
+        );
+        assert_eq!(c.problems.len(), 4, "{:#?}", c.problems);
+        assert!(c.problems.iter().all(|p| p.contains("MSCCLPP_IBDEV_MAP")));
+        assert_eq!(n.map_ibdev(None), IbDev::Auto);
+        assert_eq!(
+            n.map_ibdev(Some("mlx5_ib0")),
+            IbDev::Mapped {
+                from: "mlx5_ib0".into(),
+                to: "lo".into()
+            }
+        );
+        assert_eq!(
+            n.map_ibdev(Some("mlx5_ib1")),
+            IbDev::MappedAuto {
+                from: "mlx5_ib1".into()
+            }
+        );
+        assert_eq!(n.map_ibdev(Some("other")).domain(), Some("eth0"));
+        let plain = with(&[]).net;
+        assert_eq!(
+            plain.map_ibdev(Some("mlx5_ib0")),
+            IbDev::Named("mlx5_ib0".into())
+        );
     }
 
     #[test]

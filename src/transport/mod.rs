@@ -12,6 +12,7 @@ pub mod p2p;
 pub mod staging;
 
 use crate::abi::mscclppTransport_t;
+use crate::config::IbDev;
 use crate::error::{Error, Result};
 use epoch::EpochMem;
 
@@ -170,9 +171,10 @@ pub fn transport_from_c(v: i32) -> Option<mscclppTransport_t> {
 pub enum EndpointKey {
     /// CUDA IPC from this device ordinal.
     P2p { device: i32 },
-    /// libfabric; `domain` is the user's `ibDev` (None: first suitable), `shm` for SHM.
+    /// libfabric; `ibdev`: the domain the user's `ibDev` resolved to (through
+    /// `MSCCLPP_IBDEV_MAP`), `shm` for SHM.
     Net {
-        domain: Option<String>,
+        ibdev: IbDev,
         shm: bool,
         device: Option<i32>,
     },
@@ -198,15 +200,27 @@ impl EndpointKey {
             }
             (mscclppTransportP2P, Some(device)) => Ok(EndpointKey::P2p { device }),
             (mscclppTransportSHM, device) => Ok(EndpointKey::Net {
-                domain: None,
+                ibdev: IbDev::Auto,
                 shm: true,
                 device,
             }),
-            (mscclppTransportIB, device) => Ok(EndpointKey::Net {
-                domain: ib_dev.map(str::to_string),
-                shm: false,
-                device,
-            }),
+            (mscclppTransportIB, device) => {
+                let ibdev = crate::config::get().net.map_ibdev(ib_dev);
+                match &ibdev {
+                    IbDev::Mapped { from, to } => crate::info!(
+                        "ibDev {from:?}: libfabric domain {to:?} (MSCCLPP_IBDEV_MAP)"
+                    ),
+                    IbDev::MappedAuto { from } => crate::info!(
+                        "ibDev {from:?}: the library's choice of domain (MSCCLPP_IBDEV_MAP maps it to auto)"
+                    ),
+                    IbDev::Named(_) | IbDev::Auto => {}
+                }
+                Ok(EndpointKey::Net {
+                    ibdev,
+                    shm: false,
+                    device,
+                })
+            }
         }
     }
 
@@ -232,9 +246,18 @@ pub fn open(key: &EndpointKey) -> Result<Box<dyn Endpoint>> {
     match key {
         EndpointKey::P2p { device } => p2p::open(*device),
         EndpointKey::Net {
-            domain,
+            ibdev,
             shm,
             device,
-        } => net::open(domain.as_deref(), *shm, *device),
+        } => net::open(ibdev.domain(), *shm, *device).map_err(|e| match (ibdev, e) {
+            // A name the program passed that names no domain here: say how to map it.
+            (IbDev::Named(name), Error::InvalidArgument(m)) => Error::InvalidArgument(format!(
+                "ibDev {name:?}: {m}; map the names a program passes as ibDev with MSCCLPP_IBDEV_MAP, e.g. MSCCLPP_IBDEV_MAP='*=auto' (the library's choice) or '{name}=DOMAIN'"
+            )),
+            (IbDev::Mapped { from, to }, Error::InvalidArgument(m)) => Error::InvalidArgument(
+                format!("ibDev {from:?} is mapped to {to:?} by MSCCLPP_IBDEV_MAP: {m}"),
+            ),
+            (_, e) => e,
+        }),
     }
 }

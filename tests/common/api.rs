@@ -34,11 +34,15 @@ pub fn init(root: &str, rank: usize, n: usize) -> mscclppComm_t {
 }
 
 /// The transport under test, from `MSCCLPP_TEST_TRANSPORT` (`shm`, or a libfabric provider
-/// name used with mscclppTransportIB).
+/// name used with mscclppTransportIB), and for IB the `ibDev` name `MSCCLPP_TEST_IBDEV` gives
+/// (NULL without it).
 pub fn transport() -> (i32, Option<String>) {
     match std::env::var("MSCCLPP_TEST_TRANSPORT").as_deref() {
         Ok("shm") => (mscclppTransport_t::mscclppTransportSHM as i32, None),
-        _ => (mscclppTransport_t::mscclppTransportIB as i32, None),
+        _ => (
+            mscclppTransport_t::mscclppTransportIB as i32,
+            std::env::var("MSCCLPP_TEST_IBDEV").ok(),
+        ),
     }
 }
 

@@ -395,7 +395,10 @@ impl Group {
             self.check_targets();
             if h.as_ref().is_some_and(|t| t.is_finished()) && mem.word(i) < want {
                 let r = h.take().unwrap().join().unwrap();
-                panic!("{what}: word {i} is {}, want {want}, and the thread writing it ended: {r:?}", mem.word(i));
+                panic!(
+                    "{what}: word {i} is {}, want {want}, and the thread writing it ended: {r:?}",
+                    mem.word(i)
+                );
             }
             assert!(
                 t0.elapsed() < DEADLINE,
