@@ -76,7 +76,7 @@ mod openers {
     const CHUNKED: &str = "chunk 65536";
     const STAGED: [&str; 2] = [
         "(staging forced for testing)",
-        "stages through host memory with memcpy copies",
+        "host memory, staged (MSCCLPP_TEST_FORCE_STAGING=1)",
     ];
     const MR_ENDPOINT: &str = "(FI_MR_ENDPOINT forced for testing)";
 

@@ -207,7 +207,16 @@ impl NetEndpoint {
             choice.delivery_complete && cfg.delivery_complete,
         )?;
         let mut ep = NetEndpoint {
-            regions: Regions::new(policy, choice.hmem),
+            regions: Regions::new(
+                policy,
+                if !cfg.hmem {
+                    Err("MSCCLPP_NET_HMEM=0")
+                } else if !choice.hmem {
+                    Err("the provider does not report FI_HMEM")
+                } else {
+                    Ok(())
+                },
+            ),
             ops,
             peers: Peers::new(AddrBlob {
                 provider: provider.clone(),

@@ -47,8 +47,8 @@ pub(super) struct Regions {
     /// scratch word, then user regions, channels and bounce slots. Closed before `objs.ep`.
     pub mrs: mr::Table<*mut fi::fid_mr, Region>,
     pub policy: mr::Policy,
-    /// The provider has FI_HMEM (`try_hmem`).
-    hmem: bool,
+    /// The provider registers GPU memory with FI_HMEM (`try_hmem`), or why not.
+    hmem: std::result::Result<(), &'static str>,
     /// Regions handed out by `register` (`MrId` indexes this), deduplicated by `region_ids`.
     local: Vec<LocalRegion>,
     region_ids: HashMap<Region, MrId>,
@@ -63,7 +63,7 @@ impl Index<MrId> for Regions {
 }
 
 impl Regions {
-    pub fn new(policy: mr::Policy, hmem: bool) -> Self {
+    pub fn new(policy: mr::Policy, hmem: std::result::Result<(), &'static str>) -> Self {
         Regions {
             mrs: mr::Table::new(),
             policy,
@@ -148,6 +148,8 @@ impl Regions {
             return Ok((id, self.local[id].blob.clone()));
         }
         let id = self.local.len();
+        // Why a GPU region is staged rather than registered with FI_HMEM (for the log).
+        let mut staged_why = String::new();
         let backing = match region.kind {
             MemKind::Host if staging.force_staging => {
                 if staging.device.is_some() {
@@ -180,10 +182,11 @@ impl Regions {
                     )));
                 }
                 match self.try_hmem(ops, region, d)? {
-                    Some(i) => Backing::Hmem(i),
-                    None => {
+                    Ok(i) => Backing::Hmem(i),
+                    Err(why) => {
                         // Fail now rather than at the first write if copies are impossible.
                         staging.copier(ops)?;
+                        staged_why = why;
                         Backing::Staged
                     }
                 }
@@ -219,8 +222,23 @@ impl Regions {
             blob: blob.clone(),
         });
         self.region_ids.insert(region, id);
-        crate::trace!(
-            "net: {} registered {:#x}+{} as region {id} ({backing:?})",
+        // Which path the region's bytes take, and why: the one place a user can see whether
+        // GPU memory goes by FI_HMEM or is staged.
+        let path = match (backing, region.kind) {
+            (Backing::Mr(_), _) => "host memory, registered with the provider".to_string(),
+            (Backing::Hmem(_), MemKind::Device(d)) => format!(
+                "CUDA device {d} memory, registered with FI_HMEM: the NIC writes it directly; signal values are relayed by this proxy after a GPUDirect RDMA flush"
+            ),
+            (Backing::Staged, MemKind::Host) => {
+                "host memory, staged (MSCCLPP_TEST_FORCE_STAGING=1)".to_string()
+            }
+            (Backing::Staged, MemKind::Device(d)) => format!(
+                "CUDA device {d} memory, staged through pinned host memory ({staged_why})"
+            ),
+            (Backing::Hmem(_), MemKind::Host) => "host memory, FI_HMEM".to_string(),
+        };
+        crate::info!(
+            "net: {} region {id} {:#x}+{}: {path}",
             ops.describe(),
             region.addr,
             region.len
@@ -231,16 +249,23 @@ impl Regions {
     /// Registers device memory with FI_HMEM if this endpoint can use it directly: the provider
     /// has FI_HMEM, registering CUDA memory succeeds, and the driver can flush GPUDirect RDMA
     /// writes (needed before a relayed value is stored). None: stage it instead.
-    fn try_hmem(&mut self, ops: &mut Ops, region: Region, device: i32) -> Result<Option<usize>> {
-        if !self.hmem {
-            return Ok(None);
+    fn try_hmem(
+        &mut self,
+        ops: &mut Ops,
+        region: Region,
+        device: i32,
+    ) -> Result<std::result::Result<usize, String>> {
+        if let Err(why) = self.hmem {
+            return Ok(Err(why.to_string()));
         }
         if !crate::cuda::has_flush_gpudirect_rdma() {
             log_once(
                 &NO_GDR_FLUSH_LOGGED,
                 "net: the CUDA driver has no cuFlushGPUDirectRDMAWrites: GPU memory is staged through host memory instead of FI_HMEM",
             );
-            return Ok(None);
+            return Ok(Err(
+                "the CUDA driver has no cuFlushGPUDirectRDMAWrites".to_string()
+            ));
         }
         let req = mr::Request {
             addr: region.addr,
@@ -251,7 +276,7 @@ impl Regions {
         };
         let policy = self.policy;
         match mr::register(&mut ops.mr_ops(), &policy, &req) {
-            Ok(m) => Ok(Some(self.add_mr(m))),
+            Ok(m) => Ok(Ok(self.add_mr(m))),
             // A provider that claims FI_HMEM may still lack CUDA support in this build.
             Err(e) => {
                 log_once(
@@ -261,7 +286,10 @@ impl Regions {
                         ops.provider
                     ),
                 );
-                Ok(None)
+                Ok(Err(format!(
+                    "{} reports FI_HMEM, but registering CUDA memory failed: {e}",
+                    ops.provider
+                )))
             }
         }
     }

@@ -123,7 +123,7 @@ impl Staging {
                 None => Box::new(HostCopier::new()),
             };
             crate::info!(
-                "net: {} stages through host memory with {} copies",
+                "net: {} copies with {} (staged regions' bytes, and signal values relayed into GPU or staged memory)",
                 ops.describe(),
                 c.describe()
             );
