@@ -4,6 +4,8 @@
 #
 # Here (with Rust), first:
 #   cargo build --release && mkdir -p .carry && cp target/release/libmscclpp.{so,a} .carry/
+#   cp "$(cargo test --release --test endpoint_conformance --no-run --message-format=json |
+#         jq -r 'select(.executable != null) | .executable')" .carry/endpoint_conformance
 #   strip --strip-debug .carry/*            # the carried tree is limited to 64 MiB
 # Then run `scripts/gpu-check.sh` there with `.carry` carried. It
 #   1. installs the CMake package from the prebuilt library (-DMSCCLPP_PREBUILT_LIB_DIR),
@@ -145,6 +147,15 @@ install_package() {
 export -f install_package
 run_step install-package 90 bash -c install_package
 export LD_LIBRARY_PATH=$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+# The endpoint conformance suite's P2P cases: the cases every libfabric endpoint passes in CI
+# (tests/endpoint_conformance.rs), over CUDA IPC on this machine's GPU, from the test binary
+# built where Rust is (see the header).
+if [[ -x $CARRY/endpoint_conformance ]]; then
+  run_step "endpoint conformance over P2P" 180 "$CARRY/endpoint_conformance" p2p:: --test-threads=1
+else
+  echo "SKIPPED endpoint conformance over P2P: no $CARRY/endpoint_conformance (see the header)"
+fi
 
 # 2. The CUDA examples, through find_package(mscclpp) and CMake's CUDA language (only their
 #    targets: a C example's problem must not cost the GPU run). Plain nvcc if CMake fails.
