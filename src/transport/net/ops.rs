@@ -62,6 +62,8 @@ pub struct Stats {
     pub completed: u64,
     /// Times the provider answered -FI_EAGAIN (each retried).
     pub eagain: u64,
+    /// GPUDirect RDMA flushes before relayed values (one per value into FI_HMEM memory).
+    pub gdr_flushes: u64,
 }
 
 /// How the endpoint waits for the provider: spins briefly, then yields (the peer's proxy may

@@ -24,8 +24,9 @@ pub(super) const SCRATCH_MR: usize = 1;
 pub(super) enum Backing {
     /// Registered with libfabric (index into `mrs`): host memory.
     Mr(usize),
-    /// Device memory registered with FI_HMEM (index into `mrs`): data direct, values relayed.
-    Hmem(usize),
+    /// Device memory of this CUDA device registered with FI_HMEM (index into `mrs`): data
+    /// direct, values relayed after a GPUDirect flush of the device.
+    Hmem(usize, i32),
     /// Not registered: writes arrive through a staging channel.
     Staged,
 }
@@ -53,6 +54,10 @@ pub(super) struct Regions {
     local: Vec<LocalRegion>,
     region_ids: HashMap<Region, MrId>,
     remotes: Vec<Remote>,
+    /// Unit tests only: host regions registered from now on stand in for FI_HMEM memory of
+    /// this CUDA device (values to them are relayed after a GPUDirect flush), so that the
+    /// relay and its flush run without a GPU (`tests.rs`).
+    pub host_as_hmem: Option<i32>,
 }
 
 impl Index<MrId> for Regions {
@@ -71,6 +76,7 @@ impl Regions {
             local: Vec::new(),
             region_ids: HashMap::new(),
             remotes: Vec::new(),
+            host_as_hmem: None,
         }
     }
 
@@ -151,7 +157,7 @@ impl Regions {
         // Why a GPU region is staged rather than registered with FI_HMEM (for the log).
         let mut staged_why = String::new();
         let backing = match region.kind {
-            MemKind::Host if staging.force_staging => {
+            MemKind::Host if staging.force_staging && self.host_as_hmem.is_none() => {
                 if staging.device.is_some() {
                     return Err(Error::usage(
                         "MSCCLPP_TEST_FORCE_STAGING stages host memory on host endpoints only",
@@ -169,7 +175,11 @@ impl Regions {
                 };
                 let policy = self.policy;
                 let m = mr::register(&mut ops.mr_ops(), &policy, &req)?;
-                Backing::Mr(self.add_mr(m))
+                let i = self.add_mr(m);
+                match self.host_as_hmem {
+                    Some(d) => Backing::Hmem(i, d),
+                    None => Backing::Mr(i),
+                }
             }
             MemKind::Device(d) => {
                 if staging.device != Some(d) {
@@ -182,7 +192,7 @@ impl Regions {
                     )));
                 }
                 match self.try_hmem(ops, region, d)? {
-                    Ok(i) => Backing::Hmem(i),
+                    Ok(i) => Backing::Hmem(i, d),
                     Err(why) => {
                         // Fail now rather than at the first write if copies are impossible.
                         staging.copier(ops)?;
@@ -194,12 +204,12 @@ impl Regions {
         };
         let virt = self.policy.virt_addr;
         let blob = match backing {
-            Backing::Mr(i) | Backing::Hmem(i) => MrBlob {
+            Backing::Mr(i) | Backing::Hmem(i, _) => MrBlob {
                 virt_addr: virt,
                 base: if virt { region.addr } else { 0 },
                 len: region.len,
                 key: self.mrs.mrs[i].key,
-                mode: if matches!(backing, Backing::Hmem(_)) {
+                mode: if matches!(backing, Backing::Hmem(..)) {
                     Mode::RelayValues
                 } else {
                     Mode::Direct
@@ -226,7 +236,7 @@ impl Regions {
         // GPU memory goes by FI_HMEM or is staged.
         let path = match (backing, region.kind) {
             (Backing::Mr(_), _) => "host memory, registered with the provider".to_string(),
-            (Backing::Hmem(_), MemKind::Device(d)) => format!(
+            (Backing::Hmem(..), MemKind::Device(d)) => format!(
                 "CUDA device {d} memory, registered with FI_HMEM: the NIC writes it directly; signal values are relayed by this proxy after a GPUDirect RDMA flush"
             ),
             (Backing::Staged, MemKind::Host) => {
@@ -235,7 +245,9 @@ impl Regions {
             (Backing::Staged, MemKind::Device(d)) => format!(
                 "CUDA device {d} memory, staged through pinned host memory ({staged_why})"
             ),
-            (Backing::Hmem(_), MemKind::Host) => "host memory, FI_HMEM".to_string(),
+            (Backing::Hmem(_, d), MemKind::Host) => format!(
+                "host memory standing in for FI_HMEM memory of CUDA device {d} (tests)"
+            ),
         };
         crate::info!(
             "net: {} region {id} {:#x}+{}: {path}",

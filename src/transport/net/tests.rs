@@ -422,12 +422,128 @@ fn staged_writes_apply_only_on_the_receiver_in_order() {
             }
         });
         assert_eq!(a.ops.outstanding, 0);
+        assert_eq!(
+            (a.stats().gdr_flushes, _b.stats().gdr_flushes),
+            (0, 0),
+            "staged regions never flush GPUDirect writes"
+        );
         let ci = a.peers[0].chan.unwrap();
         assert_eq!(a.staging.chans[ci].out.acked, a.staging.chans[ci].out.sent);
         assert!(
             a.staging.chans[ci].out.sent > 16,
             "ring and inbox wrapped several times"
         );
+    }
+}
+
+/// A model of a NIC that writes GPU memory registered with FI_HMEM: its writes land in `nic`
+/// (the memory the receiver registered), and the GPU's kernels see them (`gpu`) only after a
+/// GPUDirect flush, which the model implements as a copy from `nic` to `gpu`. A value relayed
+/// into such memory must be stored only after a flush, so that a kernel that sees the value
+/// sees the data: exactly one flush per value, and a flush that fails is an error with the
+/// value never stored. Without the flush (or with it after the value) this fails, on any
+/// machine: the case CI checks for hardware it does not have.
+#[test]
+fn relayed_values_follow_one_gpudirect_flush_each() {
+    for kind in [Kind::Tcp, Kind::Shm] {
+        const N: usize = 4096; // words
+        const ROUNDS: u64 = 5;
+        let src = vec![0u64; N];
+        let nic = vec![0u64; N];
+        let gpu = vec![0u64; N];
+        let epoch = vec![0u64; 2];
+        let flushes = Arc::new(AtomicU64::new(0));
+        let fail = Arc::new(AtomicBool::new(false));
+        let (nic_at, gpu_at) = (nic.as_ptr() as usize, gpu.as_ptr() as usize);
+        // The value word as each flush found it: the flush must come before the value.
+        let epoch_at = epoch.as_ptr() as usize;
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (a, b) = with_staged_pair(kind, |a, b, pa| {
+            let (d, e) = {
+                let mut b = b.lock().unwrap();
+                b.regions.host_as_hmem = Some(0);
+                let (f, x, seen) = (flushes.clone(), fail.clone(), seen.clone());
+                b.staging.gdr_flush = Box::new(move |device| {
+                    assert_eq!(device, 0, "flush of the region's device");
+                    // SAFETY: as below, word 1 of `epoch`.
+                    let v = unsafe { AtomicU64::from_ptr((epoch_at as *mut u64).add(1)) };
+                    seen.lock().unwrap().push(v.load(AtOrd::Acquire));
+                    if x.load(AtOrd::Relaxed) {
+                        return Err(Error::Cuda {
+                            call: "cuFlushGPUDirectRDMAWrites".into(),
+                            detail: "the model fails it".into(),
+                        });
+                    }
+                    for i in 0..N {
+                        // SAFETY: both vectors outlive the endpoint (they are dropped after
+                        // `with_staged_pair` returns it); aligned words, read and written
+                        // atomically as the peer writes `nic` behind our back.
+                        unsafe {
+                            let v = AtomicU64::from_ptr((nic_at as *mut u64).add(i))
+                                .load(AtOrd::Acquire);
+                            AtomicU64::from_ptr((gpu_at as *mut u64).add(i))
+                                .store(v, AtOrd::Release);
+                        }
+                    }
+                    f.fetch_add(1, AtOrd::Relaxed);
+                    Ok(())
+                });
+                (
+                    b.register(region(&nic)).unwrap().1,
+                    b.register(region(&epoch)).unwrap().1,
+                )
+            };
+            let d_mb = MrBlob::decode(&d, a.regions.policy.virt_addr, a.regions.policy.key_size);
+            assert_eq!(d_mb.unwrap().mode, blob::Mode::RelayValues);
+            let d = a.import(pa, &d).unwrap();
+            let e = a.import(pa, &e).unwrap();
+            let s = a.register(region(&src)).unwrap().0;
+            for r in 1..=ROUNDS {
+                for (i, w) in src.iter().enumerate() {
+                    // SAFETY: our own vector, written only here (the endpoint reads it).
+                    unsafe { AtomicU64::from_ptr(w as *const u64 as *mut u64) }
+                        .store(r << 32 | i as u64, AtOrd::Release);
+                }
+                a.write(pa, s, 0, d, 0, (N * 8) as u64).unwrap();
+                a.write_value(pa, e, 8, r).unwrap();
+                drain_writes(a, pa);
+                apply_until(b, || word(&epoch, 1) == r);
+                // Whoever saw the value sees every byte in the GPU's view.
+                for i in 0..N {
+                    assert_eq!(
+                        word(&gpu, i),
+                        r << 32 | i as u64,
+                        "{kind:?} round {r} word {i}"
+                    );
+                }
+                assert_eq!(flushes.load(AtOrd::Relaxed), r, "one flush per value");
+                assert_eq!(
+                    seen.lock().unwrap()[r as usize - 1],
+                    r - 1,
+                    "the flush came after the value it must precede"
+                );
+                assert_eq!(b.lock().unwrap().stats().gdr_flushes, r);
+            }
+            // A flush that fails: an error naming it, and the value is not stored.
+            fail.store(true, AtOrd::Relaxed);
+            a.write_value(pa, e, 8, ROUNDS + 1).unwrap();
+            drain_writes(a, pa);
+            let t0 = Instant::now();
+            let err = loop {
+                if let Err(e) = b.lock().unwrap().poll_incoming() {
+                    break e;
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(20),
+                    "the failed flush went unnoticed"
+                );
+                std::thread::yield_now();
+            };
+            assert!(err.to_string().contains("GPUDirect RDMA flush"), "{err}");
+            assert_eq!(word(&epoch, 1), ROUNDS, "no value without its flush");
+        });
+        assert_eq!(a.stats().gdr_flushes, 0, "the writer never flushes");
+        assert_eq!(b.stats().gdr_flushes, ROUNDS);
     }
 }
 

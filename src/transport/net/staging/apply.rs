@@ -98,7 +98,7 @@ impl Staging {
                 unsafe { c.copy_in(addr + rec.off, from, rec.arg) }
             }
             Kind::Value => {
-                if !matches!(backing, Backing::Staged | Backing::Hmem(_)) {
+                if !matches!(backing, Backing::Staged | Backing::Hmem(..)) {
                     return Err(bad(format!(
                         "region {} takes no relayed values",
                         rec.region
@@ -110,10 +110,16 @@ impl Staging {
                         rec.off
                     )));
                 }
-                if let (Backing::Hmem(_), Some(d)) = (backing, self.device) {
+                if let Backing::Hmem(_, d) = backing {
                     // The NIC wrote the data before this record (ordering); make those writes
-                    // visible to the device's kernels before the value can be seen.
-                    crate::cuda::flush_gpudirect_rdma_writes(d)?;
+                    // visible to the device's kernels before the value can be seen. A flush
+                    // that fails fails the endpoint: the value is never stored without it.
+                    (self.gdr_flush)(d).map_err(|e| {
+                        Error::remote(format!(
+                            "rank {rank}: GPUDirect RDMA flush of CUDA device {d} before a relayed value failed: {e}"
+                        ))
+                    })?;
+                    net.ops.stats.gdr_flushes += 1;
                 }
                 let c = self.copier(net.ops)?;
                 // SAFETY: an aligned word inside a registered region (checked above), which

@@ -56,7 +56,7 @@ impl Staging {
             (r.region.addr + off, r.backing)
         };
         let (local, desc, bounce) = match backing {
-            Backing::Mr(i) | Backing::Hmem(i) => (addr, net.regions.mrs.mrs[i].desc, None),
+            Backing::Mr(i) | Backing::Hmem(i, _) => (addr, net.regions.mrs.mrs[i].desc, None),
             Backing::Staged => {
                 let slot = self.bounce_slot(net)?;
                 let b = self.bounce(net)?;

@@ -90,7 +90,13 @@ pub(super) struct Staging {
     pub chans: Vec<Chan>,
     chan_ids: HashMap<usize, usize>,
     bounce: Option<Bounce>,
+    /// Makes the NIC's writes into a CUDA device's memory visible to its kernels
+    /// (`cuFlushGPUDirectRDMAWrites`); a unit test puts a model of such a NIC here.
+    pub gdr_flush: GdrFlush,
 }
+
+/// See [`Staging::gdr_flush`].
+pub(super) type GdrFlush = Box<dyn FnMut(i32) -> Result<()> + Send>;
 
 impl Staging {
     /// No channel yet; sizes from `tuning`, within bounds.
@@ -111,6 +117,7 @@ impl Staging {
             chans: Vec::new(),
             chan_ids: HashMap::new(),
             bounce: None,
+            gdr_flush: Box::new(crate::cuda::flush_gpudirect_rdma_writes),
         }
     }
 
