@@ -6,7 +6,8 @@
 #   cargo build --release && mkdir -p .carry && cp target/release/libmscclpp.{so,a} .carry/
 #   cp "$(cargo test --release --test endpoint_conformance --no-run --message-format=json |
 #         jq -r 'select(.executable != null) | .executable')" .carry/endpoint_conformance
-#   strip --strip-debug .carry/*            # the carried tree is limited to 64 MiB
+#   scripts/libfabric2.sh --source .carry/libfabric-src.tar.gz   # for the FI_HMEM runs (5a)
+#   strip --strip-debug .carry/*.so .carry/*.a .carry/endpoint_conformance  # 64 MiB at most
 # Then run `scripts/gpu-check.sh` there with `.carry` carried. It
 #   1. installs the CMake package from the prebuilt library (-DMSCCLPP_PREBUILT_LIB_DIR),
 #   2. builds the CUDA examples (c_examples/cuda) against it with nvcc (-arch=sm_90), through
@@ -82,6 +83,9 @@ ranks() {
   local np=$1
   shift
   local port=$((20000 + RANDOM % 20000)) pids=() rc=0 r
+  # More ranks than GPUs: their kernels run at once only under MPS (without it they time-slice
+  # the GPU, ~2 ms per switch); one rank per GPU runs without it, as users run.
+  if ((np > NGPU)); then mps_up; else mps_down; fi
   for ((r = 0; r < np; r++)); do
     "$@" -r $r -n "$np" -a "127.0.0.1:$port" &
     pids+=($!)
@@ -91,7 +95,30 @@ ranks() {
   done
   return $rc
 }
-export -f ranks
+# CUDA MPS, with pipe and log directories of our own: started when a step runs more ranks than
+# GPUs (`ranks`), quit when one runs at most one rank per GPU, and always on exit (trap below):
+# the daemon would outlive this script and block the next start. GPU_CHECK_MPS=0: never.
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/mscclpp-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mscclpp-mps-log
+mps_up() {
+  [[ ${GPU_CHECK_MPS:-1} == 0 || -S $CUDA_MPS_PIPE_DIRECTORY/control ]] && return 0
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && echo "MPS daemon started ($CUDA_MPS_PIPE_DIRECTORY)"
+}
+mps_down() {
+  [[ -S $CUDA_MPS_PIPE_DIRECTORY/control ]] || return 0
+  echo quit | nvidia-cuda-mps-control
+  # The control socket goes once the daemon has exited; bounded.
+  local i
+  for ((i = 0; i < 100; i++)); do
+    [[ -S $CUDA_MPS_PIPE_DIRECTORY/control ]] || break
+    sleep 0.1
+  done
+  echo "MPS daemon stopped"
+}
+mps_down # one left by an interrupted run
+trap mps_down EXIT
+trap 'exit 130' INT TERM
+export -f ranks mps_up mps_down
 export ROOT CARRY WORK PREFIX BIN
 # A rank whose peer died must not wait for the default 30 s.
 export MSCCLPP_BOOTSTRAP_TIMEOUT=20 MSCCLPP_WAIT_TIMEOUT=20
@@ -262,6 +289,68 @@ else
   FAILED+=("examples missing")
 fi
 
+# 5a. GPU memory through FI_HMEM (issue 15): Debian's libfabric 2.x source (carried, see the
+#     header) built here with CUDA, so that its shm provider registers GPU memory; the same
+#     all-gather, ping-pong and bandwidth over the IB transport on every provider that reports
+#     FI_HMEM with RMA, and over the SHM transport, each next to the staged path
+#     (MSCCLPP_NET_HMEM=0) in the same run. The log must show the FI_HMEM registration.
+if [[ -f $CARRY/libfabric-src.tar.gz && -x $BIN/allgather ]] && ((!QUICK)); then
+  LF=$WORK/lf-cuda
+  build_cuda_libfabric() {
+    rm -rf "$WORK/lf-src" "$LF" && mkdir -p "$WORK/lf-src" &&
+      tar xzf "$CARRY/libfabric-src.tar.gz" -C "$WORK/lf-src" &&
+      cd "$WORK"/lf-src/libfabric-* &&
+      ./configure -q --prefix="$LF" --with-cuda=/usr/local/cuda --disable-static --enable-only \
+        --enable-shm=yes --enable-sm2=yes --enable-tcp=yes --enable-rxm=yes >/dev/null &&
+      make -s -j"$(nproc)" >/dev/null 2>&1 && make -s install >/dev/null 2>&1 &&
+      "$LF/bin/fi_info" --version | head -1
+  }
+  export -f build_cuda_libfabric
+  export LF
+  if run_step "libfabric 2.x with CUDA" 240 bash -c build_cuda_libfabric; then
+    hmem_providers=$(for p in shm sm2 tcp; do
+      LD_LIBRARY_PATH=$LF/lib "$LF/bin/fi_info" -p "$p" -c "FI_HMEM|FI_RMA" -t FI_EP_RDM 2>/dev/null |
+        grep -q "provider: $p" && echo "$p"
+    done | tr '\n' ' ')
+    echo "providers with FI_HMEM and RMA on RDM endpoints: ${hmem_providers:-none}"
+    # hmem_run TRANSPORT PROVIDER HMEM NAME SECONDS CMD...: one run against the CUDA libfabric.
+    hmem_run() {
+      local tr=$1 prov=$2 hmem=$3 name=$4 t=$5
+      shift 5
+      LD_LIBRARY_PATH=$LF/lib:$LD_LIBRARY_PATH MSCCLPP_EXAMPLE_TRANSPORT=$tr \
+        MSCCLPP_NET_PROVIDER=$prov MSCCLPP_NET_HMEM=$hmem MSCCLPP_DEBUG=INFO \
+        bench "$name" "$t" "${tr}_${prov}_hmem$hmem" "$@"
+      local want="registered with FI_HMEM"
+      ((hmem == 0)) && want="staged through pinned host memory"
+      if ! grep -q "$want" "$LAST_OUT"; then
+        echo "FAILED $name: the log does not show \"$want\""
+        FAILED+=("$name (path)")
+      fi
+    }
+    for prov in $hmem_providers; do
+      for hmem in 1 0; do
+        hmem_run ib "$prov" $hmem "allgather over ib($prov), hmem=$hmem" 120 \
+          bash -c 'ranks 2 "$BIN/allgather" --bench --sizes 1M,64M'
+      done
+      hmem_run ib "$prov" 1 "pingpong over ib($prov), FI_HMEM" 60 bash -c 'ranks 2 "$BIN/pingpong"'
+      hmem_run ib "$prov" 1 "bandwidth over ib($prov), FI_HMEM" 120 \
+        bash -c 'ranks 2 "$BIN/bandwidth" --max 64M'
+    done
+    for hmem in 1 0; do
+      hmem_run shm shm $hmem "allgather over SHM, hmem=$hmem" 120 \
+        bash -c 'ranks 2 "$BIN/allgather" --bench --sizes 1M,64M'
+    done
+    # Every byte checked: the examples exit non-zero on a wrong byte (the tests, not the
+    # benchmarks, check the whole buffer): one test run per path.
+    for prov in $hmem_providers; do
+      LD_LIBRARY_PATH=$LF/lib:$LD_LIBRARY_PATH MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=$prov \
+        run_step "test allgather over ib($prov), FI_HMEM" 120 bash -c 'ranks 2 "$BIN/allgather"'
+    done
+    LD_LIBRARY_PATH=$LF/lib:$LD_LIBRARY_PATH MSCCLPP_EXAMPLE_TRANSPORT=shm \
+      run_step "test allgather over SHM, FI_HMEM" 120 bash -c 'ranks 2 "$BIN/allgather"'
+  fi
+fi
+
 # 5b. While tuning: GPU_CHECK_EXTRA, a bash command line run as one more step (bounded by the
 #     budget like the others), with `ranks` and the variables BIN, RES, WORK, PREFIX, NVCC; e.g.
 #     'source "$ROOT/bench/gpu/tune.sh"; tune 5 allgather "--bench" "a:" "b:VAR=1"'.
@@ -298,7 +387,8 @@ rows = [("1 MiB", 1 << 20, "17.3", "10"), ("64 MiB", 64 << 20, "103", "95"),
 import os
 ngpu = os.environ.get("NGPU", "?")
 ours_gpus = min(2, int(ngpu)) if ngpu.isdigit() else ngpu  # rank r on GPU r % ngpus
-shared = "; ranks sharing a GPU time-slice it (~2 ms per switch), so these are no P2P figures"
+shared = ("; the ranks share the GPU under MPS" if os.environ.get("GPU_CHECK_MPS", "1") != "0"
+          else "; ranks sharing a GPU time-slice it (~2 ms per switch), so these are no P2P figures")
 print(f"all-gather, ours with 2 ranks on {ours_gpus} GPU(s), NCCL with one rank per GPU "
       f"({ngpu} ranks): time per all-gather in us (10 x 10 CUDA-graph launches)"
       + (shared if ngpu == "1" else ""))
@@ -311,6 +401,12 @@ ib = res.get("allgather_ib", [])
 if ib:
     print("all-gather over ib(tcp), GPU memory staged through host memory, 2 ranks, us: " +
           ", ".join(f"{int(kv['bytes']) >> 20} MiB {fmt(kv)}" for kv in ib))
+for k in sorted(res):
+    if "_hmem" in k and k.startswith("allgather_"):
+        print(f"all-gather {k[len('allgather_'):]}, us: " + ", ".join(
+            f"{int(kv['bytes']) >> 20} MiB {fmt(kv)}" for kv in res[k]))
+    elif "_hmem" in k:
+        print(k, "; ".join(" ".join(f"{a}={b}" for a, b in kv.items()) for kv in res[k]))
 r8 = res.get("allgather_r8", [])
 if r8:
     print(f"all-gather, 8 ranks on the machine's {ngpu} GPU(s), us per all-gather: " +

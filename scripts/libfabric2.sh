@@ -4,6 +4,10 @@
 # the system's 1.17:
 #
 #   scripts/libfabric2.sh          builds it if needed; prints the install prefix last, on stdout
+#   scripts/libfabric2.sh --source OUT.tar.gz
+#                                  writes the source tree, autogen'd (configure included), to
+#                                  OUT.tar.gz instead: what scripts/gpu-check.sh builds with CUDA
+#                                  on the GPU machine, which has no internet
 #
 # Only the providers that run on any machine are built (tcp, rxm, shm); the build takes a few
 # minutes on 2 cores and is kept in $MSCCLPP_TOOLS_DIR (default ~/.cache/mscclpp-tools).
@@ -17,7 +21,10 @@ SUITE=${MSCCLPP_LIBFABRIC2_SUITE:-trixie}
 tools=${MSCCLPP_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/mscclpp-tools}
 prefix=$tools/libfabric-$VERSION
 
-if [[ -f $prefix/lib/pkgconfig/libfabric.pc && -x $prefix/bin/fi_info ]]; then
+source_out=
+if [[ ${1:-} == --source ]]; then
+  source_out=$(realpath -m "${2:?--source needs an output file}")
+elif [[ -f $prefix/lib/pkgconfig/libfabric.pc && -x $prefix/bin/fi_info ]]; then
   echo "$prefix"
   exit 0
 fi
@@ -52,9 +59,16 @@ tarball=$(ls libfabric_"$VERSION".orig.tar.* 2>/dev/null | head -1)
 [[ -n $tarball ]] || { echo "libfabric2: no libfabric_$VERSION.orig.tar.* from $SUITE" >&2; exit 1; }
 tar xf "$tarball"
 cd "libfabric-$VERSION"
+[[ -x configure ]] || ./autogen.sh >/dev/null
+if [[ -n $source_out ]]; then
+  cd ..
+  tar czf "$source_out" "libfabric-$VERSION"
+  echo "libfabric2: wrote $source_out"
+  echo "$source_out" >&3
+  exit 0
+fi
 
 echo "libfabric2: building into $prefix"
-[[ -x configure ]] || ./autogen.sh >/dev/null
 ./configure -q --prefix="$prefix" --disable-static --enable-only \
   --enable-tcp=yes --enable-rxm=yes --enable-shm=yes >/dev/null
 make -s -j"$(nproc)" >/dev/null
