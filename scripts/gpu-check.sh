@@ -83,9 +83,12 @@ ranks() {
   local np=$1
   shift
   local port=$((20000 + RANDOM % 20000)) pids=() rc=0 r
-  # More ranks than GPUs: their kernels run at once only under MPS (without it they time-slice
-  # the GPU, ~2 ms per switch); one rank per GPU runs without it, as users run.
-  if ((np > NGPU)); then mps_up; else mps_down; fi
+  # Two ranks per GPU: their kernels run at once only under MPS (without it they time-slice
+  # the GPU, ~2 ms per switch); one rank per GPU runs without it, as users run. More than two
+  # per GPU time-slice: under MPS, 8 ranks on one H100 deadlocked in the all-gather benchmark
+  # (every rank's proxy timed out waiting for its copies to complete while the ranks' spinning
+  # kernels and SM engines held the GPU; the library reported it and the kernels ended).
+  if ((np > NGPU && np <= 2 * NGPU)); then mps_up; else mps_down; fi
   for ((r = 0; r < np; r++)); do
     "$@" -r $r -n "$np" -a "127.0.0.1:$port" &
     pids+=($!)
@@ -95,8 +98,8 @@ ranks() {
   done
   return $rc
 }
-# CUDA MPS, with pipe and log directories of our own: started when a step runs more ranks than
-# GPUs (`ranks`), quit when one runs at most one rank per GPU, and always on exit (trap below):
+# CUDA MPS, with pipe and log directories of our own: started when a step runs two ranks per
+# GPU (`ranks`), quit for the other steps, and always on exit (trap below):
 # the daemon would outlive this script and block the next start. GPU_CHECK_MPS=0: never.
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mscclpp-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mscclpp-mps-log
 mps_up() {
