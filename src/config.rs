@@ -42,6 +42,7 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_P2P_HOST_SIGNAL",
     "MSCCLPP_P2P_FLAG",
     "MSCCLPP_P2P_STATS",
+    "CUDA_MPS_PIPE_DIRECTORY",
     "MSCCLPP_TEST_FORCE_STAGING",
     "MSCCLPP_TEST_FORCE_MR_ENDPOINT",
 ];
@@ -180,6 +181,9 @@ pub struct P2pConfig {
     pub flag_by_copy: bool,
     /// `MSCCLPP_P2P_STATS=1`: log driver call times and engine timings at close.
     pub stats: bool,
+    /// `CUDA_MPS_PIPE_DIRECTORY` (CUDA's own variable; default `/tmp/nvidia-mps`): where an MPS
+    /// daemon that this process's CUDA would use keeps its control socket.
+    pub mps_pipe_dir: String,
 }
 
 impl Default for P2pConfig {
@@ -196,6 +200,7 @@ impl Default for P2pConfig {
             host_signal: true,
             flag_by_copy: false,
             stats: false,
+            mps_pipe_dir: "/tmp/nvidia-mps".to_string(),
         }
     }
 }
@@ -413,6 +418,7 @@ impl Config {
                 .as_deref()
                 == Some("copy"),
             stats: r.flag("MSCCLPP_P2P_STATS", d.stats),
+            mps_pipe_dir: r.text("CUDA_MPS_PIPE_DIRECTORY").unwrap_or(d.mps_pipe_dir),
         };
         Config {
             log_level,

@@ -123,6 +123,22 @@ struct P2p {
 }
 
 impl P2p {
+    /// Rank `rank` uses this process's GPU too: without MPS the two processes' kernels
+    /// time-slice it, and every wait across them lasts a context switch (~2 ms measured on an
+    /// H100). Says so at INFO, once per process, where no MPS daemon's control socket is found.
+    fn note_shared_gpu(&self, rank: usize) {
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let control = std::path::Path::new(&self.cfg.mps_pipe_dir).join("control");
+        if control.exists() || SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        crate::info!(
+            "p2p:cuda{}: rank {rank} uses this GPU too and no MPS daemon answers here ({} is missing): the ranks' kernels time-slice the GPU, ~2 ms per wait across them; run an MPS daemon for several ranks per GPU (README)",
+            self.device,
+            control.display()
+        );
+    }
+
     fn peer(&mut self, p: PeerId) -> Result<&mut Peer> {
         peer_mut(&mut self.peers, p)
     }
@@ -178,6 +194,9 @@ impl Endpoint for P2p {
         }
         let ce = PeerStream::new(self.device)?;
         let same_device = addr.device == self.device;
+        if same_device {
+            self.note_shared_gpu(remote_rank);
+        }
         crate::trace!(
             "p2p:cuda{}: peer rank {remote_rank} on its device {}",
             self.device,
