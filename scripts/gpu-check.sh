@@ -354,6 +354,49 @@ if [[ -f $CARRY/libfabric-src.tar.gz && -x $BIN/allgather ]] && ((!QUICK)); then
   fi
 fi
 
+# 5c. Two hosts with GPUs (issue 15): two network namespaces joined by a veth pair (addresses
+#     only inside them), one rank in each, GPU buffers over tcp (staged), every byte checked.
+#     Where the machine refuses namespaces, the two ranks bind two loopback addresses instead,
+#     and the step says so.
+if [[ -x $BIN/allgather ]] && ((!QUICK)); then
+  two_hosts() {
+    local a=mscclpp-gpu-a b=mscclpp-gpu-b port=$((20000 + RANDOM % 20000)) rc=0 p0 p1
+    local env=(MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp MSCCLPP_DEBUG=INFO)
+    cleanup() { ip netns del $a 2>/dev/null; ip netns del $b 2>/dev/null; true; }
+    cleanup
+    if command -v ip >/dev/null && ip netns add $a 2>/dev/null && ip netns add $b &&
+      ip link add veth-mga type veth peer name veth-mgb &&
+      ip link set veth-mga netns $a && ip link set veth-mgb netns $b &&
+      ip -n $a addr add 10.99.7.1/24 dev veth-mga && ip -n $b addr add 10.99.7.2/24 dev veth-mgb &&
+      ip -n $a link set veth-mga up && ip -n $b link set veth-mgb up &&
+      ip -n $a link set lo up && ip -n $b link set lo up; then
+      echo "two network namespaces, 10.99.7.1 (rank 0) and 10.99.7.2 (rank 1), over a veth pair"
+      ip netns exec $a env "${env[@]}" MSCCLPP_NET_IFACE=veth-mga \
+        "$BIN/allgather" -r 0 -n 2 -a "10.99.7.1:$port" &
+      p0=$!
+      ip netns exec $b env "${env[@]}" MSCCLPP_NET_IFACE=veth-mgb \
+        "$BIN/allgather" -r 1 -n 2 -a "10.99.7.1:$port" &
+      p1=$!
+    else
+      cleanup
+      echo "NOTE: this machine refuses network namespaces; two loopback addresses instead"
+      env "${env[@]}" MSCCLPP_NET_ADDR=127.0.0.1 "$BIN/allgather" -r 0 -n 2 -a "127.0.0.1:$port" &
+      p0=$!
+      env "${env[@]}" MSCCLPP_NET_ADDR=127.0.0.2 "$BIN/allgather" -r 1 -n 2 -a "127.0.0.1:$port" &
+      p1=$!
+    fi
+    wait $p0 || rc=$?
+    wait $p1 || rc=$?
+    cleanup
+    return $rc
+  }
+  export -f two_hosts
+  mps_up
+  run_step "test allgather between two network namespaces, GPU memory over tcp" 150 bash -c two_hosts
+  grep -h "region 0 .*staged\|net: opened" "$LAST_OUT" | head -4
+  mps_down
+fi
+
 # 5b. While tuning: GPU_CHECK_EXTRA, a bash command line run as one more step (bounded by the
 #     budget like the others), with `ranks` and the variables BIN, RES, WORK, PREFIX, NVCC; e.g.
 #     'source "$ROOT/bench/gpu/tune.sh"; tune 5 allgather "--bench" "a:" "b:VAR=1"'.
