@@ -7,7 +7,8 @@
 #   cp "$(cargo test --release --test endpoint_conformance --no-run --message-format=json |
 #         jq -r 'select(.executable != null) | .executable')" .carry/endpoint_conformance
 #   scripts/libfabric2.sh --source .carry/libfabric-src.tar.gz   # for the FI_HMEM runs (5a)
-#   strip --strip-debug .carry/*.so .carry/*.a .carry/endpoint_conformance  # 64 MiB at most
+#   cargo build --release -p libfabric-sys --example raw_rma && cp target/release/examples/raw_rma .carry/
+#   strip --strip-debug .carry/*.so .carry/*.a .carry/endpoint_conformance .carry/raw_rma  # 64 MiB at most
 # Then run `scripts/gpu-check.sh` there with `.carry` carried. It
 #   1. installs the CMake package from the prebuilt library (-DMSCCLPP_PREBUILT_LIB_DIR),
 #   2. builds the CUDA examples (c_examples/cuda) against it with nvcc (-arch=sm_90), through
@@ -336,8 +337,10 @@ if [[ -f $CARRY/libfabric-src.tar.gz && -x $BIN/allgather ]] && ((!QUICK)); then
           bash -c 'ranks 2 "$BIN/allgather" --bench --sizes 1M,64M'
       done
       hmem_run ib "$prov" 1 "pingpong over ib($prov), FI_HMEM" 60 bash -c 'ranks 2 "$BIN/pingpong"'
-      hmem_run ib "$prov" 1 "bandwidth over ib($prov), FI_HMEM" 120 \
-        bash -c 'ranks 2 "$BIN/bandwidth" --max 64M'
+      for hmem in 1 0; do
+        hmem_run ib "$prov" $hmem "bandwidth over ib($prov), hmem=$hmem" 120 \
+          bash -c 'ranks 2 "$BIN/bandwidth" --max 64M'
+      done
     done
     for hmem in 1 0; do
       hmem_run shm shm $hmem "allgather over SHM, hmem=$hmem" 120 \
@@ -351,6 +354,22 @@ if [[ -f $CARRY/libfabric-src.tar.gz && -x $BIN/allgather ]] && ((!QUICK)); then
     done
     LD_LIBRARY_PATH=$LF/lib:$LD_LIBRARY_PATH MSCCLPP_EXAMPLE_TRANSPORT=shm \
       run_step "test allgather over SHM, FI_HMEM" 120 bash -c 'ranks 2 "$BIN/allgather"'
+  fi
+fi
+
+# 5b'. Staging against the wire (issue 15): GPU memory staged over tcp, one way, next to raw
+#      fi_write between host buffers on the same provider (crates/libfabric-sys/examples/
+#      raw_rma.rs, carried as .carry/raw_rma), same machine, same run.
+if [[ -x $BIN/bandwidth ]] && ((!QUICK)); then
+  MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp bench "bandwidth over ib(tcp), staged" 120 ib_tcp_staged \
+    bash -c 'ranks 2 "$BIN/bandwidth" --max 64M'
+  if [[ -x $CARRY/raw_rma ]]; then
+    for prov in tcp shm; do
+      run_step "raw fi_write host to host, $prov" 120 "$CARRY/raw_rma" --provider $prov \
+        --min-kib 1024 --max-mib 64 --volume-mib 512
+      awk -v p=$prov '$2 == "KiB" || $2 == "MiB" { b = $1 * ($2 == "MiB" ? 1048576 : 1024);
+        print "RESULT raw_" p " bytes=" b " GBps=" $5 }' "$LAST_OUT" >>"$RES"
+    done
   fi
 fi
 
@@ -448,10 +467,13 @@ if ib:
     print("all-gather over ib(tcp), GPU memory staged through host memory, 2 ranks, us: " +
           ", ".join(f"{int(kv['bytes']) >> 20} MiB {fmt(kv)}" for kv in ib))
 for k in sorted(res):
-    if "_hmem" in k and k.startswith("allgather_"):
+    if k.startswith("raw_") or (k.startswith("bandwidth_") and k != "bandwidth"):
+        print(k, "GB/s: " + ", ".join(f"{int(kv['bytes']) >> 10} KiB {kv['GBps']}"
+                                      for kv in res[k] if int(kv['bytes']) >= 1 << 20))
+    elif "_hmem" in k and k.startswith("allgather_"):
         print(f"all-gather {k[len('allgather_'):]}, us: " + ", ".join(
             f"{int(kv['bytes']) >> 20} MiB {fmt(kv)}" for kv in res[k]))
-    elif "_hmem" in k:
+    elif "_hmem" in k and not k.startswith("bandwidth_"):
         print(k, "; ".join(" ".join(f"{a}={b}" for a, b in kv.items()) for kv in res[k]))
 r8 = res.get("allgather_r8", [])
 if r8:
