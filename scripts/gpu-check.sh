@@ -103,26 +103,33 @@ ranks() {
 # GPU (`ranks`), quit for the other steps, and always on exit (trap below):
 # the daemon would outlive this script and block the next start. GPU_CHECK_MPS=0: never.
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mscclpp-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mscclpp-mps-log
+# Our daemon runs while a process nvidia-cuda-mps-control lives and our pipe directory has
+# its control socket (the socket file outlives a daemon that quit, so it alone proves nothing).
+mps_running() {
+  pgrep -f 'nvidia-cuda-mps-control' >/dev/null && [[ -S $CUDA_MPS_PIPE_DIRECTORY/control ]]
+}
 mps_up() {
-  [[ ${GPU_CHECK_MPS:-1} == 0 || -S $CUDA_MPS_PIPE_DIRECTORY/control ]] && return 0
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  [[ ${GPU_CHECK_MPS:-1} == 0 ]] && return 0
+  mps_running && return 0
+  rm -rf "$CUDA_MPS_PIPE_DIRECTORY" && mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   nvidia-cuda-mps-control -d && echo "MPS daemon started ($CUDA_MPS_PIPE_DIRECTORY)"
 }
 mps_down() {
-  [[ -S $CUDA_MPS_PIPE_DIRECTORY/control ]] || return 0
+  mps_running || return 0
   echo quit | nvidia-cuda-mps-control
-  # The control socket goes once the daemon has exited; bounded.
+  # Bounded: the daemon exits once its clients have (every rank of the last step has).
   local i
   for ((i = 0; i < 100; i++)); do
-    [[ -S $CUDA_MPS_PIPE_DIRECTORY/control ]] || break
+    pgrep -f 'nvidia-cuda-mps-control' >/dev/null || break
     sleep 0.1
   done
+  rm -rf "$CUDA_MPS_PIPE_DIRECTORY"
   echo "MPS daemon stopped"
 }
 mps_down # one left by an interrupted run
 trap mps_down EXIT
 trap 'exit 130' INT TERM
-export -f ranks mps_up mps_down
+export -f ranks mps_running mps_up mps_down
 export ROOT CARRY WORK PREFIX BIN
 # A rank whose peer died must not wait for the default 30 s.
 export MSCCLPP_BOOTSTRAP_TIMEOUT=20 MSCCLPP_WAIT_TIMEOUT=20
