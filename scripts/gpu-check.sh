@@ -404,8 +404,14 @@ if [[ -x $BIN/allgather ]] && ((!QUICK)); then
         "$BIN/allgather" -r 1 -n 2 -a "10.99.7.1:$port" &
       p1=$!
     else
+      local why
+      if ! command -v ip >/dev/null; then
+        why="no ip command (iproute2)"
+      else
+        why=$(ip netns add $a 2>&1 || true)
+      fi
       cleanup
-      echo "NOTE: this machine refuses network namespaces; two loopback addresses instead"
+      echo "NOTE: no network namespaces here (${why:-unknown reason}); two loopback addresses instead"
       env "${env[@]}" MSCCLPP_NET_ADDR=127.0.0.1 "$BIN/allgather" -r 0 -n 2 -a "127.0.0.1:$port" &
       p0=$!
       env "${env[@]}" MSCCLPP_NET_ADDR=127.0.0.2 "$BIN/allgather" -r 1 -n 2 -a "127.0.0.1:$port" &
