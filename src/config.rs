@@ -76,8 +76,8 @@ pub struct NetConfig {
     pub max_chunk: Option<u64>,
     /// `MSCCLPP_NET_DELIVERY_COMPLETE=0` turns it off: flush then means locally complete.
     pub delivery_complete: bool,
-    /// `MSCCLPP_NET_HMEM=0` turns it off: GPU memory is always staged.
-    pub hmem: bool,
+    /// `MSCCLPP_NET_HMEM`: when GPU memory is registered with FI_HMEM (see [`Hmem`]).
+    pub hmem: Hmem,
     /// `MSCCLPP_NET_STAGING_BYTES`: bytes of each peer's staging ring.
     pub staging_bytes: Option<u64>,
     /// `MSCCLPP_NET_STAGING_SLOTS`: records in each staging inbox.
@@ -98,13 +98,26 @@ impl Default for NetConfig {
             tx_depth: None,
             max_chunk: None,
             delivery_complete: true,
-            hmem: true,
+            hmem: Hmem::Auto,
             staging_bytes: None,
             staging_slots: None,
             force_staging: false,
             force_mr_endpoint: false,
         }
     }
+}
+
+/// When GPU memory goes to the provider with FI_HMEM rather than staged through pinned host
+/// memory (`MSCCLPP_NET_HMEM`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hmem {
+    /// `auto` (default): where the provider registers CUDA memory, except on providers where
+    /// FI_HMEM was measured slower than staging (`transport::net`, bench/RESULTS.md).
+    Auto,
+    /// `1`: wherever the provider registers CUDA memory.
+    Always,
+    /// `0`: never; GPU memory is always staged.
+    Never,
 }
 
 /// What an `ibDev` name resolved to (`NetConfig::map_ibdev`).
@@ -379,7 +392,14 @@ impl Config {
                 "MSCCLPP_NET_DELIVERY_COMPLETE",
                 net_default.delivery_complete,
             ),
-            hmem: r.flag("MSCCLPP_NET_HMEM", net_default.hmem),
+            hmem: match r
+                .choice("MSCCLPP_NET_HMEM", &["auto", "1", "0"], "auto")
+                .as_deref()
+            {
+                Some("1") => Hmem::Always,
+                Some("0") => Hmem::Never,
+                _ => Hmem::Auto,
+            },
             staging_bytes: r.num("MSCCLPP_NET_STAGING_BYTES", "the default"),
             staging_slots: r.num("MSCCLPP_NET_STAGING_SLOTS", "the default"),
             force_staging: r.flag("MSCCLPP_TEST_FORCE_STAGING", net_default.force_staging),
@@ -495,7 +515,7 @@ mod tests {
         assert!(c.problems.is_empty(), "{:?}", c.problems);
         assert_eq!(c.log_level, LogLevel::Warn);
         assert_eq!(c.p2p, P2pConfig::default());
-        assert!(c.net.delivery_complete && c.net.hmem && !c.net.force_staging);
+        assert!(c.net.delivery_complete && c.net.hmem == Hmem::Auto && !c.net.force_staging);
         assert_eq!((c.bootstrap_timeout, c.wait_timeout), (None, None));
     }
 
@@ -519,7 +539,7 @@ mod tests {
         assert_eq!(c.wait_timeout, Some(MAX_TIMEOUT));
         assert_eq!(c.net.providers, Some(vec!["tcp".into(), "shm".into()]));
         assert_eq!(c.net.tx_depth, Some(16));
-        assert!(!c.net.hmem);
+        assert_eq!(c.net.hmem, Hmem::Never);
         assert!(!c.p2p.sm_engine && c.p2p.flag_by_copy && !c.p2p.host_signal);
         assert_eq!(c.p2p.sm_blocks, 128);
     }
@@ -539,17 +559,19 @@ mod tests {
             ("MSCCLPP_BOOTSTRAP_TIMEOUT", "-3"),
             ("MSCCLPP_WAIT_TIMEOUT", "soon"),
             ("MSCCLPP_NET_TX_DEPTH", "many"),
-            ("MSCCLPP_NET_HMEM", "no"),
+            ("MSCCLPP_NET_DELIVERY_COMPLETE", "no"),
+            ("MSCCLPP_NET_HMEM", "yes"),
             ("MSCCLPP_DEBUG", "LOUD"),
             ("MSCCLPP_P2P_ENGINE", "gpu"),
         ]);
         assert_eq!(c.bootstrap_timeout, None);
         assert_eq!(c.wait_timeout, None);
         assert_eq!(c.net.tx_depth, None);
-        assert!(c.net.hmem, "a bad flag keeps its default");
+        assert!(c.net.delivery_complete, "a bad flag keeps its default");
+        assert_eq!(c.net.hmem, Hmem::Auto, "a bad choice keeps its default");
         assert_eq!(c.log_level, LogLevel::Warn);
         assert!(c.p2p.sm_engine);
-        assert_eq!(c.problems.len(), 6, "{:#?}", c.problems);
+        assert_eq!(c.problems.len(), 7, "{:#?}", c.problems);
         for (name, value, instead) in [
             ("MSCCLPP_BOOTSTRAP_TIMEOUT", "\"-3\"", "using 30s"),
             (
@@ -562,7 +584,8 @@ mod tests {
                 "\"many\"",
                 "using the provider's depth",
             ),
-            ("MSCCLPP_NET_HMEM", "\"no\"", "using 1"),
+            ("MSCCLPP_NET_DELIVERY_COMPLETE", "\"no\"", "using 1"),
+            ("MSCCLPP_NET_HMEM", "\"yes\"", "using auto"),
             ("MSCCLPP_DEBUG", "\"LOUD\"", "using WARN"),
             ("MSCCLPP_P2P_ENGINE", "\"gpu\"", "using sm"),
         ] {

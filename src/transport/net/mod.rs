@@ -55,7 +55,7 @@ mod staging;
 
 use super::epoch::{self, EpochMem};
 use super::{AbortCheck, Caps, Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
-use crate::config::NetConfig;
+use crate::config::{Hmem, NetConfig};
 use crate::error::{Error, Result};
 use blob::{AddrBlob, Mode, MrBlob};
 use fabric::InfoView;
@@ -144,6 +144,38 @@ unsafe impl Send for NetEndpoint {}
 /// Logged once per process: what flush means without FI_DELIVERY_COMPLETE.
 static WEAK_FLUSH_LOGGED: AtomicBool = AtomicBool::new(false);
 
+/// Providers on which FI_HMEM was measured slower than staging through pinned host memory,
+/// with the measurement: `MSCCLPP_NET_HMEM=auto` stages GPU memory on them. Hardware providers
+/// (verbs, efa, cxi), whose NIC writes GPU memory itself, are not here.
+const HMEM_SLOWER_THAN_STAGING: &[(&str, &str)] = &[(
+    "shm",
+    "FI_HMEM through the shm provider measured ~4x slower than staging (1.6 against 6.7 GB/s one way, one H100, libfabric 2.1 with CUDA, bench/RESULTS.md 2026-11-24); MSCCLPP_NET_HMEM=1 uses it anyway",
+)];
+
+/// Whether this endpoint registers GPU memory with FI_HMEM, or why not (the reason is logged
+/// per region).
+fn hmem_choice(
+    policy: Hmem,
+    reported: bool,
+    provider: &str,
+) -> std::result::Result<(), &'static str> {
+    if policy == Hmem::Never {
+        return Err("MSCCLPP_NET_HMEM=0");
+    }
+    if !reported {
+        return Err("the provider does not report FI_HMEM");
+    }
+    if policy == Hmem::Auto {
+        if let Some((_, why)) = HMEM_SLOWER_THAN_STAGING
+            .iter()
+            .find(|(p, _)| provider.split(';').next() == Some(*p))
+        {
+            return Err(why);
+        }
+    }
+    Ok(())
+}
+
 impl NetEndpoint {
     /// Opens an endpoint (see `open`) with the settings `cfg` instead of the process's.
     pub fn open(
@@ -157,7 +189,7 @@ impl NetEndpoint {
             domain,
             shm,
             // Only asks for FI_HMEM.
-            device: device.filter(|_| cfg.hmem),
+            device: device.filter(|_| cfg.hmem != Hmem::Never),
         };
         let choice = select::choose(&req, cfg)?;
         let info = choice.info;
@@ -207,16 +239,7 @@ impl NetEndpoint {
             choice.delivery_complete && cfg.delivery_complete,
         )?;
         let mut ep = NetEndpoint {
-            regions: Regions::new(
-                policy,
-                if !cfg.hmem {
-                    Err("MSCCLPP_NET_HMEM=0")
-                } else if !choice.hmem {
-                    Err("the provider does not report FI_HMEM")
-                } else {
-                    Ok(())
-                },
-            ),
+            regions: Regions::new(policy, hmem_choice(cfg.hmem, choice.hmem, &provider)),
             ops,
             peers: Peers::new(AddrBlob {
                 provider: provider.clone(),

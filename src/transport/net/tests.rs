@@ -617,3 +617,25 @@ fn flush_without_acknowledgement_times_out() {
         }
     });
 }
+
+/// `MSCCLPP_NET_HMEM`: auto registers GPU memory with FI_HMEM where the provider reports it,
+/// except on providers measured slower than staging (shm), saying why; 1 always; 0 never.
+#[test]
+fn hmem_is_chosen_per_provider_by_measurement() {
+    use crate::config::Hmem;
+    assert!(hmem_choice(Hmem::Auto, true, "verbs;ofi_rxm").is_ok());
+    assert!(hmem_choice(Hmem::Auto, true, "efa").is_ok());
+    let why = hmem_choice(Hmem::Auto, true, "shm").unwrap_err();
+    assert!(
+        why.contains("measured") && why.contains("MSCCLPP_NET_HMEM=1"),
+        "{why}"
+    );
+    assert!(hmem_choice(Hmem::Always, true, "shm").is_ok());
+    assert_eq!(
+        hmem_choice(Hmem::Never, true, "efa"),
+        Err("MSCCLPP_NET_HMEM=0")
+    );
+    assert!(hmem_choice(Hmem::Always, false, "tcp")
+        .unwrap_err()
+        .contains("does not report FI_HMEM"));
+}
