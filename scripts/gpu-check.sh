@@ -349,6 +349,19 @@ if [[ -f $CARRY/libfabric-src.tar.gz && -x $BIN/allgather ]] && ((!QUICK)); then
           bash -c 'ranks 2 "$BIN/bandwidth" --max 64M'
       done
     done
+    # The provider's own speed on GPU buffers, and on host buffers with the same build: the
+    # raw fi_write program between two processes' CUDA buffers registered with FI_HMEM.
+    if [[ -x $CARRY/raw_rma ]]; then
+      for prov in $hmem_providers; do
+        for mode in cuda host; do
+          LD_LIBRARY_PATH=$LF/lib:$LD_LIBRARY_PATH run_step "raw fi_write $prov, $mode buffers, libfabric 2.x with CUDA" 120 \
+            "$CARRY/raw_rma" --provider $prov $([[ $mode == cuda ]] && echo --cuda) \
+            --min-kib 1024 --max-mib 64 --volume-mib 512 --iters 2000
+          awk -v k="raw_${prov}_lf2_$mode" '$2 == "KiB" || $2 == "MiB" { b = $1 * ($2 == "MiB" ? 1048576 : 1024);
+            print "RESULT " k " bytes=" b " GBps=" $5 }' "$LAST_OUT" >>"$RES"
+        done
+      done
+    fi
     for hmem in 1 0; do
       hmem_run shm shm $hmem "allgather over SHM, hmem=$hmem" 120 \
         bash -c 'ranks 2 "$BIN/allgather" --bench --sizes 1M,64M'

@@ -17,7 +17,10 @@
 //! size narrows that.
 //! `--provider` matches the provider name or its core (tcp = tcp;ofi_rxm); socket providers
 //! use the loopback domain unless `--domain` says otherwise. `--dc` adds FI_DELIVERY_COMPLETE
-//! to every write (what libmscclpp does where the provider accepts it).
+//! to every write (what libmscclpp does where the provider accepts it). `--cuda`: the bulk
+//! writes go from and to CUDA device memory of GPU 0 registered with FI_HMEM (the provider
+//! must report FI_HMEM; flags stay in host memory): the provider's own speed on GPU buffers,
+//! the baseline for libmscclpp's FI_HMEM path.
 
 use libfabric_sys::*;
 use std::ffi::{c_void, CStr};
@@ -41,6 +44,8 @@ struct Opts {
     min_kib: usize,
     max_mib: usize,
     volume_mib: usize,
+    /// Bulk writes between CUDA device buffers registered with FI_HMEM.
+    cuda: bool,
     child: bool,
 }
 
@@ -54,6 +59,7 @@ fn opts() -> Opts {
         min_kib: 4,
         max_mib: MAX_SIZE >> 20,
         volume_mib: 256,
+        cuda: false,
         child: false,
     };
     let mut a = std::env::args().skip(1);
@@ -78,9 +84,10 @@ fn opts() -> Opts {
                     .and_then(|s| s.parse().ok())
                     .expect("--volume-mib V")
             }
+            "--cuda" => o.cuda = true,
             "--child" => o.child = true,
             "-h" | "--help" => {
-                println!("raw_rma [--provider NAME] [--domain NAME] [--dc] [--data-first] [--iters N] [--min-kib K] [--max-mib M] [--volume-mib V]");
+                println!("raw_rma [--provider NAME] [--domain NAME] [--dc] [--data-first] [--cuda] [--iters N] [--min-kib K] [--max-mib M] [--volume-mib V]");
                 std::process::exit(0);
             }
             other => panic!("unknown argument {other}"),
@@ -125,6 +132,73 @@ struct Side {
     data_first: bool,
     outstanding: usize,
     ctx: Box<[fi_context2; 64]>,
+    /// `--cuda`: the bulk buffer in device memory, and the peer's (base, key) of its own.
+    gpu: Option<Gpu>,
+    peer_gpu: (u64, u64),
+}
+
+/// A CUDA device buffer of GPU 0 registered with FI_HMEM_CUDA (`--cuda`).
+struct Gpu {
+    dptr: u64,
+    mr: *mut fid_mr,
+    desc: *mut c_void,
+    key: u64,
+}
+
+impl Gpu {
+    /// `len` bytes of device memory, written (so that no page is untouched), registered.
+    fn new(domain: *mut fid_domain, len: usize, requested_key: u64) -> Gpu {
+        use cudarc::driver::sys as cu;
+        let cuck = |what: &str, r: cu::CUresult| {
+            assert_eq!(r, cu::CUresult::CUDA_SUCCESS, "{what}");
+        };
+        // SAFETY: the driver is present (checked first); every out-pointer is a local; the
+        // primary context stays retained for the process's life; the iovec and attr outlive
+        // the registration call, which copies them.
+        unsafe {
+            assert!(
+                cu::is_culib_present(),
+                "--cuda needs the CUDA driver (libcuda)"
+            );
+            cuck("cuInit", cu::cuInit(0));
+            let mut dev = 0;
+            cuck("cuDeviceGet", cu::cuDeviceGet(&mut dev, 0));
+            let mut ctx = ptr::null_mut();
+            cuck(
+                "cuDevicePrimaryCtxRetain",
+                cu::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+            );
+            cuck("cuCtxSetCurrent", cu::cuCtxSetCurrent(ctx));
+            let mut dptr: cu::CUdeviceptr = 0;
+            cuck("cuMemAlloc", cu::cuMemAlloc_v2(&mut dptr, len));
+            cuck("cuMemsetD8", cu::cuMemsetD8_v2(dptr, 1, len));
+            cuck("cuCtxSynchronize", cu::cuCtxSynchronize());
+            let iov = iovec {
+                iov_base: dptr as *mut c_void,
+                iov_len: len,
+            };
+            let mut attr = fi_mr_attr {
+                iov_count: 1,
+                access: (FI_WRITE | FI_REMOTE_WRITE) as u64,
+                requested_key,
+                iface: FI_HMEM_CUDA,
+                ..Default::default()
+            };
+            mr_attr_set_iov(&mut attr, &iov);
+            attr.device.cuda = 0;
+            let mut mr = ptr::null_mut();
+            ck(
+                "fi_mr_regattr(FI_HMEM_CUDA)",
+                fi_mr_regattr(domain, &attr, 0, &mut mr) as i64,
+            );
+            Gpu {
+                dptr,
+                mr,
+                desc: fi_mr_desc(mr),
+                key: fi_mr_key(mr),
+            }
+        }
+    }
 }
 
 const FLAG_OFF: usize = MAX_SIZE;
@@ -136,11 +210,16 @@ impl Side {
         // field, every struct passed is initialised, and the info list outlives its use.
         unsafe {
             let h = fi_allocinfo();
-            (*h).caps = (FI_RMA | FI_WRITE | FI_REMOTE_WRITE) as u64;
+            (*h).caps =
+                (FI_RMA | FI_WRITE | FI_REMOTE_WRITE) as u64 | if o.cuda { FI_HMEM } else { 0 };
             (*h).mode = FI_CONTEXT | FI_CONTEXT2;
             (*(*h).ep_attr).type_ = FI_EP_RDM;
-            (*(*h).domain_attr).mr_mode =
-                (FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY) as i32;
+            (*(*h).domain_attr).mr_mode = (FI_MR_LOCAL
+                | FI_MR_VIRT_ADDR
+                | FI_MR_ALLOCATED
+                | FI_MR_PROV_KEY
+                | if o.cuda { FI_MR_HMEM } else { 0 })
+                as i32;
             (*(*h).domain_attr).threading = FI_THREAD_DOMAIN;
             (*(*h).tx_attr).msg_order = FI_ORDER_RMA_WAW | FI_ORDER_WAW as u64;
             if o.dc {
@@ -214,6 +293,8 @@ impl Side {
                 data_first: o.data_first,
                 outstanding: 0,
                 ctx: Box::new([fi_context2::default(); 64]),
+                gpu: None,
+                peer_gpu: (0, 0),
             };
             ck(
                 "fi_fabric",
@@ -273,6 +354,9 @@ impl Side {
             );
             s.key = fi_mr_key(s.mr);
             s.desc = fi_mr_desc(s.mr);
+            if o.cuda {
+                s.gpu = Some(Gpu::new(s.domain, MAX_SIZE, 11 + o.child as u64));
+            }
             s
         }
     }
@@ -304,7 +388,11 @@ impl Side {
         } else {
             0
         };
-        format!("{hex} {base} {}", self.key)
+        let (gbase, gkey) = self
+            .gpu
+            .as_ref()
+            .map_or((0, 0), |g| (if self.virt { g.dptr } else { 0 }, g.key));
+        format!("{hex} {base} {} {gbase} {gkey}", self.key)
     }
 
     fn connect(&mut self, card: &str) {
@@ -316,6 +404,10 @@ impl Side {
             .collect();
         self.peer_base = it.next().unwrap().parse().unwrap();
         self.peer_key = it.next().unwrap().parse().unwrap();
+        self.peer_gpu = (
+            it.next().unwrap().parse().unwrap(),
+            it.next().unwrap().parse().unwrap(),
+        );
         // SAFETY: av open; raw is one address of this provider's format.
         let n = unsafe {
             fi_av_insert(
@@ -355,17 +447,46 @@ impl Side {
     /// Posts a write of `len` bytes at local offset `loff` to remote offset `roff`, retrying
     /// on -FI_EAGAIN after progressing.
     fn write(&mut self, loff: usize, roff: usize, len: usize) {
+        let host = (
+            self.buf.as_ptr() as u64,
+            self.desc,
+            self.peer_base,
+            self.peer_key,
+        );
+        self.write_in(host, loff, roff, len)
+    }
+
+    /// A bulk write: between the device buffers with `--cuda`, else as `write`.
+    fn write_bulk(&mut self, loff: usize, roff: usize, len: usize) {
+        match &self.gpu {
+            Some(g) => {
+                let dev = (g.dptr, g.desc, self.peer_gpu.0, self.peer_gpu.1);
+                self.write_in(dev, loff, roff, len)
+            }
+            None => self.write(loff, roff, len),
+        }
+    }
+
+    /// Posts a write from `base + loff` (registered with `desc`) to the peer's `(rbase, rkey)`
+    /// region at `roff`, retrying on -FI_EAGAIN after progressing.
+    fn write_in(
+        &mut self,
+        (base, desc, rbase, rkey): (u64, *mut c_void, u64, u64),
+        loff: usize,
+        roff: usize,
+        len: usize,
+    ) {
         let t0 = Instant::now();
         let iov = iovec {
-            iov_base: (self.buf.as_ptr() as usize + loff) as *mut c_void,
+            iov_base: (base as usize + loff) as *mut c_void,
             iov_len: len,
         };
         let rma = fi_rma_iov {
-            addr: self.peer_base + roff as u64,
+            addr: rbase + roff as u64,
             len,
-            key: self.peer_key,
+            key: rkey,
         };
-        let mut desc = self.desc;
+        let mut desc = desc;
         let slot = self.outstanding % self.ctx.len();
         let msg = fi_msg_rma {
             msg_iov: &iov,
@@ -438,6 +559,9 @@ impl Drop for Side {
     fn drop(&mut self) {
         // SAFETY: each object is open and closed once, in dependency order.
         unsafe {
+            if let Some(g) = &self.gpu {
+                fi_close(&mut (*g.mr).fid);
+            }
             fi_close(&mut (*self.mr).fid);
             fi_close(&mut (*self.ep).fid);
             fi_close(&mut (*self.cq).fid);
@@ -498,9 +622,14 @@ fn main() {
     writeln!(kid.stdin.as_mut().unwrap(), "{}", s.card()).unwrap();
 
     println!(
-        "raw libfabric RMA baseline: {}, 2 processes, delivery-complete {}",
+        "raw libfabric RMA baseline: {}, 2 processes, delivery-complete {}, {} buffers",
         s.describe(),
-        if o.dc { "on" } else { "off" }
+        if o.dc { "on" } else { "off" },
+        if o.cuda {
+            "CUDA device (FI_HMEM)"
+        } else {
+            "host"
+        }
     );
     let mut v = 0u64;
     // Warm-up (connection setup) and the 8-byte half round trip.
@@ -542,7 +671,7 @@ fn main() {
                 } else {
                     0
                 };
-                s.write(off, off, size);
+                s.write_bulk(off, off, size);
             }
             // The flag is ordered after the data (WAW); its echo means all data arrived.
             v += 1;
