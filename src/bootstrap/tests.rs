@@ -279,6 +279,56 @@ fn watched_peer_closing_without_goodbye_is_lost() {
     }
 }
 
+/// Two watched peers die one after the other: the second loss is reported too, to whoever
+/// asks about that peer (a proxy whose peers do not include the first lost rank), not only
+/// the first.
+#[test]
+fn every_lost_peer_is_reported_not_only_the_first() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let (a0, a1) = (addr.clone(), addr.clone());
+    let h0 = std::thread::spawn(move || Bootstrap::from_addr(&a0, 0, 3).unwrap());
+    let h1 = std::thread::spawn(move || Bootstrap::from_addr(&a1, 1, 3).unwrap());
+    let b2 = Bootstrap::from_addr(&addr, 2, 3).unwrap();
+    let (b0, b1) = (h0.join().unwrap(), h1.join().unwrap());
+    std::thread::scope(|s| {
+        let w0 = s.spawn(|| b0.watch_peers(&[2]).unwrap());
+        let w1 = s.spawn(|| b1.watch_peers(&[2]).unwrap());
+        b2.watch_peers(&[0, 1]).unwrap();
+        w0.join().unwrap();
+        w1.join().unwrap();
+    });
+    assert_eq!(b2.lost_peer(), None);
+    // A connection in rank r's name closes without a goodbye: rank r is lost; rank 0 first.
+    for r in [0u32, 1] {
+        let mut s = TcpStream::connect(b2.peers[2]).unwrap();
+        let mut f = frame::encode_raw(b2.magic, Kind::Open as u32, r, 0, 0).to_vec();
+        f.extend(frame::encode_raw(b2.magic, Kind::Watch as u32, r, 0, 0));
+        s.write_all(&f).unwrap();
+        drop(s);
+        let t = Instant::now();
+        // Ends when rank r's loss is reported, or fails after 10 s.
+        while b2.lost_peer_among(&[r as usize]).is_none() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "rank {r}'s loss never reported"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    assert_eq!(b2.lost_peer().map(|l| l.0), Some(0), "the first loss");
+    let (p, why) = b2.lost_peer_among(&[1]).expect("the second loss");
+    assert_eq!(p, 1);
+    assert!(why.contains("rank 1"), "{why}");
+    assert_eq!(b2.lost_peer_among(&[0, 1]).map(|l| l.0), Some(0));
+    assert_eq!(b2.lost_peer_among(&[]), None);
+    drop((b0, b1));
+}
+
 #[test]
 fn goodbye_or_strangers_are_not_losses() {
     let cases: [Case; 3] = [

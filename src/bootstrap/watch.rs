@@ -43,6 +43,12 @@ impl Bootstrap {
     /// closed or failed without a goodbye, with a message saying so; None while all are fine.
     /// One atomic load while nothing was lost, so a proxy thread may poll it often.
     pub fn lost_peer(&self) -> Option<(usize, String)> {
-        self.mailbox.lost_peer()
+        self.mailbox.lost_peer(None)
+    }
+
+    /// As [`Bootstrap::lost_peer`], for the first lost peer among `ranks`: every loss is kept,
+    /// so a proxy whose peers are others than the first lost one still sees its own.
+    pub fn lost_peer_among(&self, ranks: &[usize]) -> Option<(usize, String)> {
+        self.mailbox.lost_peer(Some(ranks))
     }
 }

@@ -3,7 +3,7 @@
 //! endpoints linger for peers' last flushes, endpoints close (their registrations first), then
 //! FIFOs and epoch memory go. What a dead peer may have wedged is leaked, never touched.
 
-use super::{Comm, Conn};
+use super::{Comm, Conn, Slot};
 use crate::abi::mscclppResult_t;
 use crate::proxy::SharedEndpoint;
 use crate::sync::lock;
@@ -46,22 +46,25 @@ impl Comm {
     /// Slots nothing may call into any more: their proxy thread was abandoned, or they may be
     /// wedged by a peer that died.
     pub(super) fn untouchable(&self) -> Vec<bool> {
-        let lost = self.boot.lost_peer().map(|l| l.0);
         self.slots
             .iter()
-            .map(|s| {
-                s.abandoned || (s.caps.may_wedge && lost.is_some_and(|p| s.peers.contains_key(&p)))
-            })
+            .map(|s| s.abandoned || (s.caps.may_wedge && self.lost_a_peer(s)))
             .collect()
     }
 
+    /// Whether a peer of this slot's endpoint died (any of them, not only the first loss).
+    fn lost_a_peer(&self, s: &Slot) -> bool {
+        let peers: Vec<usize> = s.peers.keys().copied().collect();
+        self.boot.lost_peer_among(&peers).is_some()
+    }
+
     pub(super) fn stop_all(&mut self) {
-        let lost = self.boot.lost_peer().map(|l| l.0);
-        for s in self.slots.iter_mut() {
+        let lost: Vec<bool> = self.slots.iter().map(|s| self.lost_a_peer(s)).collect();
+        for (s, lost) in self.slots.iter_mut().zip(lost) {
             if let Some(r) = s.running.take() {
                 // A healthy proxy stops within its final flushes, each bounded by the wait
                 // timeout; after a peer of it died they end at once.
-                let bound = if lost.is_some_and(|p| s.peers.contains_key(&p)) {
+                let bound = if lost {
                     STOP_AFTER_LOSS
                 } else {
                     crate::config::wait_timeout()

@@ -209,10 +209,8 @@ fn check_peers(w: &ProxyWork) -> Result<()> {
 
 /// "peer lost: why" when one of `ranks` died (one atomic load while none did).
 pub(super) fn lost_peer_of(boot: &crate::bootstrap::Bootstrap, ranks: &[usize]) -> Option<String> {
-    match boot.lost_peer() {
-        Some((rank, why)) if ranks.contains(&rank) => Some(format!("peer lost: {why}")),
-        _ => None,
-    }
+    boot.lost_peer_among(ranks)
+        .map(|(_, why)| format!("peer lost: {why}"))
 }
 
 /// Checks one trigger against the connection's registered sizes, then acts on it.

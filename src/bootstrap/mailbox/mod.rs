@@ -234,13 +234,17 @@ impl Mailbox {
         }
     }
 
-    /// The first watched peer whose incoming connection ended without a `Bye`, and why.
-    pub(crate) fn lost_peer(&self) -> Option<(usize, String)> {
+    /// The first watched peer whose incoming connection ended without a `Bye`, and why; with
+    /// `among`, the first such peer of those listed (each loss is kept, not only the first).
+    pub(crate) fn lost_peer(&self, among: Option<&[usize]>) -> Option<(usize, String)> {
         if !self.shared.lost_any.load(Ordering::Acquire) {
             return None;
         }
         let st = lock(&self.shared.st);
-        st.lost.iter().find(|(p, _)| st.watched[*p]).cloned()
+        st.lost
+            .iter()
+            .find(|(p, _)| st.watched[*p] && among.is_none_or(|a| a.contains(p)))
+            .cloned()
     }
 
     /// Asks the reader to watch an outgoing connection to `peer` for closure.
