@@ -208,6 +208,15 @@ impl Comm {
             }
         };
         let dst = ep.import(peer, data_blob)?;
+        // The envelope's size bounds the kernels' offsets (the proxy's range checks); the
+        // region blob bounds what the transport writes. They must agree.
+        if ep.remote_len(dst) != Some(rsize) {
+            return Err(Error::remote(format!(
+                "rank {}: its setup blob declares a {rsize}-byte buffer, but its region blob {} bytes",
+                r.remote_rank,
+                ep.remote_len(dst).map_or("none".into(), |l| l.to_string())
+            )));
+        }
         let remote_epoch = ep.import(peer, epoch_blob)?;
         let remote_buff = ep.remote_ptr(dst).unwrap_or(0);
         let remote_epoch_ptr = ep.remote_ptr(remote_epoch).unwrap_or(0);

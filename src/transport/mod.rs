@@ -65,6 +65,8 @@ pub trait Endpoint: Send {
     fn register(&mut self, region: Region) -> Result<(MrId, Vec<u8>)>;
     /// Imports a region a peer registered (its blob); validated before use.
     fn import(&mut self, peer: PeerId, blob: &[u8]) -> Result<RemoteId>;
+    /// The length in bytes of an imported region, as its blob declares it (None: unknown id).
+    fn remote_len(&self, remote: RemoteId) -> Option<u64>;
     /// Direct pointer to an imported region, where this process can load/store it
     /// (P2P: the peer's GPU buffer mapped through CUDA IPC). None otherwise.
     fn remote_ptr(&self, _remote: RemoteId) -> Option<u64> {

@@ -383,6 +383,10 @@ impl Endpoint for NetEndpoint {
         self.regions.import(&self.peers, peer, blob)
     }
 
+    fn remote_len(&self, remote: RemoteId) -> Option<u64> {
+        self.regions.remote_len(remote)
+    }
+
     fn write(
         &mut self,
         peer: PeerId,

@@ -230,6 +230,10 @@ impl Endpoint for P2p {
         self.regions.remote_ptr(remote)
     }
 
+    fn remote_len(&self, remote: RemoteId) -> Option<u64> {
+        self.regions.remote_len(remote)
+    }
+
     fn write(
         &mut self,
         peer: PeerId,

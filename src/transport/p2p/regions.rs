@@ -166,6 +166,10 @@ impl Regions {
     }
 
     /// `Endpoint::remote_ptr`.
+    pub(super) fn remote_len(&self, remote: RemoteId) -> Option<u64> {
+        self.remotes.get(remote).map(|r| r.len)
+    }
+
     pub(super) fn remote_ptr(&self, remote: RemoteId) -> Option<u64> {
         self.remotes.get(remote).map(|r| r.ptr)
     }
