@@ -17,6 +17,7 @@ use std::time::Duration;
 pub const VARIABLES: &[&str] = &[
     "MSCCLPP_DEBUG",
     "MSCCLPP_BOOTSTRAP_TIMEOUT",
+    "MSCCLPP_BOOTSTRAP_SECRET",
     "MSCCLPP_SOCKET_IFNAME",
     "MSCCLPP_WAIT_TIMEOUT",
     "MSCCLPP_DISABLE_CUDA",
@@ -229,6 +230,9 @@ pub struct Config {
     pub wait_timeout: Option<Duration>,
     /// `MSCCLPP_SOCKET_IFNAME`: interfaces for the unique id's root address.
     pub socket_ifname: Option<String>,
+    /// `MSCCLPP_BOOTSTRAP_SECRET`: a secret every rank of an `ip:port` communicator shares,
+    /// mixed into its magic (`bootstrap::frame::addr_magic_with`).
+    pub bootstrap_secret: Option<String>,
     /// `MSCCLPP_DISABLE_CUDA=1`: host mode even where a CUDA driver exists.
     pub disable_cuda: bool,
     pub net: NetConfig,
@@ -445,6 +449,7 @@ impl Config {
             bootstrap_timeout: r.secs("MSCCLPP_BOOTSTRAP_TIMEOUT", &default_timeout),
             wait_timeout: r.secs("MSCCLPP_WAIT_TIMEOUT", "the bootstrap timeout"),
             socket_ifname: r.text("MSCCLPP_SOCKET_IFNAME"),
+            bootstrap_secret: r.text("MSCCLPP_BOOTSTRAP_SECRET"),
             disable_cuda: r.flag("MSCCLPP_DISABLE_CUDA", false),
             net,
             p2p,

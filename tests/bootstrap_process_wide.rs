@@ -20,6 +20,7 @@ fn play(role: &str) {
         "ifname_lo" => role_ifname_lo(),
         "ifname_none" => role_ifname_none(),
         "leaks" => role_leaks(),
+        "secret_rank0" | "secret_rank1" => role_secret_rank(role),
         other => panic!("unknown role {other}"),
     }
     child_done(role);
@@ -55,6 +56,54 @@ fn socket_ifname_in_a_child() {
         "ifname_none",
         &[("MSCCLPP_SOCKET_IFNAME", "=no-such-if9")],
     );
+}
+
+/// `MSCCLPP_BOOTSTRAP_SECRET`: two ranks of an `ip:port` communicator, each a process of its
+/// own, join when they share the secret; with different secrets (or one without) the root
+/// refuses the other's frames and both fail within the bootstrap timeout, instead of joining.
+#[test]
+fn bootstrap_secret_keeps_out_ranks_without_it() {
+    const T: &str = "bootstrap_secret_keeps_out_ranks_without_it";
+    if let Some(role) = child_role(T) {
+        return play(&role);
+    }
+    for (secrets, join) in [
+        (["s3cret", "s3cret"], true),
+        (["s3cret", "other"], false),
+        (["s3cret", ""], false),
+    ] {
+        let addr = local_addr();
+        let kids: Vec<_> = secrets
+            .iter()
+            .enumerate()
+            .map(|(r, secret)| {
+                let role = format!("secret_rank{r}");
+                let mut cmd = common::boot::child(
+                    T,
+                    &role,
+                    &[
+                        ("MSCCLPP_TEST_ROOT", addr.as_str()),
+                        ("MSCCLPP_TEST_JOIN", if join { "1" } else { "0" }),
+                        ("MSCCLPP_BOOTSTRAP_TIMEOUT", "3"),
+                    ],
+                );
+                if secret.is_empty() {
+                    cmd.env_remove("MSCCLPP_BOOTSTRAP_SECRET");
+                } else {
+                    cmd.env("MSCCLPP_BOOTSTRAP_SECRET", secret);
+                }
+                std::thread::spawn(move || common::output_within(cmd, Duration::from_secs(60)))
+            })
+            .collect();
+        for (r, k) in kids.into_iter().enumerate() {
+            let (status, text) = k.join().unwrap();
+            assert!(
+                status.is_some_and(|s| s.success())
+                    && text.contains(&format!("CHILD secret_rank{r} OK")),
+                "secrets {secrets:?}, rank {r} ({status:?}):\n{text}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -210,4 +259,25 @@ fn role_leaks() {
     }
     assert_eq!(count("/proc/self/task"), threads, "threads leaked");
     assert_eq!(count("/proc/self/fd"), fds, "file descriptors leaked");
+}
+
+/// Rank 0 or 1 of the secret test: joins (and all-gathers) when `MSCCLPP_TEST_JOIN=1`, else
+/// must fail to join within the bootstrap timeout (3 s) plus slack.
+fn role_secret_rank(role: &str) {
+    let rank: usize = role.trim_start_matches("secret_rank").parse().unwrap();
+    let addr = std::env::var("MSCCLPP_TEST_ROOT").unwrap();
+    let join = std::env::var("MSCCLPP_TEST_JOIN").unwrap() == "1";
+    let t = Instant::now();
+    let r = Bootstrap::from_addr(&addr, rank, 2);
+    println!(
+        "rank {rank}: join -> {:?} after {:?}",
+        r.as_ref().map(|_| ()),
+        t.elapsed()
+    );
+    if join {
+        check_all_gather(&r.unwrap(), 100, 1);
+    } else {
+        assert!(r.is_err(), "a rank with another secret joined");
+        assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    }
 }

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 impl Bootstrap {
     /// Joins the `nranks`-rank communicator whose root is `ip_port` (`"ip:port"`,
     /// `"[ipv6]:port"` or `"host:port"`); rank 0 listens there. Every rank must pass the same
-    /// string: the communicator's magic is derived from it and from `nranks`.
+    /// string: the communicator's magic is derived from it, from `nranks`, and from
+    /// `MSCCLPP_BOOTSTRAP_SECRET` where set (ranks without the same secret are refused).
     pub fn from_addr(ip_port: &str, rank: usize, nranks: usize) -> Result<Self> {
         check_ranks(rank, nranks)?;
         let target = addr::parse(ip_port)
@@ -26,7 +27,11 @@ impl Bootstrap {
         Self::join(
             &addrs,
             ip_port,
-            frame::addr_magic(ip_port, nranks),
+            frame::addr_magic_with(
+                ip_port,
+                nranks,
+                crate::config::get().bootstrap_secret.as_deref(),
+            ),
             rank,
             nranks,
         )

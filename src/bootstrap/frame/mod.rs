@@ -389,6 +389,12 @@ pub fn decode_addr(b: &[u8]) -> Result<SocketAddr, String> {
 /// The magic of a communicator created from an `ip:port` string: every rank derives the same
 /// value from the same string and rank count (FNV-1a 64 over a versioned prefix).
 pub fn addr_magic(ip_port: &str, nranks: usize) -> u64 {
+    addr_magic_with(ip_port, nranks, None)
+}
+
+/// As [`addr_magic`], with a shared secret mixed in (`MSCCLPP_BOOTSTRAP_SECRET`): ranks that do
+/// not know it compute another magic, and every frame they send is refused.
+pub fn addr_magic_with(ip_port: &str, nranks: usize, secret: Option<&str>) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
         for &b in bytes {
@@ -400,6 +406,10 @@ pub fn addr_magic(ip_port: &str, nranks: usize) -> u64 {
     eat(ip_port.as_bytes());
     eat(b"\0");
     eat(&(nranks as u64).to_le_bytes());
+    if let Some(s) = secret {
+        eat(b"\0secret\0");
+        eat(s.as_bytes());
+    }
     // 0 is never a valid magic, so a zeroed header cannot match.
     h.max(1)
 }

@@ -137,6 +137,16 @@ fn addr_roundtrip_and_rejects() {
 }
 
 #[test]
+fn addr_magic_with_a_secret_differs_and_none_is_the_plain_one() {
+    let plain = addr_magic("127.0.0.1:5000", 4);
+    assert_eq!(addr_magic_with("127.0.0.1:5000", 4, None), plain);
+    let a = addr_magic_with("127.0.0.1:5000", 4, Some("s3cret"));
+    assert_ne!(a, plain);
+    assert_eq!(a, addr_magic_with("127.0.0.1:5000", 4, Some("s3cret")));
+    assert_ne!(a, addr_magic_with("127.0.0.1:5000", 4, Some("s3cre")));
+}
+
+#[test]
 fn addr_magic_depends_on_both_inputs() {
     let a = addr_magic("127.0.0.1:5000", 4);
     assert_eq!(a, addr_magic("127.0.0.1:5000", 4));
