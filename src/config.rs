@@ -18,6 +18,7 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_DEBUG",
     "MSCCLPP_BOOTSTRAP_TIMEOUT",
     "MSCCLPP_BOOTSTRAP_SECRET",
+    "MSCCLPP_BOOTSTRAP_QUOTA_MB",
     "MSCCLPP_SOCKET_IFNAME",
     "MSCCLPP_WAIT_TIMEOUT",
     "MSCCLPP_DISABLE_CUDA",
@@ -233,6 +234,9 @@ pub struct Config {
     /// `MSCCLPP_BOOTSTRAP_SECRET`: a secret every rank of an `ip:port` communicator shares,
     /// mixed into its magic (`bootstrap::frame::addr_magic_with`).
     pub bootstrap_secret: Option<String>,
+    /// `MSCCLPP_BOOTSTRAP_QUOTA_MB` (MiB, default 256): bytes of tagged messages one peer may
+    /// leave unread in this rank's bootstrap mailbox before it is dropped as a flood.
+    pub bootstrap_quota: u64,
     /// `MSCCLPP_DISABLE_CUDA=1`: host mode even where a CUDA driver exists.
     pub disable_cuda: bool,
     pub net: NetConfig,
@@ -450,6 +454,11 @@ impl Config {
             wait_timeout: r.secs("MSCCLPP_WAIT_TIMEOUT", "the bootstrap timeout"),
             socket_ifname: r.text("MSCCLPP_SOCKET_IFNAME"),
             bootstrap_secret: r.text("MSCCLPP_BOOTSTRAP_SECRET"),
+            bootstrap_quota: r
+                .num::<u64>("MSCCLPP_BOOTSTRAP_QUOTA_MB", "256")
+                .filter(|&m| m > 0)
+                .unwrap_or(256)
+                .saturating_mul(1 << 20),
             disable_cuda: r.flag("MSCCLPP_DISABLE_CUDA", false),
             net,
             p2p,

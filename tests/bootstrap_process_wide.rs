@@ -21,6 +21,7 @@ fn play(role: &str) {
         "ifname_none" => role_ifname_none(),
         "leaks" => role_leaks(),
         "secret_rank0" | "secret_rank1" => role_secret_rank(role),
+        "quota" => role_quota(),
         other => panic!("unknown role {other}"),
     }
     child_done(role);
@@ -104,6 +105,18 @@ fn bootstrap_secret_keeps_out_ranks_without_it() {
             );
         }
     }
+}
+
+/// `MSCCLPP_BOOTSTRAP_QUOTA_MB`: a peer that leaves more tagged messages unread than the quota
+/// is dropped and reported lost, and what it left is freed; messages that are read as they
+/// come never count against it.
+#[test]
+fn bootstrap_quota_stops_a_flood() {
+    const T: &str = "bootstrap_quota_stops_a_flood";
+    if let Some(role) = child_role(T) {
+        return play(&role);
+    }
+    run_child(T, "quota", &[("MSCCLPP_BOOTSTRAP_QUOTA_MB", "1")]);
 }
 
 #[test]
@@ -280,4 +293,57 @@ fn role_secret_rank(role: &str) {
         assert!(r.is_err(), "a rank with another secret joined");
         assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
     }
+}
+
+fn role_quota() {
+    let addr = local_addr();
+    let out = with_ranks(&addr, 2, |b| {
+        b.watch_peers(&[1 - b.rank()]).unwrap();
+        let chunk = vec![7u8; 64 << 10];
+        if b.rank() == 1 {
+            // 2 MiB that rank 0 reads as it comes (each acknowledged before the next): 64 KiB
+            // unread at most, within the quota all along.
+            for _ in 0..32 {
+                b.send(0, 7, &chunk).unwrap();
+                b.recv(0, 8).unwrap();
+            }
+            b.barrier().unwrap();
+            // 2 MiB on a tag nobody reads: past the 1 MiB quota. Sends may fail once rank 0
+            // dropped the connection.
+            for _ in 0..32 {
+                if b.send(0, 99, &chunk).is_err() {
+                    break;
+                }
+            }
+            String::new()
+        } else {
+            for _ in 0..32 {
+                assert_eq!(b.recv(1, 7).unwrap().len(), 64 << 10);
+                b.send(1, 8, b"ok").unwrap();
+            }
+            b.barrier().unwrap();
+            assert_eq!(b.lost_peer(), None, "read messages never count");
+            let t = Instant::now();
+            // Ends when the flood is reported, or fails after 20 s.
+            let why = loop {
+                if let Some((1, why)) = b.lost_peer() {
+                    break why;
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "the flood was never stopped"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            // What it left was dropped with it: nothing is handed out on that tag.
+            assert!(b.recv(1, 99).is_err());
+            why
+        }
+    });
+    println!("rank 0 saw: {}", out[0]);
+    assert!(
+        out[0].contains("1 MiB of tagged messages unread"),
+        "{}",
+        out[0]
+    );
 }

@@ -35,6 +35,9 @@ pub(crate) type Key = (Kind, usize, u64);
 #[derive(Default)]
 struct State {
     msgs: HashMap<Key, VecDeque<Vec<u8>>>,
+    /// Per peer: bytes of its tagged (`P2p`) messages filed and not yet taken, bounded by the
+    /// quota (`MSCCLPP_BOOTSTRAP_QUOTA_MB`; the reader drops a peer that goes over).
+    buffered: Vec<u64>,
     /// Per peer: why nothing more will come from it.
     gone: Vec<Option<String>>,
     /// A peer gave up on the whole communicator (its Abort), or the reader failed.
@@ -85,6 +88,7 @@ impl Mailbox {
         let shared = Arc::new(Shared {
             st: Mutex::new(State {
                 gone: vec![None; nranks],
+                buffered: vec![0; nranks],
                 watch_in: vec![false; nranks],
                 watched: vec![false; nranks],
                 ..State::default()
@@ -146,6 +150,9 @@ impl Mailbox {
                 if let Some(m) = q.pop_front() {
                     if q.is_empty() {
                         st.msgs.remove(&key);
+                    }
+                    if key.0 == Kind::P2p && key.1 < st.buffered.len() {
+                        st.buffered[key.1] = st.buffered[key.1].saturating_sub(m.len() as u64);
                     }
                     return Ok(m);
                 }

@@ -42,6 +42,8 @@ pub(super) struct Reader {
     /// After `close_all`: new connections are refused.
     closed: bool,
     buf: Vec<u8>,
+    /// The most bytes of tagged messages one peer may leave unread (`State::buffered`).
+    quota: u64,
 }
 
 /// Most bytes read from one connection per wake-up, so that one busy sender cannot starve
@@ -73,6 +75,7 @@ impl Reader {
             out_closed: vec![false; nranks],
             closed: false,
             buf: vec![0; 64 << 10],
+            quota: crate::config::get().bootstrap_quota,
         }
     }
 
@@ -320,6 +323,23 @@ impl Reader {
                     }
                     kind => {
                         let mut st = lock(&self.shared.st);
+                        if kind == Kind::P2p {
+                            st.buffered[sender] += payload.len() as u64;
+                            if st.buffered[sender] > self.quota {
+                                // A flood on tags nobody reads: drop what it left and the
+                                // connection, and report the peer (not this rank's memory).
+                                st.msgs.retain(|k, _| !(k.0 == Kind::P2p && k.1 == sender));
+                                st.buffered[sender] = 0;
+                                drop(st);
+                                let why = format!(
+                                    "left more than {} MiB of tagged messages unread (MSCCLPP_BOOTSTRAP_QUOTA_MB); its connection was dropped",
+                                    self.quota >> 20
+                                );
+                                crate::warn!("rank {}: rank {sender} {why}", self.rank);
+                                self.ended(i, why, false);
+                                return false;
+                            }
+                        }
                         st.msgs
                             .entry((kind, sender, h.tag))
                             .or_default()
