@@ -142,47 +142,18 @@ impl Mailbox {
         what: &dyn Fn() -> String,
     ) -> Result<Vec<u8>> {
         let peer = key.1;
-        let mut st = lock(&self.shared.st);
-        // Ends: a message arrives, the peer is gone, the communicator aborted, the reader
-        // stopped, or the deadline passes (wait_timeout is bounded by it).
-        loop {
-            if let Some(q) = st.msgs.get_mut(&key) {
-                if let Some(m) = q.pop_front() {
-                    if q.is_empty() {
-                        st.msgs.remove(&key);
-                    }
-                    if key.0 == Kind::P2p && key.1 < st.buffered.len() {
-                        st.buffered[key.1] = st.buffered[key.1].saturating_sub(m.len() as u64);
-                    }
-                    return Ok(m);
-                }
+        let waiting = || format!("nothing arrived from rank {peer}");
+        self.wait_for(peer, deadline, timeout, what, &waiting, |st| {
+            let q = st.msgs.get_mut(&key)?;
+            let m = q.pop_front()?;
+            if q.is_empty() {
+                st.msgs.remove(&key);
             }
-            if let Some(a) = &st.aborted {
-                return Err(Error::remote(format!("{}: {a}", what())));
+            if key.0 == Kind::P2p && peer < st.buffered.len() {
+                st.buffered[peer] = st.buffered[peer].saturating_sub(m.len() as u64);
             }
-            if let Some(g) = &st.gone[peer] {
-                return Err(Error::remote(format!("{}: rank {peer} {g}", what())));
-            }
-            if st.stop {
-                return Err(Error::internal(format!(
-                    "{}: bootstrap reader stopped",
-                    what()
-                )));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::timeout(
-                    format!("{}: nothing arrived from rank {peer}", what()),
-                    timeout,
-                ));
-            }
-            st = self
-                .shared
-                .cv
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+            Some(m)
+        })
     }
 
     /// Waits until `peer`'s `Watch` frame has arrived (its connection to us exists and is
@@ -195,12 +166,32 @@ impl Mailbox {
         timeout: Duration,
         what: &dyn Fn() -> String,
     ) -> Result<()> {
+        let waiting = || {
+            format!("rank {peer} did not open its connection to this rank (did it call watch_peers with this rank?)")
+        };
+        self.wait_for(peer, deadline, timeout, what, &waiting, |st| {
+            st.watch_in[peer].then_some(())
+        })
+    }
+
+    /// Waits until `ready` finds what it needs in the state (it runs under the lock, at once
+    /// and after every change), failing at once when `peer` is gone, the communicator was
+    /// aborted or the reader stopped, and at the deadline with a timeout saying `waiting()`.
+    fn wait_for<T>(
+        &self,
+        peer: usize,
+        deadline: Instant,
+        timeout: Duration,
+        what: &dyn Fn() -> String,
+        waiting: &dyn Fn() -> String,
+        mut ready: impl FnMut(&mut State) -> Option<T>,
+    ) -> Result<T> {
         let mut st = lock(&self.shared.st);
-        // Ends: the Watch arrives, the peer is gone, the communicator aborted, the reader
-        // stopped, or the deadline passes (wait_timeout is bounded by it).
+        // Ends: `ready` holds, the peer is gone, the communicator aborted, the reader stopped,
+        // or the deadline passes (wait_timeout is bounded by it).
         loop {
-            if st.watch_in[peer] {
-                return Ok(());
+            if let Some(t) = ready(&mut st) {
+                return Ok(t);
             }
             if let Some(a) = &st.aborted {
                 return Err(Error::remote(format!("{}: {a}", what())));
@@ -217,13 +208,11 @@ impl Mailbox {
             let now = Instant::now();
             if now >= deadline {
                 return Err(Error::timeout(
-                    format!(
-                        "{}: rank {peer} did not open its connection to this rank (did it call watch_peers with this rank?)",
-                        what()
-                    ),
+                    format!("{}: {}", what(), waiting()),
                     timeout,
                 ));
             }
+            // Notified (cv) whenever the reader changes the state; bounded by the deadline.
             st = self
                 .shared
                 .cv
