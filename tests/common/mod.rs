@@ -111,22 +111,27 @@ pub fn output_within(mut cmd: Command, deadline: Duration) -> (Option<ExitStatus
     };
     let out = drain(child.stdout.take().map(|r| Box::new(r) as _));
     let err = drain(child.stderr.take().map(|r| Box::new(r) as _));
-    let t0 = Instant::now();
-    // Ends: the child exits, or the deadline passes and it is killed.
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break Some(st);
-        }
-        if t0.elapsed() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let status = wait_child(&mut child, deadline);
     // The pipes close when the child (and whatever inherited them) has exited.
     let text = format!("{}\n{}", out.join().unwrap(), err.join().unwrap());
     (status, text)
+}
+
+/// Waits for `child` until `bound`; kills it at the deadline (None then).
+pub fn wait_child(child: &mut Child, bound: Duration) -> Option<ExitStatus> {
+    let t0 = Instant::now();
+    // Ends: the child exits, or the bound passes and it is killed.
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        if t0.elapsed() > bound {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 pub struct Ranks {

@@ -8,7 +8,7 @@ use mscclpp::abi::mscclppResult_t;
 use mscclpp::capi::comm::*;
 use mscclpp::capi::conn::*;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 /// Environment of a rank: transport (`shm`, or a libfabric provider for mscclppTransportIB)
@@ -108,23 +108,6 @@ pub fn read_counter(path: &Path) -> u64 {
     match std::fs::read(path) {
         Ok(b) if b.len() >= 8 => u64::from_le_bytes(b[..8].try_into().unwrap()),
         _ => 0,
-    }
-}
-
-/// Waits for `child` until `bound`; kills it at the deadline (None then).
-pub fn wait_child(child: &mut Child, bound: Duration) -> Option<ExitStatus> {
-    let t0 = Instant::now();
-    // Ends: the child exits, or the bound passes and it is killed.
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return Some(st);
-        }
-        if t0.elapsed() > bound {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
