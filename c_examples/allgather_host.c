@@ -11,7 +11,9 @@
  *
  * Options: -s BYTES per rank (default 4 MiB), -t ib|shm (default ib: mscclppTransportIB over
  * the provider chosen by MSCCLPP_NET_PROVIDER / FI_PROVIDER, tcp by default), -i ITERATIONS
- * timed (default 20). Rank, size and root come from launch_env.h.
+ * timed (default 20). Rank, size and root come from launch_env.h. Rank 0 also prints the time
+ * of each phase (communicator init, connection setup with proxy launch, the first verified
+ * all-gather, proxy stop with destroy) as a RESULT line, which bench/scale.sh collects.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -88,6 +90,7 @@ int main(int argc, char **argv)
   mscclppDevConn_t *conns = NULL;
   unsigned char *buf = NULL;
   double *lat = NULL;
+  double t_init = 0, t_setup = 0, t_round = 0, t_down = 0, t;
   size_t bytes = 4u << 20, i;
   int iters = 20, nconns = 0, rank, nranks, r, k, rc = 1, proxy = 0;
   mscclppTransport_t transport = mscclppTransportIB;
@@ -123,7 +126,10 @@ int main(int argc, char **argv)
     goto out;
   }
 
+  t = now_us();
   MSCCLPP_CHECK_GOTO(mscclppCommInitRank(&comm, nranks, env.root, rank), out);
+  t_init = now_us() - t;
+  t = now_us();
   for (r = 0; r < nranks; r++) {
     if (r != rank) {
       MSCCLPP_CHECK_GOTO(mscclppConnect(comm, r, 0, buf, (uint64_t)nranks * bytes, transport, NULL), out);
@@ -132,6 +138,7 @@ int main(int argc, char **argv)
   MSCCLPP_CHECK_GOTO(mscclppConnectionSetup(comm), out);
   MSCCLPP_CHECK_GOTO(mscclppProxyLaunch(comm), out);
   proxy = 1;
+  t_setup = now_us() - t;
   MSCCLPP_CHECK_GOTO(mscclppGetAllDeviceConnections(comm, &conns, &nconns), out);
 
   /* Verified rounds: a fresh pattern each round, a barrier on each side so that no rank
@@ -142,8 +149,12 @@ int main(int argc, char **argv)
       buf[(size_t)rank * bytes + i] = pattern(rank, i, k);
     }
     MSCCLPP_CHECK_GOTO(mscclppBootstrapBarrier(comm), out);
+    t = now_us();
     if (allgather(conns, nconns, (uint64_t)rank * bytes, bytes) != 0) {
       goto out;
+    }
+    if (k == 0) {
+      t_round = now_us() - t;
     }
     bad = verify(buf, nranks, bytes, k);
     if (bad != 0) {
@@ -201,6 +212,7 @@ int main(int argc, char **argv)
     }
   }
   MSCCLPP_CHECK_GOTO(mscclppBootstrapBarrier(comm), out);
+  t = now_us();
   MSCCLPP_CHECK_GOTO(mscclppProxyStop(comm), out);
   proxy = 0;
   printf("all %zu bytes verified on rank %d in %d rounds: OK\n", (size_t)nranks * bytes, rank,
@@ -212,6 +224,13 @@ out:
   }
   if (comm != NULL && mscclppCommDestroy(comm) != mscclppSuccess && rc == 0) {
     rc = 1;
+  }
+  if (rc == 0 && rank == 0) {
+    t_down = now_us() - t;
+    printf("RESULT phases nranks=%d transport=%s bytes=%zu init_s=%.3f setup_s=%.3f "
+           "round_s=%.3f teardown_s=%.3f\n",
+           nranks, transport == mscclppTransportSHM ? "shm" : "ib", bytes, t_init / 1e6,
+           t_setup / 1e6, t_round / 1e6, t_down / 1e6);
   }
   free(buf);
   free(lat);
