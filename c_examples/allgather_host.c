@@ -90,7 +90,7 @@ int main(int argc, char **argv)
   mscclppDevConn_t *conns = NULL;
   unsigned char *buf = NULL;
   double *lat = NULL;
-  double t_init = 0, t_setup = 0, t_round = 0, t_down = 0, t;
+  double t_init = 0, t_setup = 0, t_round = 0, t_down = 0, t = 0;
   size_t bytes = 4u << 20, i;
   int iters = 20, nconns = 0, rank, nranks, r, k, rc = 1, proxy = 0;
   mscclppTransport_t transport = mscclppTransportIB;
