@@ -11,7 +11,9 @@
  *
  * Options: -s BYTES per rank (default 4 MiB), -t ib|shm (default ib: mscclppTransportIB over
  * the provider chosen by MSCCLPP_NET_PROVIDER / FI_PROVIDER, tcp by default), -i ITERATIONS
- * timed (default 20). Rank, size and root come from launch_env.h. Rank 0 also prints the time
+ * timed (default 20), -l ROUNDS of the latency ping-pong (default 2000; 0 skips it: with many
+ * ranks on few cores the other ranks would wait that long in the next barrier). Rank, size
+ * and root come from launch_env.h. Rank 0 also prints the time
  * of each phase (communicator init, connection setup with proxy launch, the first verified
  * all-gather, proxy stop with destroy) as a RESULT line, which bench/scale.sh collects.
  */
@@ -94,7 +96,8 @@ int main(int argc, char **argv)
   size_t bytes = 4u << 20, i;
   int iters = 20, nconns = 0, rank, nranks, r, k, rc = 1, proxy = 0;
   mscclppTransport_t transport = mscclppTransportIB;
-  const int verified_rounds = 3, lat_rounds = 2000;
+  const int verified_rounds = 3;
+  int lat_rounds = 2000;
 
   if (launch_env_parse(&argc, argv, &env) != 0) {
     return 2;
@@ -104,23 +107,26 @@ int main(int argc, char **argv)
       bytes = (size_t)strtoull(argv[++k], NULL, 10);
     } else if (strcmp(argv[k], "-i") == 0 && k + 1 < argc) {
       iters = atoi(argv[++k]);
+    } else if (strcmp(argv[k], "-l") == 0 && k + 1 < argc) {
+      lat_rounds = atoi(argv[++k]);
     } else if (strcmp(argv[k], "-t") == 0 && k + 1 < argc) {
       k++;
       transport = strcmp(argv[k], "shm") == 0 ? mscclppTransportSHM : mscclppTransportIB;
     } else {
-      fprintf(stderr, "usage: %s [-s BYTES] [-i ITERS] [-t ib|shm] (+ launch options)\n", argv[0]);
+      fprintf(stderr, "usage: %s [-s BYTES] [-i ITERS] [-l LATENCY_ROUNDS] [-t ib|shm] (+ launch options)\n",
+              argv[0]);
       return 2;
     }
   }
-  if (bytes == 0 || iters <= 0) {
-    fprintf(stderr, "bytes and iterations must be > 0\n");
+  if (bytes == 0 || iters <= 0 || lat_rounds < 0) {
+    fprintf(stderr, "bytes and iterations must be > 0, latency rounds >= 0\n");
     return 2;
   }
   rank = env.rank;
   nranks = env.nranks;
   example_rank = rank;
   buf = calloc((size_t)nranks, bytes);
-  lat = calloc(lat_rounds, sizeof(double));
+  lat = calloc(lat_rounds > 0 ? (size_t)lat_rounds : 1, sizeof(double));
   if (buf == NULL || lat == NULL) {
     fprintf(stderr, "[rank %d] out of memory\n", rank);
     goto out;
@@ -190,7 +196,7 @@ int main(int argc, char **argv)
   MSCCLPP_CHECK_GOTO(mscclppBootstrapBarrier(comm), out);
 
   /* Latency: 8-byte putWithSignal ping-pong between ranks 0 and 1 (conns[0] on each). */
-  if (nranks >= 2 && rank <= 1) {
+  if (nranks >= 2 && rank <= 1 && lat_rounds > 0) {
     mscclppDevConn_t *c = &conns[0];
     for (k = 0; k < lat_rounds; k++) {
       double t = now_us();
