@@ -321,8 +321,9 @@ fn role_quota() {
                 assert_eq!(b.recv(1, 7).unwrap().len(), 64 << 10);
                 b.send(1, 8, b"ok").unwrap();
             }
-            b.barrier().unwrap();
+            // Before the barrier: rank 1 starts its flood only once rank 0 is in it.
             assert_eq!(b.lost_peer(), None, "read messages never count");
+            b.barrier().unwrap();
             let t = Instant::now();
             // Ends when the flood is reported, or fails after 20 s.
             let why = loop {
