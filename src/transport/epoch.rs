@@ -57,7 +57,8 @@ impl EpochMem {
     pub fn signaled(device: i32) -> Result<Self> {
         // [device, proxy, waitEpochId, host word address, poll hint]
         let dev = DeviceMem::zeroed(device, 64)?;
-        let host = SharedBlock::create(32)?;
+        // Mapped by the peer with EPOCH_BYTES (`comm::setup::map_peer_epoch`): the same size.
+        let host = SharedBlock::create(EPOCH_BYTES)?;
         let reg = HostRegistration::new(device, host.ptr(), host.len())?;
         dev.write_u64(24, reg.dev() + 8)?;
         Ok(EpochMem::Signaled(SignaledEpoch {

@@ -120,20 +120,11 @@ pub fn spawn_rank(
     root: &str,
     extra: &[(&str, String)],
 ) -> Child {
-    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
-    // --include-ignored: the rank of an ignored test runs when its parent was asked to.
-    c.args([
-        test,
-        "--exact",
-        "--nocapture",
-        "--test-threads=1",
-        "--include-ignored",
-    ])
-    .env("MSCCLPP_TEST_ROLE", test)
-    .env("MSCCLPP_TEST_RANK", rank.to_string())
-    .env("MSCCLPP_TEST_NRANKS", n.to_string())
-    .env("MSCCLPP_TEST_ROOT", root)
-    .stdin(std::process::Stdio::null());
+    // The rank runs test `test` alone, ignored or not (`common::child_command`).
+    let mut c = crate::common::child_command(test, "rank");
+    c.env("MSCCLPP_TEST_RANK", rank.to_string())
+        .env("MSCCLPP_TEST_NRANKS", n.to_string())
+        .env("MSCCLPP_TEST_ROOT", root);
     for (k, v) in extra {
         c.env(k, v);
     }
