@@ -4,8 +4,9 @@
 //! `MSCCLPP_TEST_FORCE_STAGING=1`, which is how CI exercises the whole protocol without a GPU).
 //!
 //! Two directions with different needs:
-//! - out (sender): region -> staging, synchronous. The staged bytes are posted to the network
-//!   right after, and the caller needs them complete first.
+//! - out (sender): region -> staging, queued, with a ticket per copy that `out_done` reports
+//!   complete once the bytes are in staging memory. The sender starts the next chunk's copy
+//!   before it posts the current one, so the copy out overlaps the wire (issue 15).
 //! - in (receiver): staging -> region, queued. Copies and 8-byte value stores are applied in
 //!   queue order, so a value queued after copies is visible only after their bytes; `mark`
 //!   returns a ticket that `done` reports complete once everything queued before it is.
@@ -50,14 +51,17 @@ pub trait Copier: Send {
     fn describe(&self) -> String;
     /// `len` zeroed bytes of staging memory (page aligned).
     fn alloc(&self, len: usize) -> Result<StageMem>;
-    /// Copies `len` bytes from region memory `src` into staging `dst`; the bytes are there when
-    /// this returns.
+    /// Queues a copy of `len` bytes from region memory `src` into staging `dst`; returns a
+    /// ticket that `out_done` reports complete once the bytes are there. Copies out complete
+    /// in the order they were queued.
     ///
     /// # Safety
     /// `src..src+len` is readable memory of the kind this copier serves (device memory of its
     /// GPU, or host memory), and `dst..dst+len` is staging memory from `alloc` that nothing
-    /// else reads or writes until this returns.
-    unsafe fn stage_out(&mut self, dst: *mut u8, src: u64, len: u64) -> Result<()>;
+    /// else reads or writes until the ticket is complete (or `drain` returned).
+    unsafe fn stage_out(&mut self, dst: *mut u8, src: u64, len: u64) -> Result<u64>;
+    /// Whether the copy out with ticket `t` has completed. Never blocks.
+    fn out_done(&mut self, t: u64) -> Result<bool>;
     /// Queues a copy of `len` bytes from staging `src` to region memory `dst`.
     ///
     /// # Safety
@@ -83,11 +87,15 @@ pub trait Copier: Send {
 /// Plain memory copies on the calling thread: everything is complete when queued.
 pub struct HostCopier {
     tickets: u64,
+    out_tickets: u64,
 }
 
 impl HostCopier {
     pub fn new() -> Self {
-        HostCopier { tickets: 0 }
+        HostCopier {
+            tickets: 0,
+            out_tickets: 0,
+        }
     }
 }
 
@@ -104,11 +112,15 @@ impl Copier for HostCopier {
     fn alloc(&self, len: usize) -> Result<StageMem> {
         Ok(StageMem::Host(HostBlock::zeroed(len, 4096)?))
     }
-    unsafe fn stage_out(&mut self, dst: *mut u8, src: u64, len: u64) -> Result<()> {
+    unsafe fn stage_out(&mut self, dst: *mut u8, src: u64, len: u64) -> Result<u64> {
         // SAFETY: both ranges valid and exclusively ours for the copy (trait contract); distinct
         // allocations (region vs staging): no overlap.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, len as usize) };
-        Ok(())
+        self.out_tickets += 1;
+        Ok(self.out_tickets)
+    }
+    fn out_done(&mut self, t: u64) -> Result<bool> {
+        Ok(t <= self.out_tickets)
     }
     unsafe fn copy_in(&mut self, dst: u64, src: *const u8, len: u64) -> Result<()> {
         // SAFETY: both ranges valid for the copy (trait contract: the region's owner reads it
@@ -145,20 +157,61 @@ impl Copier for HostCopier {
 /// value in flight; a slot is reused only once the ticket that covers its copy has completed.
 const VALUE_SLOTS: usize = 1024;
 
-/// Copies on two private non-blocking streams of one device: `inbound` (staging -> GPU and the
-/// value stores, ordered by the stream) and `outbound` (GPU -> staging, waited for at once), so
-/// that a sender never waits behind the receiver's queued copies.
-pub struct CudaCopier {
-    device: i32,
-    ctx: Ctx,
-    inbound: Stream,
-    outbound: Stream,
-    /// Events recorded on `inbound`, oldest first, with the ticket each completes.
+/// Tickets on one stream: an event recorded per ticket, retired in order (events of one stream
+/// complete in the order they were recorded).
+#[derive(Default)]
+struct Tickets {
+    /// Events not yet seen complete, oldest first, with the ticket each completes.
     marks: VecDeque<(u64, Event)>,
     /// Completed events, reused by `mark`.
     spare: Vec<Event>,
     issued: u64,
     reached: u64,
+}
+
+impl Tickets {
+    /// A ticket for the work queued on `stream` so far. The stream's context must be current.
+    fn mark(&mut self, device: i32, stream: &Stream) -> Result<u64> {
+        let ev = match self.spare.pop() {
+            Some(e) => e,
+            None => Event::new(device)?,
+        };
+        ev.record(stream)?;
+        self.issued += 1;
+        self.marks.push_back((self.issued, ev));
+        Ok(self.issued)
+    }
+
+    /// Whether ticket `t` is complete; retires completed events. Context current.
+    fn done(&mut self, t: u64) -> Result<bool> {
+        // Ends at the first event still pending, or when every event is retired.
+        while t > self.reached {
+            let Some((tk, ev)) = self.marks.front() else {
+                break;
+            };
+            if !ev.query()? {
+                break;
+            }
+            self.reached = *tk;
+            if let Some((_, ev)) = self.marks.pop_front() {
+                self.spare.push(ev);
+            }
+        }
+        Ok(t <= self.reached)
+    }
+}
+
+/// Copies on two private non-blocking streams of one device: `inbound` (staging -> GPU and the
+/// value stores, ordered by the stream) and `outbound` (GPU -> staging), so that a sender never
+/// waits behind the receiver's queued copies.
+pub struct CudaCopier {
+    device: i32,
+    ctx: Ctx,
+    inbound: Stream,
+    outbound: Stream,
+    /// Tickets of `inbound` (`mark`/`done`) and of `outbound` (`stage_out`/`out_done`).
+    ins: Tickets,
+    outs: Tickets,
     /// Pinned value slots (made on first use without cuStreamWriteValue64) and, per slot, the
     /// ticket that must complete before it is reused.
     values: Option<PinnedHost>,
@@ -186,28 +239,12 @@ impl CudaCopier {
             ctx: Ctx::primary(device)?,
             inbound: Stream::new(device)?,
             outbound: Stream::new(device)?,
-            marks: VecDeque::new(),
-            spare: Vec::new(),
-            issued: 0,
-            reached: 0,
+            ins: Tickets::default(),
+            outs: Tickets::default(),
             values: None,
             value_ticket: vec![0; VALUE_SLOTS],
             value_next: 0,
         })
-    }
-
-    /// Retires completed events, oldest first (events of one stream complete in order).
-    fn reap(&mut self) -> Result<()> {
-        while let Some((t, ev)) = self.marks.front() {
-            if !ev.query()? {
-                break;
-            }
-            self.reached = *t;
-            if let Some((_, ev)) = self.marks.pop_front() {
-                self.spare.push(ev);
-            }
-        }
-        Ok(())
     }
 
     /// Waits for ticket `t` (bounded); a value slot's reuse needs this.
@@ -229,12 +266,18 @@ impl Copier for CudaCopier {
     fn alloc(&self, len: usize) -> Result<StageMem> {
         Ok(StageMem::Pinned(PinnedHost::zeroed(self.device, len)?))
     }
-    unsafe fn stage_out(&mut self, dst: *mut u8, src: u64, len: u64) -> Result<()> {
+    unsafe fn stage_out(&mut self, dst: *mut u8, src: u64, len: u64) -> Result<u64> {
         let _g = CtxGuard::enter_ctx(self.ctx)?;
-        // Valid ranges by the trait contract; waited for below, before `dst` is used.
+        // Valid ranges by the trait contract; `dst` is read only once the ticket is complete.
         self.outbound.copy(dst as u64, src, len, false)?;
-        self.outbound
-            .wait(|| format!("staging {len} bytes out of GPU memory at {src:#x}"))
+        self.outs.mark(self.device, &self.outbound)
+    }
+    fn out_done(&mut self, t: u64) -> Result<bool> {
+        if t <= self.outs.reached {
+            return Ok(true);
+        }
+        let _g = CtxGuard::enter_ctx(self.ctx)?;
+        self.outs.done(t)
     }
     unsafe fn copy_in(&mut self, dst: u64, src: *const u8, len: u64) -> Result<()> {
         let _g = CtxGuard::enter_ctx(self.ctx)?;
@@ -257,7 +300,7 @@ impl Copier for CudaCopier {
         let i = self.value_next;
         self.value_next = (i + 1) % VALUE_SLOTS;
         let before = self.value_ticket[i];
-        if before > self.issued {
+        if before > self.ins.issued {
             self.mark()?;
         }
         self.wait_ticket(before)?;
@@ -275,33 +318,29 @@ impl Copier for CudaCopier {
         unsafe { p.write_volatile(value) };
         self.inbound.copy(dst, p as u64, 8, false)?;
         // The next mark covers this copy.
-        self.value_ticket[i] = self.issued + 1;
+        self.value_ticket[i] = self.ins.issued + 1;
         Ok(())
     }
     fn mark(&mut self) -> Result<u64> {
         let _g = CtxGuard::enter_ctx(self.ctx)?;
-        let ev = match self.spare.pop() {
-            Some(e) => e,
-            None => Event::new(self.device)?,
-        };
-        ev.record(&self.inbound)?;
-        self.issued += 1;
-        self.marks.push_back((self.issued, ev));
-        Ok(self.issued)
+        self.ins.mark(self.device, &self.inbound)
     }
     fn done(&mut self, t: u64) -> Result<bool> {
-        if t <= self.reached {
+        if t <= self.ins.reached {
             return Ok(true);
         }
         let _g = CtxGuard::enter_ctx(self.ctx)?;
-        self.reap()?;
-        Ok(t <= self.reached)
+        self.ins.done(t)
     }
     fn drain(&mut self) -> Result<()> {
         let _g = CtxGuard::enter_ctx(self.ctx)?;
         self.inbound
             .wait(|| format!("staging copies into CUDA device {}", self.device))?;
-        self.reap()
+        self.outbound
+            .wait(|| format!("staging copies out of CUDA device {}", self.device))?;
+        self.ins.done(self.ins.issued)?;
+        self.outs.done(self.outs.issued)?;
+        Ok(())
     }
 }
 
@@ -327,7 +366,8 @@ mod tests {
         let stage = c.alloc(64).unwrap();
         let src: Vec<u8> = (0..64).collect();
         // SAFETY: (all three): live buffers of this test, in bounds, used by no one else.
-        unsafe { c.stage_out(stage.ptr(), src.as_ptr() as u64, 64) }.unwrap();
+        let t = unsafe { c.stage_out(stage.ptr(), src.as_ptr() as u64, 64) }.unwrap();
+        assert!(c.out_done(t).unwrap());
         let mut dst = vec![0u8; 64];
         // SAFETY: as for the unsafe code just above.
         unsafe { c.copy_in(dst.as_mut_ptr() as u64 + 8, stage.ptr(), 16) }.unwrap();

@@ -20,7 +20,9 @@
 //! to every write (what libmscclpp does where the provider accepts it). `--cuda`: the bulk
 //! writes go from and to CUDA device memory of GPU 0 registered with FI_HMEM (the provider
 //! must report FI_HMEM; flags stay in host memory): the provider's own speed on GPU buffers,
-//! the baseline for libmscclpp's FI_HMEM path.
+//! the baseline for libmscclpp's FI_HMEM path. `--pinned`: the bulk writes go from and to
+//! host memory that the CUDA driver allocated pinned (`cuMemHostAlloc`, as libmscclpp's staging
+//! rings and bounce slots are), registered as plain host memory: the provider's speed on them.
 
 use libfabric_sys::*;
 use std::ffi::{c_void, CStr};
@@ -46,6 +48,8 @@ struct Opts {
     volume_mib: usize,
     /// Bulk writes between CUDA device buffers registered with FI_HMEM.
     cuda: bool,
+    /// Bulk writes between pinned host buffers from cuMemHostAlloc.
+    pinned: bool,
     child: bool,
 }
 
@@ -60,6 +64,7 @@ fn opts() -> Opts {
         max_mib: MAX_SIZE >> 20,
         volume_mib: 256,
         cuda: false,
+        pinned: false,
         child: false,
     };
     let mut a = std::env::args().skip(1);
@@ -85,9 +90,10 @@ fn opts() -> Opts {
                     .expect("--volume-mib V")
             }
             "--cuda" => o.cuda = true,
+            "--pinned" => o.pinned = true,
             "--child" => o.child = true,
             "-h" | "--help" => {
-                println!("raw_rma [--provider NAME] [--domain NAME] [--dc] [--data-first] [--cuda] [--iters N] [--min-kib K] [--max-mib M] [--volume-mib V]");
+                println!("raw_rma [--provider NAME] [--domain NAME] [--dc] [--data-first] [--cuda | --pinned] [--iters N] [--min-kib K] [--max-mib M] [--volume-mib V]");
                 std::process::exit(0);
             }
             other => panic!("unknown argument {other}"),
@@ -137,7 +143,8 @@ struct Side {
     peer_gpu: (u64, u64),
 }
 
-/// A CUDA device buffer of GPU 0 registered with FI_HMEM_CUDA (`--cuda`).
+/// A CUDA device buffer of GPU 0 registered with FI_HMEM_CUDA (`--cuda`), or pinned host
+/// memory from the CUDA driver registered as host memory (`--pinned`).
 struct Gpu {
     dptr: u64,
     mr: *mut fid_mr,
@@ -147,7 +154,7 @@ struct Gpu {
 
 impl Gpu {
     /// `len` bytes of device memory, written (so that no page is untouched), registered.
-    fn new(domain: *mut fid_domain, len: usize, requested_key: u64) -> Gpu {
+    fn new(domain: *mut fid_domain, len: usize, requested_key: u64, pinned: bool) -> Gpu {
         use cudarc::driver::sys as cu;
         let cuck = |what: &str, r: cu::CUresult| {
             assert_eq!(r, cu::CUresult::CUDA_SUCCESS, "{what}");
@@ -170,9 +177,19 @@ impl Gpu {
             );
             cuck("cuCtxSetCurrent", cu::cuCtxSetCurrent(ctx));
             let mut dptr: cu::CUdeviceptr = 0;
-            cuck("cuMemAlloc", cu::cuMemAlloc_v2(&mut dptr, len));
-            cuck("cuMemsetD8", cu::cuMemsetD8_v2(dptr, 1, len));
-            cuck("cuCtxSynchronize", cu::cuCtxSynchronize());
+            if pinned {
+                let mut p: *mut c_void = ptr::null_mut();
+                cuck(
+                    "cuMemHostAlloc",
+                    cu::cuMemHostAlloc(&mut p, len, cu::CU_MEMHOSTALLOC_PORTABLE),
+                );
+                ptr::write_bytes(p.cast::<u8>(), 1, len);
+                dptr = p as u64;
+            } else {
+                cuck("cuMemAlloc", cu::cuMemAlloc_v2(&mut dptr, len));
+                cuck("cuMemsetD8", cu::cuMemsetD8_v2(dptr, 1, len));
+                cuck("cuCtxSynchronize", cu::cuCtxSynchronize());
+            }
             let iov = iovec {
                 iov_base: dptr as *mut c_void,
                 iov_len: len,
@@ -181,11 +198,13 @@ impl Gpu {
                 iov_count: 1,
                 access: (FI_WRITE | FI_REMOTE_WRITE) as u64,
                 requested_key,
-                iface: FI_HMEM_CUDA,
+                iface: if pinned { FI_HMEM_SYSTEM } else { FI_HMEM_CUDA },
                 ..Default::default()
             };
             mr_attr_set_iov(&mut attr, &iov);
-            attr.device.cuda = 0;
+            if !pinned {
+                attr.device.cuda = 0;
+            }
             let mut mr = ptr::null_mut();
             ck(
                 "fi_mr_regattr(FI_HMEM_CUDA)",
@@ -354,8 +373,8 @@ impl Side {
             );
             s.key = fi_mr_key(s.mr);
             s.desc = fi_mr_desc(s.mr);
-            if o.cuda {
-                s.gpu = Some(Gpu::new(s.domain, MAX_SIZE, 11 + o.child as u64));
+            if o.cuda || o.pinned {
+                s.gpu = Some(Gpu::new(s.domain, MAX_SIZE, 11 + o.child as u64, o.pinned));
             }
             s
         }
@@ -627,6 +646,8 @@ fn main() {
         if o.dc { "on" } else { "off" },
         if o.cuda {
             "CUDA device (FI_HMEM)"
+        } else if o.pinned {
+            "pinned host (cuMemHostAlloc)"
         } else {
             "host"
         }

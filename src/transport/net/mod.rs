@@ -401,25 +401,15 @@ impl Endpoint for NetEndpoint {
         self.regions
             .check_write(&self.peers, peer, src, src_off, &remote, dst_off, size)?;
         let (st, mut net) = self.parts();
-        if remote.mode == Mode::Staged {
-            return st.write_staged(&mut net, peer, src, src_off, remote, dst_off, size);
-        }
-        let chunk = st.source_chunk(&mut net, src, u64::MAX)?;
-        let mut done = 0u64;
-        while done < size {
-            let n = (size - done).min(chunk);
-            st.post_from(
-                &mut net,
-                peer,
-                src,
-                src_off + done,
-                n,
-                remote.base + dst_off + done,
-                remote.key,
-            )?;
-            done += n;
-        }
-        Ok(())
+        let dest = if remote.mode == Mode::Staged {
+            staging::Dest::Staged { remote, dst_off }
+        } else {
+            staging::Dest::Direct {
+                base: remote.base + dst_off,
+                key: remote.key,
+            }
+        };
+        st.write_chunks(&mut net, peer, src, src_off, size, dest)
     }
 
     fn write_value(&mut self, peer: PeerId, dst: RemoteId, dst_off: u64, value: u64) -> Result<()> {
@@ -507,6 +497,19 @@ impl Drop for NetEndpoint {
         // ring freed (fields drop after this body).
         self.staging.drain_copier();
         self.ops.drain_at_close(&mut self.peers);
+        let s = &self.ops.stats;
+        if s.staged_chunks + s.records_applied > 0 {
+            crate::info!(
+                "net: {} staging: sent {} chunks ({} MiB), waited for ring room {}, for bounce slots {}, for copies out {}; applied {} records",
+                self.describe(),
+                s.staged_chunks,
+                s.staged_bytes >> 20,
+                s.ring_waits,
+                s.bounce_waits,
+                s.copy_out_waits,
+                s.records_applied
+            );
+        }
         let mut mrs = std::mem::replace(&mut self.regions.mrs, mr::Table::new());
         if let Err(e) = mr::teardown(&mut self.ops.mr_ops(), &mut mrs) {
             crate::warn!("net: teardown of {}: {e}", self.describe());

@@ -64,6 +64,37 @@ pub struct Stats {
     pub eagain: u64,
     /// GPUDirect RDMA flushes before relayed values (one per value into FI_HMEM memory).
     pub gdr_flushes: u64,
+    /// Staging, the writer's side: chunks and bytes sent into peers' rings; time waiting for
+    /// ring room (the receiver is behind) and for copies out of GPU memory (the copy engine is
+    /// behind); the receiver's side: records applied. Logged when the endpoint closes, so a
+    /// slow staged path says which side holds it up.
+    pub staged_chunks: u64,
+    pub staged_bytes: u64,
+    pub ring_waits: Timed,
+    pub copy_out_waits: Timed,
+    /// Waits for a free bounce slot (the writes that read them have not completed).
+    pub bounce_waits: Timed,
+    pub records_applied: u64,
+}
+
+/// A count of waits and the time they took.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timed {
+    pub n: u64,
+    pub time: Duration,
+}
+
+impl Timed {
+    pub fn add(&mut self, since: std::time::Instant) {
+        self.n += 1;
+        self.time += since.elapsed();
+    }
+}
+
+impl std::fmt::Display for Timed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({:.1} ms)", self.n, self.time.as_secs_f64() * 1e3)
+    }
 }
 
 /// How the endpoint waits for the provider: spins briefly, then yields (the peer's proxy may

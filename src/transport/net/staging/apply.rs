@@ -40,6 +40,7 @@ impl Staging {
             };
             let Some(rec) = inc.peek() else { break };
             self.apply_record(net, ci, &rec)?;
+            net.ops.stats.records_applied += 1;
             if let Some(inc) = self.chans[ci].incoming.as_mut() {
                 inc.read += 1;
             }

@@ -3,7 +3,7 @@
 
 use super::Staging;
 use crate::error::{Error, Result};
-use crate::sync::Backoff;
+use crate::sync::{Backoff, Nap, Policy};
 use crate::transport::net::mr;
 use crate::transport::net::ops::{provider_wait, Op};
 use crate::transport::net::regions::Backing;
@@ -11,9 +11,28 @@ use crate::transport::net::Net;
 use crate::transport::staging::StageMem;
 use crate::transport::{MrId, PeerId};
 use libfabric_sys as fi;
+use std::ffi::c_void;
+use std::time::Duration;
 
 /// Bounce slots for staged sources (each one chunk).
 pub(crate) const BOUNCE_SLOTS: usize = 4;
+
+/// Waiting for a copy out: spin (a chunk's copy takes tens of microseconds and the wire waits
+/// for it), then yield; never nap.
+const COPY_OUT_WAIT: Policy = Policy {
+    spins: 1000,
+    yield_for: Duration::ZERO,
+    nap: Nap::Yield,
+};
+
+/// One chunk's source, ready to post: the local address and descriptor, and for a staged
+/// source its bounce slot and the ticket of the copy that fills it.
+pub(crate) struct Source {
+    local: u64,
+    len: u64,
+    desc: *mut c_void,
+    bounce: Option<(usize, u64)>,
+}
 
 /// Pinned slots that staged sources are copied out into before the network reads them. Which
 /// slots are busy is kept by `Ops` (`bounce_busy`), which frees a slot when the write that
@@ -37,26 +56,28 @@ impl Staging {
         Ok(c.max(1))
     }
 
-    /// Posts one RMA write of `n` bytes of region `src` at `off` (`n` within one chunk, see
-    /// `source_chunk`) to `raddr`/`key`: from the region's registration, or for a staged
-    /// source through a bounce slot.
-    #[allow(clippy::too_many_arguments)] // one chunk's source and destination, and the endpoint's parts
-    pub fn post_from(
+    /// Makes `n` bytes of region `src` at `off` ready to post (`n` within one chunk, see
+    /// `source_chunk`): the region's own registration, or for a staged source a bounce slot
+    /// with its copy out started (not waited for: `post_source` does, so the copy of the next
+    /// chunk can run while the current one is on the wire).
+    pub fn prepare_source(
         &mut self,
         net: &mut Net<'_>,
-        peer: PeerId,
         src: MrId,
         off: u64,
         n: u64,
-        raddr: u64,
-        key: u64,
-    ) -> Result<()> {
+    ) -> Result<Source> {
         let (addr, backing) = {
             let r = &net.regions[src];
             (r.region.addr + off, r.backing)
         };
-        let (local, desc, bounce) = match backing {
-            Backing::Mr(i) | Backing::Hmem(i, _) => (addr, net.regions.mrs.mrs[i].desc, None),
+        match backing {
+            Backing::Mr(i) | Backing::Hmem(i, _) => Ok(Source {
+                local: addr,
+                len: n,
+                desc: net.regions.mrs.mrs[i].desc,
+                bounce: None,
+            }),
             Backing::Staged => {
                 let slot = self.bounce_slot(net)?;
                 let b = self.bounce(net)?;
@@ -65,30 +86,94 @@ impl Staging {
                 let dst = unsafe { b.mem.ptr().add(slot * slot_len as usize) };
                 // SAFETY: `addr..addr+n` lies in the registered source region (the caller checked
                 // the range against it), of the kind this endpoint's copier serves; `dst` is a
-                // bounce slot of `slot_len >= n` bytes (`source_chunk`) that we just marked busy.
-                let r = self
+                // bounce slot of `slot_len >= n` bytes (`source_chunk`) that we just marked busy,
+                // and it stays busy until this copy's ticket is complete (`post_source`,
+                // `abandon`).
+                let t = self
                     .copier(net.ops)
                     .and_then(|c| unsafe { c.stage_out(dst, addr, n) });
-                if let Err(e) = r {
-                    net.ops.release_bounce(slot);
-                    return Err(e);
+                match t {
+                    Ok(t) => Ok(Source {
+                        local: dst as u64,
+                        len: n,
+                        desc: net.regions.mrs.mrs[mr].desc,
+                        bounce: Some((slot, t)),
+                    }),
+                    Err(e) => {
+                        // The copy was not queued: nothing writes the slot.
+                        net.ops.release_bounce(slot);
+                        Err(e)
+                    }
                 }
-                (dst as u64, net.regions.mrs.mrs[mr].desc, Some(slot))
             }
-        };
+        }
+    }
+
+    /// Posts one RMA write of a prepared source to `raddr`/`key`, once its copy out (if any)
+    /// is complete. On an error the source is abandoned (its slot freed once no copy writes it).
+    pub fn post_source(
+        &mut self,
+        net: &mut Net<'_>,
+        peer: PeerId,
+        s: Source,
+        raddr: u64,
+        key: u64,
+    ) -> Result<()> {
+        if let Some((_, t)) = s.bounce {
+            if let Err(e) = self.wait_out(net, t) {
+                self.abandon(net, s);
+                return Err(e);
+            }
+        }
         net.post(&Op {
             peer,
-            local,
-            len: n,
-            desc,
+            local: s.local,
+            len: s.len,
+            desc: s.desc,
             raddr,
             key,
             fence: false,
             confirm: false,
             inline: None,
-            bounce,
+            bounce: s.bounce.map(|(slot, _)| slot),
             internal: false,
         })
+    }
+
+    /// Gives up a prepared source that will not be posted: its bounce slot is freed once its
+    /// copy out is complete (a slot a copy may still write is never reused).
+    pub fn abandon(&mut self, net: &mut Net<'_>, s: Source) {
+        let Some((slot, t)) = s.bounce else { return };
+        let mut b = Backoff::new(COPY_OUT_WAIT, net.ops.timeout);
+        // Ends when the copy is complete, on a copier error, or at the deadline.
+        loop {
+            match self.copier(net.ops).and_then(|c| c.out_done(t)) {
+                Ok(true) => return net.ops.release_bounce(slot),
+                Ok(false) if !b.expired() => b.pause(),
+                Ok(false) | Err(_) => {
+                    crate::warn!(
+                        "net: bounce slot {slot} stays out of use: its copy out of GPU memory did not complete"
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Waits (bounded) for copy-out ticket `t`, progressing the network meanwhile.
+    fn wait_out(&mut self, net: &mut Net<'_>, t: u64) -> Result<()> {
+        if self.copier(net.ops)?.out_done(t)? {
+            return Ok(());
+        }
+        let since = std::time::Instant::now();
+        let mut wait = Backoff::new(COPY_OUT_WAIT, net.ops.timeout);
+        // Ends when the copy is complete, on an error, or at the deadline.
+        while !self.copier(net.ops)?.out_done(t)? {
+            net.poll()?;
+            wait.step(|| "waiting for a copy out of GPU memory into a bounce slot".into())?;
+        }
+        net.ops.stats.copy_out_waits.add(since);
+        Ok(())
     }
 
     /// The bounce slots, made and registered on first use.
@@ -123,6 +208,7 @@ impl Staging {
     /// A free bounce slot, marked busy; completes writes until one frees up (bounded).
     fn bounce_slot(&mut self, net: &mut Net<'_>) -> Result<usize> {
         let mut wait: Option<Backoff> = None;
+        let since = std::time::Instant::now();
         // Ends when a write that read a bounce slot completes, on an error, or at the deadline.
         loop {
             let b = self.bounce(net)?;
@@ -132,6 +218,9 @@ impl Staging {
                 if !net.ops.bounce_busy[i] {
                     net.ops.bounce_busy[i] = true;
                     b.next = (i + 1) % BOUNCE_SLOTS;
+                    if wait.is_some() {
+                        net.ops.stats.bounce_waits.add(since);
+                    }
                     return Ok(i);
                 }
             }

@@ -19,7 +19,9 @@
 //! ordered after its data like a flag (WAW ordering, else FI_FENCE, else the data is drained
 //! first). A value (the signal count, `write_value`) is a record `{seq, Value, region, offset,
 //! value}`. A staged *source* (device memory, or forced) is first copied out into a pinned
-//! bounce slot, which stays busy until the write that sends it completes.
+//! bounce slot, which stays busy until the write that sends it completes; the copy of the next
+//! chunk starts before the current chunk is posted, and a staged source's chunks ramp up from a
+//! quarter of the largest, so copies out overlap the wire (`send::write_chunks`).
 //!
 //! Applying (the receiver's proxy, `Endpoint::poll_incoming`, and every wait loop of this
 //! endpoint): records are taken strictly in seq order; each is validated against the region
@@ -50,6 +52,7 @@ pub(crate) use bounce::BOUNCE_SLOTS;
 pub(crate) use chan::Chan;
 use chan::{Incoming, Outgoing};
 pub(crate) use record::{Kind, Record, RECORD_BYTES};
+pub(crate) use send::Dest;
 
 use super::blob::{ChanBlob, MrBlob};
 use super::ops::Ops;

@@ -1,6 +1,7 @@
 //! The writer's side of staging: data into the peer's ring and records into its inbox, bounded
 //! by the peer's acknowledgements, which a flush and a direct flag wait for.
 
+use super::bounce::Source;
 use super::{Kind, Record, Staging, RECORD_BYTES};
 use crate::error::{Error, Result};
 use crate::sync::Backoff;
@@ -9,6 +10,16 @@ use crate::transport::net::ops::{provider_wait, Op};
 use crate::transport::net::peers::Peers;
 use crate::transport::net::Net;
 use crate::transport::{MrId, PeerId};
+
+/// Where a write's chunks go on the peer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Dest {
+    /// Straight into its registered memory at `base` (+ the chunk's offset in the write).
+    Direct { base: u64, key: u64 },
+    /// Into its staging ring, each chunk with a record that lands it at `dst_off` (+ the
+    /// chunk's offset) in its staged region `remote`.
+    Staged { remote: MrBlob, dst_off: u64 },
+}
 
 impl Staging {
     /// Our channel for `peer` and the peer's inbox and ring, or why staged writes to it are
@@ -93,51 +104,121 @@ impl Staging {
         Ok(seq)
     }
 
-    /// Writes `size` bytes of local region `src` at `src_off` into the peer's staged region
-    /// `remote` at `dst_off`: data into its ring, then a record per chunk.
+    /// Writes `size` bytes of local region `src` at `src_off` to `dest` on the peer, chunk by
+    /// chunk. Each chunk's copy out (a staged source) starts before the chunk ahead of it is
+    /// posted, so the copies run while the wire is busy. Chunks stay as large as the ring and
+    /// the bounce slots allow: a ramp of smaller first chunks, tried to shorten the one copy
+    /// nothing overlaps, measured slower (bench/RESULTS.md, issue 15), each chunk costing a
+    /// record, a copy and an event on both sides.
     #[allow(clippy::too_many_arguments)] // `Endpoint::write`'s arguments, and the endpoint's parts
-    pub fn write_staged(
+    pub fn write_chunks(
         &mut self,
         net: &mut Net<'_>,
         peer: PeerId,
         src: MrId,
         src_off: u64,
-        remote: MrBlob,
-        dst_off: u64,
         size: u64,
+        dest: Dest,
     ) -> Result<()> {
-        let (ci, _, ring) = self.out_chan(net.peers, peer)?;
-        let chunk = self.source_chunk(net, src, (ring.len / 4).max(1))?;
-        let mut done = 0;
-        while done < size {
-            let n = (size - done).min(chunk);
-            let mut wait = None;
-            // Ends when the ring has room (acknowledgements free it), on an error, or at the
-            // deadline.
-            let pos = loop {
-                let c = self.chans[ci].credit();
-                self.chans[ci].out.ack(c);
-                if let Some(p) = self.chans[ci].out.alloc(ring.len, n) {
-                    break p;
-                }
-                self.ack_step(net, ci, &mut wait, "waiting for room in the staging ring")?;
-            };
-            self.post_from(net, peer, src, src_off + done, n, ring.base + pos, ring.key)?;
-            let seq = self.post_record(
-                net,
-                peer,
-                Record {
-                    seq: 0,
-                    kind: Kind::Data,
-                    region: remote.id,
-                    off: dst_off + done,
-                    arg: n,
-                    ring_pos: pos,
+        let limit = match dest {
+            Dest::Direct { .. } => u64::MAX,
+            Dest::Staged { .. } => {
+                let (_, _, ring) = self.out_chan(net.peers, peer)?;
+                (ring.len / 4).max(1)
+            }
+        };
+        let max = self.source_chunk(net, src, limit)?;
+        let mut plan = (0..size)
+            .step_by(max as usize)
+            .map(move |off| (off, max.min(size - off)));
+        let Some((off, n)) = plan.next() else {
+            return Ok(());
+        };
+        let mut cur = (off, n, self.prepare_source(net, src, src_off + off, n)?);
+        // Ends after the last chunk of the plan, or at the first error.
+        loop {
+            let next = match plan.next() {
+                None => None,
+                Some((off, n)) => match self.prepare_source(net, src, src_off + off, n) {
+                    Ok(s) => Some((off, n, s)),
+                    Err(e) => {
+                        self.abandon(net, cur.2);
+                        return Err(e);
+                    }
                 },
-            )?;
-            self.chans[ci].out.data_sent(seq);
-            done += n;
+            };
+            let (off, n, source) = cur;
+            if let Err(e) = self.send_chunk(net, peer, &dest, off, n, source) {
+                if let Some((_, _, s)) = next {
+                    self.abandon(net, s);
+                }
+                return Err(e);
+            }
+            match next {
+                Some(c) => cur = c,
+                None => return Ok(()),
+            }
         }
+    }
+
+    /// Sends one prepared chunk (`off`: its offset in the write) to `dest`: directly, or into
+    /// free space of the peer's ring followed by its record.
+    fn send_chunk(
+        &mut self,
+        net: &mut Net<'_>,
+        peer: PeerId,
+        dest: &Dest,
+        off: u64,
+        n: u64,
+        source: Source,
+    ) -> Result<()> {
+        let (remote, dst_off) = match *dest {
+            Dest::Direct { base, key } => {
+                return self.post_source(net, peer, source, base + off, key)
+            }
+            Dest::Staged { remote, dst_off } => (remote, dst_off),
+        };
+        let (ci, _, ring) = match self.out_chan(net.peers, peer) {
+            Ok(c) => c,
+            Err(e) => {
+                self.abandon(net, source);
+                return Err(e);
+            }
+        };
+        let mut wait = None;
+        let since = std::time::Instant::now();
+        // Ends when the ring has room (acknowledgements free it), on an error, or at the
+        // deadline.
+        let pos = loop {
+            let c = self.chans[ci].credit();
+            self.chans[ci].out.ack(c);
+            if let Some(p) = self.chans[ci].out.alloc(ring.len, n) {
+                if wait.is_some() {
+                    net.ops.stats.ring_waits.add(since);
+                }
+                break p;
+            }
+            if let Err(e) = self.ack_step(net, ci, &mut wait, "waiting for room in the staging ring") {
+                self.abandon(net, source);
+                return Err(e);
+            }
+        };
+        self.post_source(net, peer, source, ring.base + pos, ring.key)?;
+        let seq = self.post_record(
+            net,
+            peer,
+            Record {
+                seq: 0,
+                kind: Kind::Data,
+                region: remote.id,
+                off: dst_off + off,
+                arg: n,
+                ring_pos: pos,
+            },
+        )?;
+        self.chans[ci].out.data_sent(seq);
+        net.ops.stats.staged_chunks += 1;
+        net.ops.stats.staged_bytes += n;
         Ok(())
     }
 
@@ -149,3 +230,4 @@ impl Staging {
         (o.sent > o.acked.max(self.chans[ci].credit())).then_some((ci, o.sent))
     }
 }
+
