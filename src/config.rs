@@ -47,6 +47,7 @@ pub const VARIABLES: &[&str] = &[
     "CUDA_MPS_PIPE_DIRECTORY",
     "MSCCLPP_TEST_FORCE_STAGING",
     "MSCCLPP_TEST_FORCE_MR_ENDPOINT",
+    "MSCCLPP_TEST_SYSFS_ROOT",
 ];
 
 /// How much the library logs (`MSCCLPP_DEBUG`).
@@ -88,6 +89,9 @@ pub struct NetConfig {
     pub force_staging: bool,
     /// `MSCCLPP_TEST_FORCE_MR_ENDPOINT=1` (tests): the FI_MR_ENDPOINT registration sequence.
     pub force_mr_endpoint: bool,
+    /// `MSCCLPP_TEST_SYSFS_ROOT` (tests): where the PCI topology is read from, for choosing
+    /// the NIC nearest to a rank's GPU (default `/sys`).
+    pub sysfs_root: String,
 }
 
 impl Default for NetConfig {
@@ -105,6 +109,7 @@ impl Default for NetConfig {
             staging_slots: None,
             force_staging: false,
             force_mr_endpoint: false,
+            sysfs_root: "/sys".into(),
         }
     }
 }
@@ -415,6 +420,9 @@ impl Config {
                 "MSCCLPP_TEST_FORCE_MR_ENDPOINT",
                 net_default.force_mr_endpoint,
             ),
+            sysfs_root: r
+                .text("MSCCLPP_TEST_SYSFS_ROOT")
+                .unwrap_or(net_default.sysfs_root),
         };
         let d = P2pConfig::default();
         let p2p = P2pConfig {

@@ -35,9 +35,9 @@ pub fn sync_stream(stream: i64) -> Result<()> {
     })
 }
 
-/// The NUMA node of a device, from sysfs; `None` where unknown or reported as -1 (as on some
-/// virtual machines). Informational: nothing here depends on it.
-pub fn numa_node(device: i32) -> Option<i32> {
+/// The PCI address of a device as the driver writes it (`00000000:1b:00.0`, lower-cased);
+/// None without a driver or device.
+pub fn pci_bus_id(device: i32) -> Option<String> {
     let _g = CtxGuard::enter(device).ok()?;
     let mut buf = [0 as std::ffi::c_char; 32];
     let mut dev: sys::CUdevice = 0;
@@ -53,6 +53,13 @@ pub fn numa_node(device: i32) -> Option<i32> {
     let bus = unsafe { CStr::from_ptr(buf.as_ptr()) }
         .to_string_lossy()
         .to_ascii_lowercase();
+    Some(bus)
+}
+
+/// The NUMA node of a device, from sysfs; `None` where unknown or reported as -1 (as on some
+/// virtual machines). Informational: nothing here depends on it.
+pub fn numa_node(device: i32) -> Option<i32> {
+    let bus = pci_bus_id(device)?;
     let s = std::fs::read_to_string(format!("/sys/bus/pci/devices/{bus}/numa_node")).ok()?;
     s.trim().parse::<i32>().ok().filter(|n| *n >= 0)
 }

@@ -191,6 +191,22 @@ impl<'a> InfoView<'a> {
         // allocation, which lives as long as 'a.
         unsafe { p.as_ref() }
     }
+    /// The PCI address of the NIC behind this info, where the provider reports one.
+    pub fn nic_pci(&self) -> Option<super::locality::Pci> {
+        let nic = self.opt(self.0.nic)?;
+        let bus = self.opt(nic.bus_attr)?;
+        if bus.bus_type != fi::FI_BUS_PCI {
+            return None;
+        }
+        // SAFETY: bus_type says the union holds the PCI member.
+        let pci = unsafe { bus.attr.pci };
+        Some(super::locality::Pci {
+            domain: pci.domain_id,
+            bus: pci.bus_id,
+            dev: pci.device_id,
+            func: pci.function_id,
+        })
+    }
     /// The source address as bytes (empty when absent).
     pub fn src_addr(&self) -> &'a [u8] {
         if self.0.src_addr.is_null() || self.0.src_addrlen == 0 {

@@ -46,6 +46,7 @@
 
 mod blob;
 mod fabric;
+mod locality;
 mod mr;
 mod ops;
 mod peers;

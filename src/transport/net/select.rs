@@ -8,6 +8,7 @@
 //! less, so a provider that rejects a request is still used with the next-best guarantee.
 
 use super::fabric::{strdup, InfoList, InfoView};
+use super::locality;
 use crate::config::NetConfig;
 use crate::error::{Error, Result};
 use libfabric_sys as fi;
@@ -207,6 +208,60 @@ fn rank(
     Some((prov_rank, lo, family, idx))
 }
 
+/// Of the equally ranked candidates `top` (indices into `all`), the one on the NIC nearest to
+/// this rank's GPU (or, for host memory, its CPU), spread over the node's GPUs
+/// (`locality`); None when a domain was named or fewer than two NICs with PCI addresses
+/// compete.
+fn nearest_nic(all: &InfoList, top: &[usize], req: &Request<'_>, env: &NetConfig) -> Option<usize> {
+    if req.shm || req.domain.is_some() || env.iface.is_some() || env.addr.is_some() {
+        return None;
+    }
+    let infos: Vec<(usize, InfoView<'_>)> = all
+        .iter()
+        .enumerate()
+        .filter(|(k, _)| top.contains(k))
+        .map(|(k, i)| (k, InfoView(i)))
+        .collect();
+    let nics: Vec<locality::Nic> = infos
+        .iter()
+        .filter_map(|(_, v)| {
+            Some(locality::Nic {
+                name: v.domain_name(),
+                pci: v.nic_pci()?,
+            })
+        })
+        .collect();
+    let mut names: Vec<&str> = nics.iter().map(|n| n.name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    if names.len() < 2 {
+        return None;
+    }
+    let sys = locality::Sysfs::new(&env.sysfs_root);
+    let (choice, whose) = match req.device {
+        Some(d) => {
+            let gpu: locality::Pci = crate::cuda::pci_bus_id(d)?.parse().ok()?;
+            (locality::for_gpu(&sys, gpu, &nics)?, format!("GPU {d} ({gpu})"))
+        }
+        None => {
+            // SAFETY: no arguments; returns the CPU this thread runs on, or -1.
+            let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).ok()?;
+            (locality::for_cpu(&sys, cpu, &nics)?, format!("CPU {cpu}"))
+        }
+    };
+    let first = choice.nics.first()?;
+    let k = infos.iter().find(|(_, v)| v.domain_name() == *first)?.0;
+    crate::info!(
+        "net: NIC {first} for {whose}: {}, turn {} of {} among the GPUs (or CPUs) sharing these NICs; in order of use: {} (of {} NICs)",
+        choice.near,
+        choice.turn.0 + 1,
+        choice.turn.1,
+        choice.nics.join(", "),
+        names.len()
+    );
+    Some(k)
+}
+
 /// "prov: domain (fabric, fabric), domain (fabric); prov: ..." for error messages.
 fn list_domains(all: &InfoList) -> String {
     /// A domain and its fabrics.
@@ -264,13 +319,21 @@ pub(super) fn choose(req: &Request<'_>, env: &NetConfig) -> Result<Choice> {
         fence: false,
         hmem,
     };
-    // The best-ranked candidate of one query, by index.
+    // The best-ranked candidate of one query, by index; among equally ranked ones on
+    // several NICs, the one nearest to this rank's GPU or CPU.
     let pick = |all: &InfoList| {
-        all.iter()
+        let ranked: Vec<_> = all
+            .iter()
             .enumerate()
             .filter_map(|(k, i)| rank(&InfoView(i), req, env, k))
-            .min()
+            .collect();
+        let best = *ranked.iter().min()?;
+        let top: Vec<usize> = ranked
+            .iter()
+            .filter(|r| (r.0, r.1, r.2) == (best.0, best.1, best.2))
             .map(|r| r.3)
+            .collect();
+        Some(nearest_nic(all, &top, req, env).unwrap_or(best.3))
     };
     let mut all = InfoList::query(node, flags, &hints(req, &plain(hmem))?)?;
     let mut best = pick(&all);
