@@ -87,7 +87,17 @@ run_examples() {
   scripts/run-local-ranks.sh 3 "$build/c_examples/bootstrap_demo" &&
     scripts/run-local-ranks.sh 3 "$build/c_examples/bootstrap_demo_static" &&
     scripts/run-local-ranks.sh 3 "$build/c_examples/allgather_host" -s 1048576 -i 5 &&
-    scripts/run-local-ranks.sh 3 "$build/c_examples/allgather_host_static" -t shm -s 1048576 -i 5
+    scripts/run-local-ranks.sh 3 "$build/c_examples/allgather_host_static" -t shm -s 1048576 -i 5 &&
+    perf_runs
+}
+
+# The nccl-tests-style tools on host memory; each exits non-zero on a wrong byte (#wrong).
+perf_runs() {
+  local ex=$build/c_examples
+  scripts/run-local-ranks.sh 2 "$ex/allgather_perf" -b 8 -e 4M -f 4 -n 5 -w 1 &&
+    scripts/run-local-ranks.sh 3 "$ex/allgather_perf" -b 8 -e 4M -f 4 -n 5 -w 1 &&
+    scripts/run-local-ranks.sh 3 "$ex/alltoall_perf" -b 1K -e 1M -f 8 -n 5 -w 1 -T shm &&
+    scripts/run-local-ranks.sh 3 "$ex/sendrecv_perf" -b 8 -e 1M -f 16 -n 5 -w 1
 }
 
 # The library built against libfabric 2.x (Debian trixie's source, built by
