@@ -241,7 +241,10 @@ fn nearest_nic(all: &InfoList, top: &[usize], req: &Request<'_>, env: &NetConfig
     let (choice, whose) = match req.device {
         Some(d) => {
             let gpu: locality::Pci = crate::cuda::pci_bus_id(d)?.parse().ok()?;
-            (locality::for_gpu(&sys, gpu, &nics)?, format!("GPU {d} ({gpu})"))
+            (
+                locality::for_gpu(&sys, gpu, &nics)?,
+                format!("GPU {d} ({gpu})"),
+            )
         }
         None => {
             // SAFETY: no arguments; returns the CPU this thread runs on, or -1.

@@ -430,7 +430,10 @@ fn staged_writes_apply_only_on_the_receiver_in_order() {
         // The staging counters logged at close: two small chunks, then 64 KiB in chunks of a
         // quarter of the 16 KiB ring; the receiver applied those and the two values.
         let (sa, sb) = (a.stats(), _b.stats());
-        assert_eq!((sa.staged_chunks, sa.staged_bytes), (2 + 16, 24 + (n * 8) as u64));
+        assert_eq!(
+            (sa.staged_chunks, sa.staged_bytes),
+            (2 + 16, 24 + (n * 8) as u64)
+        );
         assert_eq!((sb.staged_chunks, sb.records_applied), (0, 2 + 16 + 2));
         let ci = a.peers[0].chan.unwrap();
         assert_eq!(a.staging.chans[ci].out.acked, a.staging.chans[ci].out.sent);

@@ -43,15 +43,18 @@ impl Fixture {
         std::fs::write(dir.join("vendor"), format!("0x{vendor:04x}\n")).unwrap();
         std::fs::write(dir.join("class"), format!("0x{class:06x}\n")).unwrap();
         std::fs::write(dir.join("numa_node"), format!("{numa}\n")).unwrap();
-        let rel: PathBuf = ["..", "..", ".."].iter().collect::<PathBuf>().join(
-            dir.strip_prefix(&self.root).unwrap(),
-        );
+        let rel: PathBuf = ["..", "..", ".."]
+            .iter()
+            .collect::<PathBuf>()
+            .join(dir.strip_prefix(&self.root).unwrap());
         std::os::unix::fs::symlink(rel, self.root.join("bus/pci/devices").join(pci)).unwrap();
         pci.parse().unwrap()
     }
 
     fn cpu(&self, cpu: usize, node: i32) {
-        let d = self.root.join(format!("devices/system/cpu/cpu{cpu}/node{node}"));
+        let d = self
+            .root
+            .join(format!("devices/system/cpu/cpu{cpu}/node{node}"));
         std::fs::create_dir_all(d).unwrap();
     }
 }
@@ -76,7 +79,13 @@ fn pci_addresses_parse_and_print() {
     let q: Pci = "00000000:1B:00.0".parse().unwrap();
     assert_eq!(p, q, "the CUDA driver's form");
     assert_eq!("1b:00.1".parse::<Pci>().unwrap().func, 1);
-    for bad in ["", "0000:1b:00", "zz:00.0", "0000:1b:100.0", "10000000:00:00.0"] {
+    for bad in [
+        "",
+        "0000:1b:00",
+        "zz:00.0",
+        "0000:1b:100.0",
+        "10000000:00:00.0",
+    ] {
         assert!(bad.parse::<Pci>().is_err(), "{bad:?}");
     }
 }
@@ -99,9 +108,19 @@ fn hgx_like_node_pairs_each_gpu_with_its_switch_nics() {
             let down = format!("0000:{:02x}:{:02x}.0", base + 0x10 * (sw + 1) + 1, k * 8);
             let gpu = format!("0000:{:02x}:00.0", base + 0x10 * (sw + 1) + 2 + k);
             gpus.push(f.device(&[host, &port, &up, &down], &gpu, NVIDIA, GPU_CLASS, numa));
-            let down_n = format!("0000:{:02x}:{:02x}.0", base + 0x10 * (sw + 1) + 1, 16 + k * 8);
+            let down_n = format!(
+                "0000:{:02x}:{:02x}.0",
+                base + 0x10 * (sw + 1) + 1,
+                16 + k * 8
+            );
             let nic_pci = format!("0000:{:02x}:00.0", base + 0x10 * (sw + 1) + 4 + k);
-            let p = f.device(&[host, &port, &up, &down_n], &nic_pci, MELLANOX, NIC_CLASS, numa);
+            let p = f.device(
+                &[host, &port, &up, &down_n],
+                &nic_pci,
+                MELLANOX,
+                NIC_CLASS,
+                numa,
+            );
             nics.push(nic(&format!("mlx5_{}", 2 * sw + k), p));
         }
     }
@@ -190,20 +209,51 @@ fn unknown_numa_nodes_spread_gpus_over_all_nics() {
 #[test]
 fn gpu_with_no_near_nic_takes_all_of_them() {
     let f = Fixture::new("far");
-    let near_gpu = f.device(&["pci0000:00", "0000:00:01.0"], "0000:01:00.0", NVIDIA, GPU_CLASS, 0);
-    let far_gpu = f.device(&["pci0000:80", "0000:80:01.0"], "0000:81:00.0", NVIDIA, GPU_CLASS, 1);
-    let n0 = f.device(&["pci0000:40", "0000:40:01.0"], "0000:41:00.0", MELLANOX, NIC_CLASS, 0);
-    let n1 = f.device(&["pci0000:40", "0000:40:02.0"], "0000:42:00.0", MELLANOX, NIC_CLASS, 0);
+    let near_gpu = f.device(
+        &["pci0000:00", "0000:00:01.0"],
+        "0000:01:00.0",
+        NVIDIA,
+        GPU_CLASS,
+        0,
+    );
+    let far_gpu = f.device(
+        &["pci0000:80", "0000:80:01.0"],
+        "0000:81:00.0",
+        NVIDIA,
+        GPU_CLASS,
+        1,
+    );
+    let n0 = f.device(
+        &["pci0000:40", "0000:40:01.0"],
+        "0000:41:00.0",
+        MELLANOX,
+        NIC_CLASS,
+        0,
+    );
+    let n1 = f.device(
+        &["pci0000:40", "0000:40:02.0"],
+        "0000:42:00.0",
+        MELLANOX,
+        NIC_CLASS,
+        0,
+    );
     let sys = f.sys();
     let nics = [nic("mlx5_0", n0), nic("mlx5_1", n1)];
     let c = for_gpu(&sys, near_gpu, &nics).unwrap();
-    assert_eq!((c.nics.as_slice(), c.near), (&["mlx5_0".to_string(), "mlx5_1".into()][..], Near::Numa));
+    assert_eq!(
+        (c.nics.as_slice(), c.near),
+        (&["mlx5_0".to_string(), "mlx5_1".into()][..], Near::Numa)
+    );
     let c = for_gpu(&sys, far_gpu, &nics).unwrap();
     assert_eq!(c.near, Near::System);
     assert_eq!(c.nics.len(), 2);
     // The two NICs share a root complex but not a switch (separate root ports).
     assert_eq!(sys.near(n0, n1), Near::RootComplex);
-    assert_eq!(for_gpu(&sys, far_gpu, &[]), None, "no NIC at all: no choice");
+    assert_eq!(
+        for_gpu(&sys, far_gpu, &[]),
+        None,
+        "no NIC at all: no choice"
+    );
 }
 
 /// A rank without a GPU: the NICs of its CPU's NUMA node, spread by CPU.

@@ -198,7 +198,9 @@ impl Staging {
                 }
                 break p;
             }
-            if let Err(e) = self.ack_step(net, ci, &mut wait, "waiting for room in the staging ring") {
+            if let Err(e) =
+                self.ack_step(net, ci, &mut wait, "waiting for room in the staging ring")
+            {
                 self.abandon(net, source);
                 return Err(e);
             }
@@ -230,4 +232,3 @@ impl Staging {
         (o.sent > o.acked.max(self.chans[ci].credit())).then_some((ci, o.sent))
     }
 }
-
