@@ -18,6 +18,38 @@ use epoch::EpochMem;
 
 pub use crate::mem::{MemKind, Region};
 
+/// A count of timed events (waits, driver calls) and the time they took, for the endpoints'
+/// statistics logs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timed {
+    pub n: u64,
+    pub time: std::time::Duration,
+}
+
+impl Timed {
+    /// One more event, which began at `since`.
+    pub fn add(&mut self, since: std::time::Instant) {
+        self.n += 1;
+        self.time += since.elapsed();
+    }
+
+    /// The mean time per event in microseconds (0 without events).
+    pub fn avg_us(&self) -> f64 {
+        if self.n == 0 {
+            0.0
+        } else {
+            self.time.as_secs_f64() * 1e6 / self.n as f64
+        }
+    }
+}
+
+/// "n (total ms)".
+impl std::fmt::Display for Timed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({:.1} ms)", self.n, self.time.as_secs_f64() * 1e3)
+    }
+}
+
 /// Index of a local registration inside one endpoint.
 pub type MrId = usize;
 /// Index of a peer (remote endpoint) inside one endpoint.

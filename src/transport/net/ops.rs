@@ -10,7 +10,7 @@ use super::staging::{BOUNCE_SLOTS, RECORD_BYTES};
 use crate::error::{Error, Result};
 use crate::mem::HostBlock;
 use crate::sync::{Backoff, Nap, Policy};
-use crate::transport::{AbortCheck, PeerId};
+use crate::transport::{AbortCheck, PeerId, Timed};
 use libfabric_sys as fi;
 use std::ffi::c_void;
 use std::time::Duration;
@@ -75,26 +75,6 @@ pub struct Stats {
     /// Waits for a free bounce slot (the writes that read them have not completed).
     pub bounce_waits: Timed,
     pub records_applied: u64,
-}
-
-/// A count of waits and the time they took.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Timed {
-    pub n: u64,
-    pub time: Duration,
-}
-
-impl Timed {
-    pub fn add(&mut self, since: std::time::Instant) {
-        self.n += 1;
-        self.time += since.elapsed();
-    }
-}
-
-impl std::fmt::Display for Timed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({:.1} ms)", self.n, self.time.as_secs_f64() * 1e3)
-    }
 }
 
 /// How the endpoint waits for the provider: spins briefly, then yields (the peer's proxy may

@@ -1,5 +1,6 @@
 //! Time spent in driver calls by the P2P endpoint (`MSCCLPP_P2P_STATS=1`).
 
+use crate::transport::Timed;
 use std::time::{Duration, Instant};
 
 /// Time spent in driver calls, for `MSCCLPP_P2P_STATS=1` (printed when the endpoint closes):
@@ -7,20 +8,19 @@ use std::time::{Duration, Instant};
 #[derive(Default)]
 pub(super) struct Stats {
     pub(super) on: bool,
-    pub(super) copies: (u64, Duration),
-    pub(super) values: (u64, Duration),
-    pub(super) flushes: (u64, Duration),
-    pub(super) sm_waits: (u64, Duration),
+    pub(super) copies: Timed,
+    pub(super) values: Timed,
+    pub(super) flushes: Timed,
+    pub(super) sm_waits: Timed,
     pub(super) sm_jobs: u64,
     /// The SM engine's own timing sums (`Engine::timing`).
     pub(super) sm_timing: [u64; 7],
 }
 
 impl Stats {
-    pub(super) fn add(slot: &mut (u64, Duration), since: Option<Instant>) {
+    pub(super) fn add(slot: &mut Timed, since: Option<Instant>) {
         if let Some(t) = since {
-            slot.0 += 1;
-            slot.1 += t.elapsed();
+            slot.add(t);
         }
     }
     pub(super) fn start(&self) -> Option<Instant> {
@@ -30,16 +30,14 @@ impl Stats {
         if !self.on {
             return;
         }
-        let f = |(n, d): (u64, Duration)| {
-            let avg = if n == 0 {
-                0.0
-            } else {
-                d.as_secs_f64() * 1e6 / n as f64
-            };
-            format!("{n} x {avg:.2} us")
-        };
+        let f = |t: Timed| format!("{} x {:.2} us", t.n, t.avg_us());
         let t = &self.sm_timing;
-        let g = |ns: u64, n: u64| f((n, Duration::from_nanos(ns)));
+        let g = |ns: u64, n: u64| {
+            f(Timed {
+                n,
+                time: Duration::from_nanos(ns),
+            })
+        };
         crate::info!(
             "p2p:cuda{device} stats: copy calls {}, flag and done-word calls {}, stream waits {}; SM engine jobs {}, waits {}; in the kernel, read to DONE: grid jobs {} (block 0's share copied {}, workers joined {}, fenced {}), others {}",
             f(self.copies),
