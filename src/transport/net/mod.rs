@@ -440,23 +440,19 @@ impl Endpoint for NetEndpoint {
             st.wait_acked(&mut net, ci, sent)?;
         }
         let fence = net.order_before_flag(peer)?;
-        let desc = net.ops.inline_desc;
+        // Flags are plain writes, like data (no `confirm`): FI_DELIVERY_COMPLETE on
+        // tcp;ofi_rxm turned the 8-byte signal half round trip from 3.7 us into a bimodal
+        // 7..230 us (acks wait for the target's progress), and its p99 is milliseconds even in
+        // a raw ping-pong. A flush confirms delivery with one marker write instead (see module
+        // doc).
         net.post(&Op {
-            peer,
-            local: 0,
-            len: 8,
-            desc,
-            raddr: remote.base + dst_off,
-            key: remote.key,
             fence,
-            // Flags are plain writes, like data: FI_DELIVERY_COMPLETE on tcp;ofi_rxm turned the
-            // 8-byte signal half round trip from 3.7 us into a bimodal 7..230 us (acks wait for
-            // the target's progress), and its p99 is milliseconds even in a raw ping-pong. A
-            // flush confirms delivery with one marker write instead (see module doc).
-            confirm: false,
-            inline: Some(&value.to_ne_bytes()),
-            bounce: None,
-            internal: false,
+            ..Op::inline(
+                peer,
+                &value.to_ne_bytes(),
+                remote.base + dst_off,
+                remote.key,
+            )
         })
     }
 

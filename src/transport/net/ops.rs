@@ -55,6 +55,28 @@ pub(super) struct Op<'a> {
     pub internal: bool,
 }
 
+impl<'a> Op<'a> {
+    /// A plain write of `bytes` (at most `INLINE_BYTES`: flags, records, acknowledgements,
+    /// markers), sent from the op slot's own area, to `raddr` under `key`. Callers set
+    /// `fence`, `confirm` or `internal` on the result where they need them.
+    pub fn inline(peer: PeerId, bytes: &'a [u8], raddr: u64, key: u64) -> Op<'a> {
+        Op {
+            peer,
+            local: 0,
+            len: bytes.len() as u64,
+            // Replaced by the op slot's descriptor when posted.
+            desc: std::ptr::null_mut(),
+            raddr,
+            key,
+            fence: false,
+            confirm: false,
+            inline: Some(bytes),
+            bounce: None,
+            internal: false,
+        }
+    }
+}
+
 /// Counters for tests and logs.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Stats {

@@ -200,22 +200,13 @@ impl Peers {
             // The marker: ordered after every earlier write to the peer (WAW, or fenced), and
             // its completion waits for delivery, so all of them have arrived when it completes.
             let sc = self[peer].scratch;
-            let desc = ops.inline_desc;
             let fence = ops.ordering == Ordering::Fence;
             ops.post(
                 self,
                 &Op {
-                    peer,
-                    local: 0,
-                    len: 8,
-                    desc,
-                    raddr: sc.base,
-                    key: sc.key,
                     fence,
                     confirm: true,
-                    inline: Some(&0u64.to_ne_bytes()),
-                    bounce: None,
-                    internal: false,
+                    ..Op::inline(peer, &0u64.to_ne_bytes(), sc.base, sc.key)
                 },
             )?;
         }

@@ -164,19 +164,9 @@ impl Staging {
                 self.chans[ci].rank
             )));
         };
-        let desc = net.ops.inline_desc;
         net.post(&Op {
-            peer,
-            local: 0,
-            len: 8,
-            desc,
-            raddr: credit.base,
-            key: credit.key,
-            fence: false,
-            confirm: false,
-            inline: Some(&n.to_ne_bytes()),
-            bounce: None,
             internal: true,
+            ..Op::inline(peer, &n.to_ne_bytes(), credit.base, credit.key)
         })
     }
 }

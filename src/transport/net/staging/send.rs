@@ -85,19 +85,10 @@ impl Staging {
         rec.seq = seq;
         let bytes = rec.encode();
         let fence = net.order_before_flag(peer)?;
-        let desc = net.ops.inline_desc;
+        let slot_addr = inbox.base + ((seq - 1) % slots) * RECORD_BYTES as u64;
         net.post(&Op {
-            peer,
-            local: 0,
-            len: RECORD_BYTES as u64,
-            desc,
-            raddr: inbox.base + ((seq - 1) % slots) * RECORD_BYTES as u64,
-            key: inbox.key,
             fence,
-            confirm: false,
-            inline: Some(&bytes),
-            bounce: None,
-            internal: false,
+            ..Op::inline(peer, &bytes, slot_addr, inbox.key)
         })?;
         self.chans[ci].out.sent = seq;
         net.peers[peer].last_was_record = true;
