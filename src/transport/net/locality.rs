@@ -228,8 +228,15 @@ pub fn for_cpu(sys: &Sysfs, cpu: usize, nics: &[Nic]) -> Option<Choice> {
 
 /// The names of the NICs at the best nearness (ordered by PCI address, then name), and it.
 fn nearest(nics: &[Nic], near: impl Fn(&Nic) -> Near) -> Option<(Vec<String>, Near)> {
-    let best = nics.iter().map(&near).min()?;
-    let mut set: Vec<&Nic> = nics.iter().filter(|n| near(n) == best).collect();
+    // Each NIC's nearness once: it reads sysfs.
+    let ds: Vec<Near> = nics.iter().map(near).collect();
+    let best = *ds.iter().min()?;
+    let mut set: Vec<&Nic> = nics
+        .iter()
+        .zip(&ds)
+        .filter(|(_, d)| **d == best)
+        .map(|(n, _)| n)
+        .collect();
     set.sort_by(|a, b| (a.pci, &a.name).cmp(&(b.pci, &b.name)));
     set.dedup_by(|a, b| a.name == b.name);
     Some((set.into_iter().map(|n| n.name.clone()).collect(), best))
