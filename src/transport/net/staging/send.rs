@@ -101,7 +101,6 @@ impl Staging {
     /// the bounce slots allow: a ramp of smaller first chunks, tried to shorten the one copy
     /// nothing overlaps, measured slower (bench/RESULTS.md, issue 15), each chunk costing a
     /// record, a copy and an event on both sides.
-    #[allow(clippy::too_many_arguments)] // `Endpoint::write`'s arguments, and the endpoint's parts
     pub fn write_chunks(
         &mut self,
         net: &mut Net<'_>,
