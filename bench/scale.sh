@@ -30,7 +30,7 @@ echo "|---|---|---|---|---|---|---|"
 for n in "${counts[@]}"; do
   t0=$SECONDS
   out=$(scripts/run-local-ranks.sh "$n" build/scale/c_examples/allgather_host \
-    -t "$transport" -s 4096 -i 1 -l 0 2>&1)
+    -t "$transport" -s 4096 -i 1 -p 0 2>&1)
   rc=$?
   line=$(grep -o 'RESULT phases.*' <<<"$out" | head -1)
   if ((rc != 0)) || [[ -z $line ]]; then

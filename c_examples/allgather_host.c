@@ -11,11 +11,15 @@
  *
  * Options: -s BYTES per rank (default 4 MiB), -t ib|shm (default ib: mscclppTransportIB over
  * the provider chosen by MSCCLPP_NET_PROVIDER / FI_PROVIDER, tcp by default), -i ITERATIONS
- * timed (default 20), -l ROUNDS of the latency ping-pong (default 2000; 0 skips it: with many
- * ranks on few cores the other ranks would wait that long in the next barrier). Rank, size
+ * timed (default 20), -p ROUNDS of the latency ping-pong (default 2000; 0 skips it: with many
+ * ranks on few cores the other ranks would wait that long in the next barrier; it is -p, not
+ * -l, because -l is launch_env.h's local rank). Rank, size
  * and root come from launch_env.h. Rank 0 also prints the time
  * of each phase (communicator init, connection setup with proxy launch, the first verified
  * all-gather, proxy stop with destroy) as a RESULT line, which bench/scale.sh collects.
+ * -v prints, on every rank, a wall-clock stamp as it enters each phase ("TRACE rank R
+ * T.TTTTTT what"), so that the ranks' timelines can be laid side by side: which one arrived
+ * late at a barrier, and from where.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -29,6 +33,20 @@
 
 #include "check.h"
 #include "launch_env.h"
+
+/* -v: each rank stamps its phases with the wall clock (comparable across processes). */
+static int trace_on;
+static int trace_rank;
+static void trace(const char *what, int k)
+{
+  struct timespec ts;
+  if (!trace_on) {
+    return;
+  }
+  clock_gettime(CLOCK_REALTIME, &ts);
+  fprintf(stderr, "TRACE rank %d %lld.%06ld %s %d\n", trace_rank, (long long)ts.tv_sec,
+          ts.tv_nsec / 1000, what, k);
+}
 
 static double now_us(void)
 {
@@ -54,15 +72,19 @@ static int cmp_double(const void *a, const void *b)
 static int allgather(mscclppDevConn_t *conns, int nconns, uint64_t off, uint64_t bytes)
 {
   int i;
+  trace("puts", nconns);
   for (i = 0; i < nconns; i++) {
     MSCCLPP_CHECK_GOTO(mscclppDevConnPutWithSignal(&conns[i], off, off, bytes), fail);
   }
+  trace("flushes", nconns);
   for (i = 0; i < nconns; i++) {
     MSCCLPP_CHECK_GOTO(mscclppDevConnFlush(&conns[i]), fail);
   }
+  trace("waits", nconns);
   for (i = 0; i < nconns; i++) {
     MSCCLPP_CHECK_GOTO(mscclppDevConnWait(&conns[i]), fail);
   }
+  trace("all-gather done", nconns);
   return 0;
 fail:
   return 1;
@@ -107,13 +129,15 @@ int main(int argc, char **argv)
       bytes = (size_t)strtoull(argv[++k], NULL, 10);
     } else if (strcmp(argv[k], "-i") == 0 && k + 1 < argc) {
       iters = atoi(argv[++k]);
-    } else if (strcmp(argv[k], "-l") == 0 && k + 1 < argc) {
+    } else if (strcmp(argv[k], "-p") == 0 && k + 1 < argc) {
       lat_rounds = atoi(argv[++k]);
+    } else if (strcmp(argv[k], "-v") == 0) {
+      trace_on = 1;
     } else if (strcmp(argv[k], "-t") == 0 && k + 1 < argc) {
       k++;
       transport = strcmp(argv[k], "shm") == 0 ? mscclppTransportSHM : mscclppTransportIB;
     } else {
-      fprintf(stderr, "usage: %s [-s BYTES] [-i ITERS] [-l LATENCY_ROUNDS] [-t ib|shm] (+ launch options)\n",
+      fprintf(stderr, "usage: %s [-s BYTES] [-i ITERS] [-p PINGPONG_ROUNDS] [-t ib|shm] [-v] (+ launch options)\n",
               argv[0]);
       return 2;
     }
@@ -125,6 +149,7 @@ int main(int argc, char **argv)
   rank = env.rank;
   nranks = env.nranks;
   example_rank = rank;
+  trace_rank = rank;
   buf = calloc((size_t)nranks, bytes);
   lat = calloc(lat_rounds > 0 ? (size_t)lat_rounds : 1, sizeof(double));
   if (buf == NULL || lat == NULL) {
@@ -132,6 +157,7 @@ int main(int argc, char **argv)
     goto out;
   }
 
+  trace("init", 0);
   t = now_us();
   MSCCLPP_CHECK_GOTO(mscclppCommInitRank(&comm, nranks, env.root, rank), out);
   t_init = now_us() - t;
@@ -141,7 +167,9 @@ int main(int argc, char **argv)
       MSCCLPP_CHECK_GOTO(mscclppConnect(comm, r, 0, buf, (uint64_t)nranks * bytes, transport, NULL), out);
     }
   }
+  trace("setup", 0);
   MSCCLPP_CHECK_GOTO(mscclppConnectionSetup(comm), out);
+  trace("launch", 0);
   MSCCLPP_CHECK_GOTO(mscclppProxyLaunch(comm), out);
   proxy = 1;
   t_setup = now_us() - t;
@@ -154,6 +182,7 @@ int main(int argc, char **argv)
     for (i = 0; i < bytes; i++) {
       buf[(size_t)rank * bytes + i] = pattern(rank, i, k);
     }
+    trace("barrier before verified round", k);
     MSCCLPP_CHECK_GOTO(mscclppBootstrapBarrier(comm), out);
     t = now_us();
     if (allgather(conns, nconns, (uint64_t)rank * bytes, bytes) != 0) {
@@ -167,6 +196,7 @@ int main(int argc, char **argv)
       fprintf(stderr, "[rank %d] round %d: %zu bytes wrong\n", rank, k, bad);
       goto out;
     }
+    trace("barrier after verified round", k);
     MSCCLPP_CHECK_GOTO(mscclppBootstrapBarrier(comm), out);
   }
 
@@ -174,6 +204,7 @@ int main(int argc, char **argv)
   for (i = 0; i < bytes; i++) {
     buf[(size_t)rank * bytes + i] = pattern(rank, i, verified_rounds);
   }
+  trace("barrier before timed rounds", 0);
   MSCCLPP_CHECK_GOTO(mscclppBootstrapBarrier(comm), out);
   {
     double t0 = now_us(), per;
@@ -193,6 +224,7 @@ int main(int argc, char **argv)
              (double)(nranks - 1) * (double)bytes / per / 1e3);
     }
   }
+  trace("barrier after timed rounds", 0);
   MSCCLPP_CHECK_GOTO(mscclppBootstrapBarrier(comm), out);
 
   /* Latency: 8-byte putWithSignal ping-pong between ranks 0 and 1 (conns[0] on each). */
@@ -217,7 +249,9 @@ int main(int argc, char **argv)
              lat[lat_rounds / 2], lat[lat_rounds * 9 / 10]);
     }
   }
+  trace("barrier before teardown", 0);
   MSCCLPP_CHECK_GOTO(mscclppBootstrapBarrier(comm), out);
+  trace("teardown", 0);
   t = now_us();
   MSCCLPP_CHECK_GOTO(mscclppProxyStop(comm), out);
   proxy = 0;
