@@ -16,7 +16,9 @@
  * -l, because -l is launch_env.h's local rank). Rank, size
  * and root come from launch_env.h. Rank 0 also prints the time
  * of each phase (communicator init, connection setup with proxy launch, the first verified
- * all-gather, proxy stop with destroy) as a RESULT line, which bench/scale.sh collects.
+ * all-gather, proxy stop with destroy) as a RESULT line, which bench/scale.sh collects,
+ * with the median and the slowest of every rank's first round (connections are made on first
+ * use) and second round ("warm").
  * -v prints, on every rank, a wall-clock stamp as it enters each phase ("TRACE rank R
  * T.TTTTTT what"), so that the ranks' timelines can be laid side by side: which one arrived
  * late at a barrier, and from where.
@@ -67,6 +69,23 @@ static int cmp_double(const void *a, const void *b)
   return (x > y) - (x < y);
 }
 
+/* Median and maximum of column `col` of `n` rows of two doubles (sorts a copy). */
+static void spread(const double *rows, int n, int col, double *med, double *max)
+{
+  double *v = malloc((size_t)n * sizeof(double));
+  int r;
+  if (v == NULL) {
+    return;
+  }
+  for (r = 0; r < n; r++) {
+    v[r] = rows[2 * r + col];
+  }
+  qsort(v, (size_t)n, sizeof(double), cmp_double);
+  *med = v[n / 2];
+  *max = v[n - 1];
+  free(v);
+}
+
 /* One all-gather: put our slice to every peer with a signal, flush, then wait for every peer.
  * Returns 0 on success. */
 static int allgather(mscclppDevConn_t *conns, int nconns, uint64_t off, uint64_t bytes)
@@ -114,7 +133,8 @@ int main(int argc, char **argv)
   mscclppDevConn_t *conns = NULL;
   unsigned char *buf = NULL;
   double *lat = NULL;
-  double t_init = 0, t_setup = 0, t_round = 0, t_down = 0, t = 0;
+  double t_init = 0, t_setup = 0, t_round = 0, t_down = 0, t = 0, mine[2] = {0, 0};
+  double first_med = 0, first_max = 0, warm_med = 0, warm_max = 0, *rounds = NULL;
   size_t bytes = 4u << 20, i;
   int iters = 20, nconns = 0, rank, nranks, r, k, rc = 1, proxy = 0;
   mscclppTransport_t transport = mscclppTransportIB;
@@ -188,8 +208,11 @@ int main(int argc, char **argv)
     if (allgather(conns, nconns, (uint64_t)rank * bytes, bytes) != 0) {
       goto out;
     }
+    if (k < 2) {
+      mine[k] = now_us() - t;
+    }
     if (k == 0) {
-      t_round = now_us() - t;
+      t_round = mine[0];
     }
     bad = verify(buf, nranks, bytes, k);
     if (bad != 0) {
@@ -198,6 +221,20 @@ int main(int argc, char **argv)
     }
     trace("barrier after verified round", k);
     MSCCLPP_CHECK_GOTO(mscclppBootstrapBarrier(comm), out);
+  }
+
+  /* Every rank's first round (connections made on first use) and second round, for the
+   * spread between the fastest and the slowest rank. */
+  rounds = calloc((size_t)nranks * 2, sizeof(double));
+  if (rounds == NULL) {
+    goto out;
+  }
+  rounds[2 * rank] = mine[0];
+  rounds[2 * rank + 1] = mine[1];
+  MSCCLPP_CHECK_GOTO(mscclppBootstrapAllGather(comm, rounds, (int)(2 * sizeof(double))), out);
+  if (rank == 0) {
+    spread(rounds, nranks, 0, &first_med, &first_max);
+    spread(rounds, nranks, 1, &warm_med, &warm_max);
   }
 
   /* Timed rounds, the last one verified. */
@@ -268,11 +305,14 @@ out:
   if (rc == 0 && rank == 0) {
     t_down = now_us() - t;
     printf("RESULT phases nranks=%d transport=%s bytes=%zu init_s=%.3f setup_s=%.3f "
-           "round_s=%.3f teardown_s=%.3f\n",
+           "round_s=%.3f teardown_s=%.3f round_med_s=%.3f round_max_s=%.3f warm_med_s=%.3f "
+           "warm_max_s=%.3f\n",
            nranks, transport == mscclppTransportSHM ? "shm" : "ib", bytes, t_init / 1e6,
-           t_setup / 1e6, t_round / 1e6, t_down / 1e6);
+           t_setup / 1e6, t_round / 1e6, t_down / 1e6, first_med / 1e6, first_max / 1e6,
+           warm_med / 1e6, warm_max / 1e6);
   }
   free(buf);
   free(lat);
+  free(rounds);
   return rc;
 }

@@ -7,7 +7,8 @@
 # check; ctest ABI layout checks; header compile matrix (gcc/clang, C11..C++20, nvcc if any);
 # CMake build + install; CTest (C/C++ header tests); c_examples built against the installed
 # package (find_package) and through pkg-config; bootstrap_demo and allgather_host run with 3
-# local ranks (shared and static library); ASan/UBSan and valgrind runs (scripts/sanitize.sh);
+# local ranks (shared and static library); allgather_host with 32 ranks over tcp and shm,
+# twice each; ASan/UBSan and valgrind runs (scripts/sanitize.sh);
 # the libfabric suites again against libfabric 2.x built from Debian's source
 # (scripts/libfabric2.sh); a bounded soak of 4 ranks over tcp and shm (examples/soak.rs).
 #
@@ -100,6 +101,21 @@ perf_runs() {
     scripts/run-local-ranks.sh 3 "$ex/sendrecv_perf" -b 8 -e 1M -f 16 -n 5 -w 1
 }
 
+# Many ranks on the 2 cores: 32 ranks, all-to-all connections, three verified all-to-all
+# rounds of 4 KiB, over tcp and over shm, twice each. Every run must complete (a rank that
+# starves fails its peers at the bootstrap timeout); the RESULT lines show the phases and the
+# slowest rank's round against the median (bench/scale.sh makes the table, up to 128 ranks).
+scale_runs() {
+  local t k out
+  for t in ib shm; do
+    for k in 1 2; do
+      out=$(MSCCLPP_RUN_TIMEOUT=300 scripts/run-local-ranks.sh 32 "$build/c_examples/allgather_host" \
+        -t "$t" -s 4096 -i 1 -p 0 2>&1) || { echo "$out" | tail -20; return 1; }
+      grep -o 'RESULT phases.*' <<<"$out"
+    done
+  done
+}
+
 # The library built against libfabric 2.x (Debian trixie's source, built by
 # scripts/libfabric2.sh into a cache) and its libfabric tests run on it: the bindings, the
 # conformance suite over tcp/shm (direct, staged, FI_MR_ENDPOINT), the multi-process host
@@ -146,6 +162,7 @@ step "ctest (C/C++)" needs="cmake install" -- ctest --test-dir "$build/cmake" --
 step "c_examples build" needs="cmake install" -- examples_build
 step "pkg-config build" needs="cmake install" -- pkgconfig_build
 step "c_examples run" needs="c_examples build" -- run_examples
+step scale needs="c_examples build" -- scale_runs
 step sanitize needs="cmake install" -- scripts/sanitize.sh "$prefix" "$build/sanitize"
 step "libfabric 2.x" -- libfabric2
 step soak -- soak

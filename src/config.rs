@@ -21,6 +21,7 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_BOOTSTRAP_QUOTA_MB",
     "MSCCLPP_SOCKET_IFNAME",
     "MSCCLPP_WAIT_TIMEOUT",
+    "MSCCLPP_WAIT_MODE",
     "MSCCLPP_DISABLE_CUDA",
     "MSCCLPP_NET_PROVIDER",
     "FI_PROVIDER",
@@ -125,6 +126,18 @@ pub enum Hmem {
     Always,
     /// `0`: never; GPU memory is always staged.
     Never,
+}
+
+/// How a wait that lasts spends its time (`MSCCLPP_WAIT_MODE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitMode {
+    /// `auto` (default): polls, unless this host runs more ranks than the process has cores
+    /// (`sync::note_ranks_on_host`); then waits that last nap between their polls.
+    Auto,
+    /// `poll`: never naps in waits for a peer or the provider (spins and yields).
+    Poll,
+    /// `sleep`: naps in waits that last, however many cores there are.
+    Sleep,
 }
 
 /// What an `ibDev` name resolved to (`NetConfig::map_ibdev`).
@@ -234,6 +247,8 @@ pub struct Config {
     pub bootstrap_timeout: Option<Duration>,
     /// `MSCCLPP_WAIT_TIMEOUT` (seconds > 0); see [`wait_timeout`].
     pub wait_timeout: Option<Duration>,
+    /// `MSCCLPP_WAIT_MODE`: how waits that last spend their time (see [`WaitMode`]).
+    pub wait_mode: WaitMode,
     /// `MSCCLPP_SOCKET_IFNAME`: interfaces for the unique id's root address.
     pub socket_ifname: Option<String>,
     /// `MSCCLPP_BOOTSTRAP_SECRET`: a secret every rank of an `ip:port` communicator shares,
@@ -460,6 +475,14 @@ impl Config {
             log_level,
             bootstrap_timeout: r.secs("MSCCLPP_BOOTSTRAP_TIMEOUT", &default_timeout),
             wait_timeout: r.secs("MSCCLPP_WAIT_TIMEOUT", "the bootstrap timeout"),
+            wait_mode: match r
+                .choice("MSCCLPP_WAIT_MODE", &["auto", "poll", "sleep"], "auto")
+                .as_deref()
+            {
+                Some("poll") => WaitMode::Poll,
+                Some("sleep") => WaitMode::Sleep,
+                _ => WaitMode::Auto,
+            },
             socket_ifname: r.text("MSCCLPP_SOCKET_IFNAME"),
             bootstrap_secret: r.text("MSCCLPP_BOOTSTRAP_SECRET"),
             bootstrap_quota: r

@@ -150,6 +150,13 @@ impl Bootstrap {
         self.nranks
     }
 
+    /// Ranks whose bootstrap listens on this rank's IP address (this one included): the ranks
+    /// on this host, as far as the addresses tell.
+    pub fn ranks_on_this_host(&self) -> usize {
+        let me = self.peers[self.rank].ip();
+        self.peers.iter().filter(|a| a.ip() == me).count()
+    }
+
     fn check_peer(&self, peer: usize, op: &str) -> Result<()> {
         if peer >= self.nranks {
             return Err(Error::invalid_arg(format!(

@@ -96,6 +96,7 @@ unsafe impl Send for Comm {}
 
 impl Comm {
     pub fn new(boot: Bootstrap) -> Self {
+        crate::sync::note_ranks_on_host(boot.rank(), boot.ranks_on_this_host());
         Comm {
             boot: Arc::new(boot),
             phase: Phase::Declaring,

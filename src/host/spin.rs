@@ -40,6 +40,10 @@ pub struct Spin {
     backoff: Backoff,
     /// Steps taken.
     n: u32,
+    /// Waits that last nap (`sync::napping_waits`: a crowded host), and this one has lasted
+    /// `sync::NAP_AFTER`: a helping waiter then naps between its rounds.
+    napping: bool,
+    long: bool,
 }
 
 impl Drop for Spin {
@@ -53,6 +57,11 @@ impl Drop for Spin {
 /// Steps of a helping waiter between yields (and between looks for a consumer while none is
 /// registered yet).
 const SPIN_ITERS: u32 = 256;
+/// The longest nap of a helping waiter on a crowded host (`sync::napping_waits`): what it
+/// waits for is then at most this late. With more ranks than cores, waiters that keep helping
+/// take the cores from the ranks with work: each round polls every socket of the endpoint.
+const NAP_MAX: Duration = Duration::from_millis(1);
+
 /// A waiter that cannot help: 8 polls, then yields for 20 ms, then naps 1/64 of what it has
 /// waited (at most 1 ms): it then wakes at most 1/64 of its wait late, and seldom enough not to
 /// matter to the thread doing the work. Each wake-up takes that thread's core for ~7 us on
@@ -80,6 +89,8 @@ impl Spin {
             entered: false,
             backoff: Backoff::new(UNHELPED, deadline),
             n: 0,
+            napping: crate::sync::napping_waits(),
+            long: false,
         }
     }
     /// One step of waiting: Ok while the caller should keep waiting, Err when it must stop.
@@ -110,6 +121,11 @@ impl Spin {
             // transfer's CPU time on the 2-core VM.
             if self.n % 64 == 0 {
                 self.backoff.check(|| what.to_string())?;
+                self.long = self.napping && self.backoff.waited() >= crate::sync::NAP_AFTER;
+            }
+            if self.long && matches!(help, Help::Did) {
+                std::thread::sleep(crate::sync::long_nap(self.backoff.waited(), NAP_MAX));
+                return Ok(());
             }
             // Helping: this thread progresses the endpoint (the proxy thread naps while host
             // threads assist), so it must not nap, or a long transfer over a socket provider

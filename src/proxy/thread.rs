@@ -99,6 +99,7 @@ fn run(
         Duration::MAX,
     );
     let mut idle = false;
+    let napping = crate::sync::napping_waits();
     loop {
         // While a host thread waits on this FIFO doing its work (every step of its wait is a
         // round of it), or just executed its own trigger, stand aside: park a little at a time
@@ -145,11 +146,29 @@ fn run(
                     backoff.reset();
                     idle = true;
                 }
-                backoff.pause();
+                // On a crowded host an idle proxy of an assisted FIFO naps longer the longer it
+                // is idle: with many ranks per core, idle proxies napping 20 us at a time took
+                // the cores from the threads with work (128 ranks on 2 cores: 60% of the CPU
+                // with 1 ms naps).
+                if napping && gate.is_some() && backoff.past_yields() {
+                    std::thread::sleep(crate::sync::long_nap(backoff.waited(), ASSISTED_NAP));
+                    backoff.paused_elsewhere();
+                } else {
+                    backoff.pause();
+                }
             }
         }
     }
 }
+
+/// An idle proxy's nap: short, because device producers (GPU FIFOs) wait for it to notice
+/// their triggers.
+const IDLE_NAP: Duration = Duration::from_micros(20);
+/// The longest nap of an idle proxy of an assisted FIFO on a crowded host: its host producers
+/// execute their own triggers and its waiters progress the endpoint, so what it covers alone
+/// is a peer's writes into an idle rank (over tcp they need this side's progress to complete),
+/// lost peers and the stop request, each then at most this late.
+const ASSISTED_NAP: Duration = Duration::from_millis(16);
 
 /// Idle policy: spin, then yield for a while (hands the core to producers and peers on an
 /// oversubscribed machine without a sleep's timer slack), then short naps so that an idle
@@ -157,7 +176,7 @@ fn run(
 const IDLE: Policy = Policy {
     spins: 8,
     yield_for: Duration::from_millis(20),
-    nap: Nap::Fixed(Duration::from_micros(20)),
+    nap: Nap::Fixed(IDLE_NAP),
 };
 /// Assisted FIFOs nap sooner: their producers and waiters do the proxy's work themselves
 /// (`Assist`), so the thread only covers the gaps.

@@ -256,7 +256,7 @@ impl NetEndpoint {
             .register_fixed(&mut ep.ops, &mut ep.peers.me.scratch)?;
 
         crate::info!(
-            "net: opened {} domain {domain_name} fabric {fabric_name}{} mr_mode {}{} ordering {:?} delivery-complete {} hmem {}{} depth {depth} max_msg {max_msg} chunk {max_chunk}",
+            "net: opened {} domain {domain_name} fabric {fabric_name}{} mr_mode {}{} ordering {:?} delivery-complete {} hmem {}{} depth {depth} max_msg {max_msg} chunk {max_chunk}{}",
             provider,
             cfg.addr.as_ref().map_or(String::new(), |a| format!(" addr {a}")),
             select::mr_mode_names(mr_mode),
@@ -265,6 +265,7 @@ impl NetEndpoint {
             ep.ops.delivery_complete,
             choice.hmem,
             if ep.staging.force_staging { " (staging forced for testing)" } else { "" },
+            if ep.ops.napping { "; waits that last nap (crowded host)" } else { "" },
         );
         if !ep.ops.delivery_complete && !WEAK_FLUSH_LOGGED.swap(true, AtOrd::Relaxed) {
             crate::info!(
@@ -505,6 +506,13 @@ impl Drop for NetEndpoint {
                 s.bounce_waits,
                 s.copy_out_waits,
                 s.records_applied
+            );
+        }
+        if s.naps.n > 0 {
+            crate::info!(
+                "net: {}: waits for the provider napped {}",
+                self.describe(),
+                s.naps
             );
         }
         let mut mrs = std::mem::replace(&mut self.regions.mrs, mr::Table::new());

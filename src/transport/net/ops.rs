@@ -97,18 +97,25 @@ pub struct Stats {
     /// Waits for a free bounce slot (the writes that read them have not completed).
     pub bounce_waits: Timed,
     pub records_applied: u64,
+    /// Naps of waits for the provider on a crowded host (`Ops::pause`), and their time.
+    pub naps: Timed,
 }
 
 /// How the endpoint waits for the provider: spins briefly, then yields (the peer's proxy may
-/// share our core), never naps (the wait is for a completion that is microseconds away).
+/// share our core). On a crowded host (`sync::napping_waits`) a wait that has lasted
+/// `sync::NAP_AFTER` naps instead (`Ops::pause`).
 const WAIT: Policy = Policy {
     spins: 127,
     yield_for: Duration::ZERO,
     nap: Nap::Yield,
 };
 
-/// A bounded wait for the provider (`Backoff::step`), failing with `Error::Timeout` once
-/// `limit` has passed.
+/// The longest nap of a wait for the provider on a crowded host: a completion it waits for
+/// is then at most this late.
+const NAP_MAX: Duration = Duration::from_millis(1);
+
+/// A bounded wait for the provider (`Ops::pause`), failing with `Error::Timeout` once `limit`
+/// has passed.
 pub(super) fn provider_wait(limit: Duration) -> Backoff {
     Backoff::new(WAIT, limit)
 }
@@ -140,6 +147,8 @@ pub(super) struct Ops {
     pub max_chunk: u64,
     pub timeout: Duration,
     pub stats: Stats,
+    /// Waits that last nap (`sync::napping_waits`, decided when the endpoint opens).
+    pub napping: bool,
     /// Consulted by `poll` when nothing completed (`Endpoint::set_abort_check`), so that every
     /// wait loop, all of which poll, ends at once when a peer died: shm neither completes nor
     /// fails a write to a peer that died.
@@ -179,9 +188,24 @@ impl Ops {
             max_chunk,
             timeout: crate::config::wait_timeout(),
             stats: Stats::default(),
+            napping: crate::sync::napping_waits(),
             abort_check: None,
         };
         Ok((ops, raw))
+    }
+
+    /// One pause of a bounded wait for the provider (`provider_wait`): by its policy; on a
+    /// crowded host, once it has lasted `sync::NAP_AFTER`, a nap (counted in `stats.naps`).
+    /// `Err(timeout)` naming `what` once the bound has passed.
+    pub fn pause(&mut self, wait: &mut Backoff, what: impl FnOnce() -> String) -> Result<()> {
+        if !self.napping || wait.waited() < crate::sync::NAP_AFTER {
+            return wait.step(what);
+        }
+        let since = std::time::Instant::now();
+        std::thread::sleep(crate::sync::long_nap(wait.waited(), NAP_MAX));
+        self.stats.naps.add(since);
+        wait.paused_elsewhere();
+        wait.check(what)
     }
 
     /// `Endpoint::describe`: `net:<provider>/<domain>`.
@@ -317,7 +341,8 @@ impl Ops {
             self.poll(peers)?;
             let depth = self.slots.len();
             let rank = peers.get(peer).map_or(usize::MAX, |p| p.rank);
-            wait.get_or_insert_with(|| provider_wait(self.timeout)).step(|| {
+            let w = wait.get_or_insert_with(|| provider_wait(self.timeout));
+            self.pause(w, || {
                 format!("waiting for one of {depth} in-flight writes to complete (writing to rank {rank})")
             })?;
         }
@@ -406,7 +431,8 @@ impl Ops {
                 self.stats.eagain += 1;
                 let (rank, limit) = (peers[peer].rank, self.timeout);
                 self.poll(peers).and_then(|_| {
-                    wait.get_or_insert_with(|| provider_wait(limit)).step(|| {
+                    let w = wait.get_or_insert_with(|| provider_wait(limit));
+                    self.pause(w, || {
                         format!("provider kept answering -FI_EAGAIN to a write to rank {rank}")
                     })
                 })
@@ -452,7 +478,7 @@ impl Ops {
         while self.outstanding > 0 {
             match self.poll_cq(peers) {
                 Ok(0) => {
-                    if wait.step(String::new).is_err() {
+                    if self.pause(&mut wait, String::new).is_err() {
                         crate::warn!(
                             "net: closing {} with {} writes still in flight",
                             self.describe(),

@@ -218,7 +218,8 @@ impl Peers {
                 continue;
             }
             let (n, rank, limit) = (self[peer].outstanding, self[peer].rank, ops.timeout);
-            wait.get_or_insert_with(|| provider_wait(limit)).step(|| {
+            let w = wait.get_or_insert_with(|| provider_wait(limit));
+            ops.pause(w, || {
                 format!(
                     "flushing {n} writes to rank {rank}: no completion (is the peer's proxy running?)"
                 )

@@ -215,6 +215,47 @@ fn flush_of_an_unreachable_peer_times_out() {
     drop(a);
 }
 
+/// A crowded host's waits nap (`sync::napping_waits`): a flush whose target starts
+/// progressing only 100 ms later naps instead of spinning, and still completes with every byte
+/// delivered; without napping it never naps.
+#[test]
+fn waits_nap_on_a_crowded_host_and_still_complete() {
+    for napping in [true, false] {
+        let mut a = open(Kind::Tcp, &NetConfig::default());
+        a.ops.napping = napping;
+        let mut b = open(Kind::Tcp, &NetConfig::default());
+        let pa = a.add_peer(1, &b.address().unwrap()).unwrap();
+        b.add_peer(0, &a.address().unwrap()).unwrap();
+        let len = (1 << 20) / 8;
+        let src: Vec<u64> = (0..len as u64).map(|i| i ^ 0x5a5a).collect();
+        let dst = vec![0u64; len];
+        let (_, blob) = b.register(region(&dst)).unwrap();
+        let d = a.import(pa, &blob).unwrap();
+        let s = a.register(region(&src)).unwrap().0;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let target = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            // Ends when the test sets `stop` (Release below, Acquire here).
+            while !stop2.load(AtOrd::Acquire) {
+                b.progress().unwrap();
+                std::thread::yield_now();
+            }
+            b
+        });
+        // The write itself may wait (the connection needs the target), and the flush does.
+        a.write(pa, s, 0, d, 0, (len * 8) as u64).unwrap();
+        a.flush(pa).unwrap();
+        stop.store(true, AtOrd::Release);
+        drop(target.join().unwrap());
+        for (i, want) in src.iter().enumerate() {
+            assert_eq!(word(&dst, i), *want, "napping {napping}: word {i}");
+        }
+        let naps = a.stats().naps.n;
+        assert_eq!(naps > 0, napping, "napping {napping}: {naps} naps");
+    }
+}
+
 /// The fallbacks for providers without WAW ordering, forced on providers that have it: the
 /// flag with FI_FENCE, and the flag after draining every earlier write.
 #[test]

@@ -226,8 +226,10 @@ impl Staging {
             }
             net.poll()?;
             let limit = net.ops.timeout;
-            wait.get_or_insert_with(|| provider_wait(limit))
-                .step(|| "waiting for a bounce slot (staged writes not completing)".into())?;
+            let w = wait.get_or_insert_with(|| provider_wait(limit));
+            net.ops.pause(w, || {
+                "waiting for a bounce slot (staged writes not completing)".into()
+            })?;
         }
     }
 }

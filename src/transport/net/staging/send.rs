@@ -51,7 +51,8 @@ impl Staging {
         self.apply_incoming(net)?;
         let (rank, limit) = (self.chans[ci].rank, net.ops.timeout);
         let (sent, acked) = (self.chans[ci].out.sent, self.chans[ci].out.acked);
-        wait.get_or_insert_with(|| provider_wait(limit)).step(|| {
+        let w = wait.get_or_insert_with(|| provider_wait(limit));
+        net.ops.pause(w, || {
             format!("{what}: rank {rank} has applied {acked} of our {sent} staged writes (is its proxy running?)")
         })
     }
