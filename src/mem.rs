@@ -90,22 +90,36 @@ unsafe impl Sync for SharedBlock {}
 /// The prefix of every name `SharedBlock` creates; `open` accepts no other.
 pub const SHARED_PREFIX: &str = "/mscclpp-epoch-";
 
+/// The number in the next name `SharedBlock::create` makes (`<prefix><pid>-<n>`).
+static NEXT_NAME: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 impl SharedBlock {
     /// A new object of `len` bytes (rounded up to a page), zeroed.
     pub fn create(len: usize) -> Result<Self> {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let n = NEXT_NAME.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!("{SHARED_PREFIX}{}-{n}", std::process::id());
         let len = len.max(1).next_multiple_of(4096);
         let cname = std::ffi::CString::new(name.clone()).expect("no NUL in the name");
-        // SAFETY: valid NUL-terminated name; O_EXCL: never another process's object.
-        let fd = unsafe {
-            libc::shm_open(
-                cname.as_ptr(),
-                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
-                0o600,
-            )
+        let open = || {
+            // SAFETY: valid NUL-terminated name; O_EXCL: never another process's object.
+            unsafe {
+                libc::shm_open(
+                    cname.as_ptr(),
+                    libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                    0o600,
+                )
+            }
         };
+        let mut fd = open();
+        if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
+            // Only this process makes names with its pid, and never the same one twice: the
+            // object is a leftover of a dead process that had this pid (killed during a
+            // setup). Refusing it failed whole runs once pids wrapped around.
+            // SAFETY: valid NUL-terminated name.
+            unsafe { libc::shm_unlink(cname.as_ptr()) };
+            crate::info!("removed /dev/shm{name}, left by a dead process that had this pid");
+            fd = open();
+        }
         if fd < 0 {
             return Err(Error::sys(
                 format!("shm_open({name})"),
@@ -240,6 +254,31 @@ impl Drop for SharedBlock {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A dead process that had our pid left objects under the names we are about to use: they
+    /// are replaced, not refused (a stale name made a 128-rank run's setup fail).
+    #[test]
+    fn stale_names_of_a_dead_process_with_our_pid_are_replaced() {
+        let pid = std::process::id();
+        let next = NEXT_NAME.load(Ordering::Relaxed);
+        // The next few names, left behind with junk of another size (other tests may take one).
+        let stale: Vec<String> = (next..next + 8)
+            .map(|n| format!("/dev/shm{SHARED_PREFIX}{pid}-{n}"))
+            .collect();
+        for p in &stale {
+            std::fs::write(p, b"left by a dead process").unwrap();
+        }
+        let b = SharedBlock::create(64).unwrap();
+        assert!(b.name.starts_with(&format!("{SHARED_PREFIX}{pid}-")));
+        // Zeroed and of the new size, not the leftover's content.
+        // SAFETY: the block maps at least 4096 bytes.
+        let first = unsafe { std::slice::from_raw_parts(b.ptr, 64) };
+        assert!(first.iter().all(|&x| x == 0));
+        drop(b);
+        for p in &stale {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 
     #[test]
     fn shared_block_is_seen_through_its_name_until_unlinked() {
