@@ -244,6 +244,13 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
   # loading synchronizes the context): measured 21 s for this test with a 10 s linger.
   MSCCLPP_P2P_SM_LINGER_US=3000000 run_step "test allgather, engine ended by mscclppProxyStop" 60 \
     bash -c 'ranks 2 "$BIN/allgather"'
+  # mscclppCommDestroy frees its epoch blocks (GPU memory the peer maps through CUDA IPC)
+  # only once the peer has closed its mapping: rank 1 destroys 1.5 s after rank 0, whose
+  # destroy must wait for it (its INFO line says how long; before, it freed at once).
+  MSCCLPP_EXAMPLE_DESTROY_DELAY_MS=1500 MSCCLPP_DEBUG=INFO run_step \
+    "test destroy waits for the CUDA IPC peer to unmap" 60 bash -c \
+    'ranks 2 "$BIN/allgather" 2>&1 | tee /dev/stderr |
+       grep -E "rank 0: 1 CUDA IPC peers closed their mappings of our memory in (1\.[4-9]|[2-9]\.)[0-9]*s \(0 did not\)"'
   if ((QUICK)); then
     MSCCLPP_P2P_ENGINE=ce run_step "test allgather 2 ranks, copy engines only" 90 \
       bash -c 'ranks 2 "$BIN/allgather"'

@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <vector>
 
@@ -140,6 +142,14 @@ static inline void connectPeers(Ctx& c, void* buf, uint64_t bytes, const std::ve
   MSCCLPPCHECK(mscclppProxyLaunch(c.comm));
 }
 
+/* Seconds on a monotonic clock. */
+static inline double now_sec()
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 /* Ends the rank: reports a background (proxy) error of the communicator, then stops and
  * destroys it. Returns 1 if there was such an error, else 0 (to add to the failures). */
 static inline int teardown(Ctx& c)
@@ -156,7 +166,14 @@ static inline int teardown(Ctx& c)
   MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
   MSCCLPPCHECK(mscclppProxyStop(c.comm));
   CUDACHECK(cudaDeviceSynchronize());
+  /* MSCCLPP_EXAMPLE_DESTROY_DELAY_MS: ranks other than 0 destroy that much later (the GPU
+   * check shows rank 0's destroy waiting for its CUDA IPC peers to close their mappings). */
+  const char* delay = getenv("MSCCLPP_EXAMPLE_DESTROY_DELAY_MS");
+  if (delay != nullptr && c.rank != 0) usleep((useconds_t)atoi(delay) * 1000);
+  double t_destroy = now_sec();
   MSCCLPPCHECK(mscclppCommDestroy(c.comm));
+  if (delay != nullptr)
+    printf("rank %d: mscclppCommDestroy took %.3f s\n", c.rank, now_sec() - t_destroy);
   c.comm = nullptr;
   return async != mscclppSuccess;
 }

@@ -45,6 +45,28 @@ impl Bootstrap {
             .take((Kind::P2p, peer, tag), deadline, self.timeout, &what)
     }
 
+    /// Waits at most `bound` for the message `peer` sent with `tag`: `Some` when it came, `None`
+    /// when the peer's connection closed first (it destroyed its communicator, or died).
+    /// Fails at the bound, or at once when this communicator was aborted.
+    pub fn recv_unless_gone(
+        &self,
+        peer: usize,
+        tag: u64,
+        bound: std::time::Duration,
+    ) -> Result<Option<Vec<u8>>> {
+        self.check_peer(peer, "recv")?;
+        self.check_sticky("recv")?;
+        let what = || {
+            format!(
+                "rank {}: recv from rank {peer} with tag {tag:#x}",
+                self.rank
+            )
+        };
+        let deadline = Instant::now() + bound;
+        self.mailbox
+            .take_unless_gone((Kind::P2p, peer, tag), deadline, bound, &what)
+    }
+
     pub(super) fn send_frame(
         &self,
         peer: usize,

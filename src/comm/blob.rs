@@ -15,6 +15,8 @@ pub const TAG_CONN: u64 = 1 << 56;
 pub const TAG_ACK: u64 = 2 << 56;
 /// Tag space of the registered-buffer blobs.
 pub const TAG_REG: u64 = 3 << 56;
+/// Tag of "this rank has closed its mappings of your memory" at destroy (`comm::teardown`).
+pub const TAG_UNMAPPED: u64 = 4 << 56;
 
 /// One rank's half of a connection, sent to the peer on `TAG_CONN | tag` during setup: magic,
 /// version, transport, tag, sender rank (u32 LE each), buffer size (u64 LE), then the

@@ -12,7 +12,7 @@ mod buffers;
 mod setup;
 mod teardown;
 
-pub use blob::{ConnBlob, TAG_ACK, TAG_CONN, TAG_REG};
+pub use blob::{ConnBlob, TAG_ACK, TAG_CONN, TAG_REG, TAG_UNMAPPED};
 
 use crate::abi::*;
 use crate::bootstrap::Bootstrap;

@@ -1,10 +1,12 @@
 //! Stopping proxies and releasing a communicator, in an order that neither hangs on a dead
 //! peer nor frees memory something may still write: proxies drain and stop (bounded), network
-//! endpoints linger for peers' last flushes, endpoints close (their registrations first), then
-//! FIFOs and epoch memory go. What a dead peer may have wedged is leaked, never touched.
+//! endpoints linger for peers' last flushes, endpoints close (their registrations first), CUDA
+//! IPC peers confirm they closed their mappings of our memory (bounded), then FIFOs and epoch
+//! memory go. What a dead peer may have wedged, or a live one may still map, is leaked, never
+//! touched.
 
-use super::{Comm, Conn, Slot};
-use crate::abi::mscclppResult_t;
+use super::{Comm, Conn, Slot, TAG_UNMAPPED};
+use crate::abi::{mscclppResult_t, mscclppTransport_t};
 use crate::proxy::SharedEndpoint;
 use crate::sync::lock;
 
@@ -100,6 +102,21 @@ impl Drop for Comm {
         self.registered.clear();
         self.dev_conns.clear();
         let skip = self.untouchable();
+        // CUDA IPC peers of healthy slots: they map our epoch blocks (`wait_for_unmaps`).
+        let ipc: Vec<bool> = self
+            .slots
+            .iter()
+            .zip(&skip)
+            .map(|(s, skip)| !skip && s.key.transport() == mscclppTransport_t::mscclppTransportP2P)
+            .collect();
+        let mut ipc_peers: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|c| ipc[c.slot])
+            .map(|c| c.remote_rank)
+            .collect();
+        ipc_peers.sort_unstable();
+        ipc_peers.dedup();
         let slots = std::mem::take(&mut self.slots);
         // An untouchable endpoint is leaked, not closed (closing calls into it). Peers may
         // still write into its connections' epoch blocks (shm writes straight into our
@@ -121,7 +138,56 @@ impl Drop for Comm {
             }
             drop(s.work);
         }
-        // Epoch memory goes after the endpoints that registered it.
+        // Epoch memory goes after the endpoints that registered it, and after every CUDA IPC
+        // peer has closed its mapping of it; a peer that does not say so in time keeps it.
+        let unanswered = self.wait_for_unmaps(&ipc_peers);
+        let (keep, conns): (Vec<Conn>, Vec<Conn>) = conns
+            .into_iter()
+            .partition(|c| ipc[c.slot] && unanswered.contains(&c.remote_rank));
+        std::mem::forget(keep);
         drop(conns);
+    }
+}
+
+impl Comm {
+    /// CUDA IPC peers map our epoch blocks (device memory) and store signals into them until
+    /// their proxies stop: freeing a block while a peer still maps it would let such a store
+    /// land in whatever the driver hands that memory to next. Called once our endpoints are
+    /// closed (our own mappings of the peers' memory with them): tells each peer so, then
+    /// waits, at most `MSCCLPP_WAIT_TIMEOUT` for all, until each says the same or is gone (it
+    /// destroyed its communicator or died: its mappings went with it). Returns the peers that
+    /// did neither; their blocks are leaked, with a warning, rather than freed under them.
+    fn wait_for_unmaps(&self, peers: &[usize]) -> Vec<usize> {
+        if peers.is_empty() {
+            return Vec::new();
+        }
+        for &p in peers {
+            // A peer already gone cannot take it and needs no answer.
+            let _ = self.boot.send(p, TAG_UNMAPPED, b"");
+        }
+        let t0 = std::time::Instant::now();
+        let bound = crate::config::wait_timeout();
+        let mut unanswered = Vec::new();
+        for &p in peers {
+            let left = bound.saturating_sub(t0.elapsed());
+            match self.boot.recv_unless_gone(p, TAG_UNMAPPED, left) {
+                Ok(_) => {}
+                Err(e) => {
+                    crate::warn!(
+                        "rank {}: leaking the GPU memory rank {p} maps through CUDA IPC (its epoch blocks): it did not close its mapping in time: {e}",
+                        self.rank()
+                    );
+                    unanswered.push(p);
+                }
+            }
+        }
+        crate::info!(
+            "rank {}: {} CUDA IPC peers closed their mappings of our memory in {:?} ({} did not)",
+            self.rank(),
+            peers.len() - unanswered.len(),
+            t0.elapsed(),
+            unanswered.len()
+        );
+        unanswered
     }
 }

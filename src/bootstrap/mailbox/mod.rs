@@ -156,6 +156,34 @@ impl Mailbox {
         })
     }
 
+    /// As [`Mailbox::take`], but a peer whose connection closed before the message came is an
+    /// answer too (`Ok(None)`), not an error.
+    pub(crate) fn take_unless_gone(
+        &self,
+        key: Key,
+        deadline: Instant,
+        timeout: Duration,
+        what: &dyn Fn() -> String,
+    ) -> Result<Option<Vec<u8>>> {
+        let peer = key.1;
+        let waiting = || format!("nothing arrived from rank {peer}");
+        self.wait_for(peer, deadline, timeout, what, &waiting, |st| {
+            if let Some(q) = st.msgs.get_mut(&key) {
+                let m = q.pop_front();
+                if q.is_empty() {
+                    st.msgs.remove(&key);
+                }
+                if let Some(m) = m {
+                    if key.0 == Kind::P2p && peer < st.buffered.len() {
+                        st.buffered[peer] = st.buffered[peer].saturating_sub(m.len() as u64);
+                    }
+                    return Some(Some(m));
+                }
+            }
+            st.gone[peer].is_some().then_some(None)
+        })
+    }
+
     /// Waits until `peer`'s `Watch` frame has arrived (its connection to us exists and is
     /// authenticated), until the deadline. Fails at once when the peer is gone or the
     /// communicator was aborted.
