@@ -32,24 +32,26 @@ fn all_gather_1_2_4_8_ranks() {
 
 #[test]
 fn barrier_holds_everyone() {
-    let n = 4;
-    let arrived = Arc::new(AtomicUsize::new(0));
-    let a = arrived.clone();
-    with_ranks(&local_addr(), n, move |b| {
-        for round in 1..=5 {
-            if b.rank() == round % n {
-                std::thread::sleep(Duration::from_millis(30));
+    // Powers of two and not (the dissemination barrier's rounds wrap around differently).
+    for n in [2, 4, 5, 7] {
+        let arrived = Arc::new(AtomicUsize::new(0));
+        let a = arrived.clone();
+        with_ranks(&local_addr(), n, move |b| {
+            for round in 1..=5 {
+                if b.rank() == round % n {
+                    std::thread::sleep(Duration::from_millis(30));
+                }
+                a.fetch_add(1, Ordering::SeqCst);
+                b.barrier().unwrap();
+                assert!(
+                    a.load(Ordering::SeqCst) >= round * n,
+                    "{n} ranks: rank {} left early",
+                    b.rank()
+                );
             }
-            a.fetch_add(1, Ordering::SeqCst);
-            b.barrier().unwrap();
-            assert!(
-                a.load(Ordering::SeqCst) >= round * n,
-                "rank {} left early",
-                b.rank()
-            );
-        }
-    });
-    assert_eq!(arrived.load(Ordering::SeqCst), 5 * n);
+        });
+        assert_eq!(arrived.load(Ordering::SeqCst), 5 * n);
+    }
 }
 
 fn msg(src: usize, dst: usize, tag: u64) -> Vec<u8> {

@@ -9,7 +9,7 @@
 //! Afterwards ranks talk directly: one persistent connection per (sender, receiver) pair,
 //! opened on first use. A thread per rank ([`mailbox`]) drains incoming connections into a
 //! mailbox keyed by (sender, tag), so sends never wait for the matching receive. The
-//! all-gather is a ring over those connections; the barrier is an all-gather of one byte.
+//! all-gather is a ring over those connections; the barrier a dissemination over them.
 //!
 //! Every connect, send and receive is bounded by [`timeout`]. A collective that fails makes
 //! the communicator's bootstrap fail for good (sticky), tells the ring neighbours (an `Abort`
