@@ -39,13 +39,10 @@ static CROWDED: AtomicBool = AtomicBool::new(false);
 /// 16 s; napping, 3.3 s. With a core per rank, polling wins (a napping receiver halves a 2-rank
 /// tcp stream), so that stays the rule there. Open MPI decides its `yield_when_idle` the same
 /// way, from the ranks per host.
-pub fn note_ranks_on_host(rank: usize, ranks: usize) {
+/// Returns the cores when this call found the host crowded first (the caller says so at INFO).
+pub fn note_ranks_on_host(ranks: usize) -> Option<usize> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if ranks > cores && !CROWDED.swap(true, Ordering::Relaxed) {
-        crate::info!(
-            "rank {rank}: {ranks} ranks on this host, {cores} cores for this process: waits that last nap between their polls (MSCCLPP_WAIT_MODE)"
-        );
-    }
+    (ranks > cores && !CROWDED.swap(true, Ordering::Relaxed)).then_some(cores)
 }
 
 /// Whether waits that last nap between their polls (`MSCCLPP_WAIT_MODE`; `auto`: when this

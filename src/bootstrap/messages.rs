@@ -32,14 +32,7 @@ impl Bootstrap {
     /// Receives the message `peer` sent with `tag` (tags may arrive in any order; equal tags
     /// in the order sent), within the timeout.
     pub fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>> {
-        self.check_peer(peer, "recv")?;
-        self.check_sticky("recv")?;
-        let what = || {
-            format!(
-                "rank {}: recv from rank {peer} with tag {tag:#x}",
-                self.rank
-            )
-        };
+        let what = self.recv_checks(peer, tag)?;
         let deadline = Instant::now() + self.timeout;
         self.mailbox
             .take((Kind::P2p, peer, tag), deadline, self.timeout, &what)
@@ -54,17 +47,22 @@ impl Bootstrap {
         tag: u64,
         bound: std::time::Duration,
     ) -> Result<Option<Vec<u8>>> {
+        let what = self.recv_checks(peer, tag)?;
+        let deadline = Instant::now() + bound;
+        self.mailbox
+            .take_unless_gone((Kind::P2p, peer, tag), deadline, bound, &what)
+    }
+
+    /// The checks before a receive, and what the receive is called in its errors.
+    fn recv_checks(&self, peer: usize, tag: u64) -> Result<impl Fn() -> String + '_> {
         self.check_peer(peer, "recv")?;
         self.check_sticky("recv")?;
-        let what = || {
+        Ok(move || {
             format!(
                 "rank {}: recv from rank {peer} with tag {tag:#x}",
                 self.rank
             )
-        };
-        let deadline = Instant::now() + bound;
-        self.mailbox
-            .take_unless_gone((Kind::P2p, peer, tag), deadline, bound, &what)
+        })
     }
 
     pub(super) fn send_frame(

@@ -96,7 +96,13 @@ unsafe impl Send for Comm {}
 
 impl Comm {
     pub fn new(boot: Bootstrap) -> Self {
-        crate::sync::note_ranks_on_host(boot.rank(), boot.ranks_on_this_host());
+        let ranks = boot.ranks_on_this_host();
+        if let Some(cores) = crate::sync::note_ranks_on_host(ranks) {
+            crate::info!(
+                "rank {}: {ranks} ranks on this host, {cores} cores for this process: waits that last nap between their polls (MSCCLPP_WAIT_MODE)",
+                boot.rank()
+            );
+        }
         Comm {
             boot: Arc::new(boot),
             phase: Phase::Declaring,
