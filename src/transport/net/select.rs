@@ -240,7 +240,16 @@ fn nearest_nic(all: &InfoList, top: &[usize], req: &Request<'_>, env: &NetConfig
     let sys = locality::Sysfs::new(&env.sysfs_root);
     let (choice, whose) = match req.device {
         Some(d) => {
-            let gpu: locality::Pci = crate::cuda::pci_bus_id(d)?.parse().ok()?;
+            let Some(gpu) =
+                crate::cuda::pci_bus_id(d).and_then(|b| b.parse::<locality::Pci>().ok())
+            else {
+                // Say why the nearest-NIC choice is skipped rather than pass over it silently.
+                crate::info!(
+                    "net: GPU {d}'s PCI address is unknown (cuDeviceGetPCIBusId): taking the first of the {} equally ranked domains, not the nearest",
+                    names.len()
+                );
+                return None;
+            };
             (
                 locality::for_gpu(&sys, gpu, &nics)?,
                 format!("GPU {d} ({gpu})"),
