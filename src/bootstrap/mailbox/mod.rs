@@ -53,6 +53,23 @@ struct State {
     close_all: bool,
 }
 
+impl State {
+    /// Takes the oldest message filed under `key`, releasing its bytes from the sender's quota
+    /// of unread tagged messages.
+    fn pop(&mut self, key: Key) -> Option<Vec<u8>> {
+        let q = self.msgs.get_mut(&key)?;
+        let m = q.pop_front();
+        if q.is_empty() {
+            self.msgs.remove(&key);
+        }
+        let m = m?;
+        if key.0 == Kind::P2p && key.1 < self.buffered.len() {
+            self.buffered[key.1] = self.buffered[key.1].saturating_sub(m.len() as u64);
+        }
+        Some(m)
+    }
+}
+
 struct Shared {
     st: Mutex<State>,
     /// Signalled (notify_all) whenever `msgs`, `gone`, `aborted` or `watch_in` change.
@@ -143,17 +160,7 @@ impl Mailbox {
     ) -> Result<Vec<u8>> {
         let peer = key.1;
         let waiting = || format!("nothing arrived from rank {peer}");
-        self.wait_for(peer, deadline, timeout, what, &waiting, |st| {
-            let q = st.msgs.get_mut(&key)?;
-            let m = q.pop_front()?;
-            if q.is_empty() {
-                st.msgs.remove(&key);
-            }
-            if key.0 == Kind::P2p && peer < st.buffered.len() {
-                st.buffered[peer] = st.buffered[peer].saturating_sub(m.len() as u64);
-            }
-            Some(m)
-        })
+        self.wait_for(peer, deadline, timeout, what, &waiting, |st| st.pop(key))
     }
 
     /// As [`Mailbox::take`], but a peer whose connection closed before the message came is an
@@ -168,19 +175,10 @@ impl Mailbox {
         let peer = key.1;
         let waiting = || format!("nothing arrived from rank {peer}");
         self.wait_for(peer, deadline, timeout, what, &waiting, |st| {
-            if let Some(q) = st.msgs.get_mut(&key) {
-                let m = q.pop_front();
-                if q.is_empty() {
-                    st.msgs.remove(&key);
-                }
-                if let Some(m) = m {
-                    if key.0 == Kind::P2p && peer < st.buffered.len() {
-                        st.buffered[peer] = st.buffered[peer].saturating_sub(m.len() as u64);
-                    }
-                    return Some(Some(m));
-                }
+            match st.pop(key) {
+                Some(m) => Some(Some(m)),
+                None => st.gone[peer].is_some().then_some(None),
             }
-            st.gone[peer].is_some().then_some(None)
         })
     }
 
