@@ -182,8 +182,13 @@ impl Tickets {
         Ok(self.issued)
     }
 
-    /// Whether ticket `t` is complete; retires completed events. Context current.
-    fn done(&mut self, t: u64) -> Result<bool> {
+    /// Whether ticket `t` is complete; retires completed events. Enters `ctx` (the stream's)
+    /// only when an event must be asked: a ticket already reached costs nothing.
+    fn done(&mut self, ctx: Ctx, t: u64) -> Result<bool> {
+        if t <= self.reached {
+            return Ok(true);
+        }
+        let _g = CtxGuard::enter_ctx(ctx)?;
         // Ends at the first event still pending, or when every event is retired.
         while t > self.reached {
             let Some((tk, ev)) = self.marks.front() else {
@@ -273,11 +278,7 @@ impl Copier for CudaCopier {
         self.outs.mark(self.device, &self.outbound)
     }
     fn out_done(&mut self, t: u64) -> Result<bool> {
-        if t <= self.outs.reached {
-            return Ok(true);
-        }
-        let _g = CtxGuard::enter_ctx(self.ctx)?;
-        self.outs.done(t)
+        self.outs.done(self.ctx, t)
     }
     unsafe fn copy_in(&mut self, dst: u64, src: *const u8, len: u64) -> Result<()> {
         let _g = CtxGuard::enter_ctx(self.ctx)?;
@@ -326,11 +327,7 @@ impl Copier for CudaCopier {
         self.ins.mark(self.device, &self.inbound)
     }
     fn done(&mut self, t: u64) -> Result<bool> {
-        if t <= self.ins.reached {
-            return Ok(true);
-        }
-        let _g = CtxGuard::enter_ctx(self.ctx)?;
-        self.ins.done(t)
+        self.ins.done(self.ctx, t)
     }
     fn drain(&mut self) -> Result<()> {
         let _g = CtxGuard::enter_ctx(self.ctx)?;
@@ -338,8 +335,8 @@ impl Copier for CudaCopier {
             .wait(|| format!("staging copies into CUDA device {}", self.device))?;
         self.outbound
             .wait(|| format!("staging copies out of CUDA device {}", self.device))?;
-        self.ins.done(self.ins.issued)?;
-        self.outs.done(self.outs.issued)?;
+        self.ins.done(self.ctx, self.ins.issued)?;
+        self.outs.done(self.ctx, self.outs.issued)?;
         Ok(())
     }
 }
