@@ -314,12 +314,12 @@ impl Regions {
         Ok(self.remotes.len() - 1)
     }
 
-    /// The imported region `dst`, which must belong to `peer`.
     /// The length an imported region's blob declares.
     pub fn remote_len(&self, dst: RemoteId) -> Option<u64> {
         self.remotes.get(dst).map(|r| r.blob.len)
     }
 
+    /// The imported region `dst`, which must belong to `peer`.
     pub fn remote(&self, ops: &Ops, peers: &Peers, peer: PeerId, dst: RemoteId) -> Result<MrBlob> {
         let r = self.remotes.get(dst).ok_or_else(|| {
             Error::invalid_arg(format!("unknown remote region {dst} on {}", ops.describe()))

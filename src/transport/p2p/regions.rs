@@ -165,11 +165,12 @@ impl Regions {
         Ok(self.remotes.len() - 1)
     }
 
-    /// `Endpoint::remote_ptr`.
+    /// `Endpoint::remote_len`.
     pub(super) fn remote_len(&self, remote: RemoteId) -> Option<u64> {
         self.remotes.get(remote).map(|r| r.len)
     }
 
+    /// `Endpoint::remote_ptr`.
     pub(super) fn remote_ptr(&self, remote: RemoteId) -> Option<u64> {
         self.remotes.get(remote).map(|r| r.ptr)
     }

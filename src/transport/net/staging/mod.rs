@@ -20,8 +20,8 @@
 //! first). A value (the signal count, `write_value`) is a record `{seq, Value, region, offset,
 //! value}`. A staged *source* (device memory, or forced) is first copied out into a pinned
 //! bounce slot, which stays busy until the write that sends it completes; the copy of the next
-//! chunk starts before the current chunk is posted, and a staged source's chunks ramp up from a
-//! quarter of the largest, so copies out overlap the wire (`send::write_chunks`).
+//! chunk starts before the current chunk is posted, so copies out overlap the wire
+//! (`send::write_chunks`).
 //!
 //! Applying (the receiver's proxy, `Endpoint::poll_incoming`, and every wait loop of this
 //! endpoint): records are taken strictly in seq order; each is validated against the region
