@@ -56,14 +56,6 @@ pub fn pci_bus_id(device: i32) -> Option<String> {
     Some(bus)
 }
 
-/// The NUMA node of a device, from sysfs; `None` where unknown or reported as -1 (as on some
-/// virtual machines). Informational: nothing here depends on it.
-pub fn numa_node(device: i32) -> Option<i32> {
-    let bus = pci_bus_id(device)?;
-    let s = std::fs::read_to_string(format!("/sys/bus/pci/devices/{bus}/numa_node")).ok()?;
-    s.trim().parse::<i32>().ok().filter(|n| *n >= 0)
-}
-
 /// Makes GPUDirect RDMA writes that already reached `device` visible to its kernels
 /// (`cuFlushGPUDirectRDMAWrites`, owner scope). For the network transport's GPU buffers.
 /// Errors if the driver lacks the call: never silently skipped.

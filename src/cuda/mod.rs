@@ -27,7 +27,7 @@ mod stream;
 
 use ctx::with_util_stream;
 pub use ctx::{bind_proxy_thread, Ctx, CtxGuard};
-pub use device::{flush_gpudirect_rdma_writes, numa_node, pci_bus_id, sync_stream};
+pub use device::{flush_gpudirect_rdma_writes, pci_bus_id, sync_stream};
 pub(crate) use ipc::IPC_HANDLE_BYTES;
 pub use ipc::{address_range, ipc_handle, IpcMapping};
 pub use kernel::{Function, Module, P2P_ENGINE_PTX};
@@ -225,7 +225,7 @@ mod tests {
         }
         assert!(matches!(require("a test"), Err(Error::InvalidUsage(_))));
         assert!(flush_gpudirect_rdma_writes(0).is_err());
-        assert_eq!(numa_node(0), None);
+        assert_eq!(pci_bus_id(0), None);
         assert_eq!(device_count(), 0);
     }
 }
