@@ -38,7 +38,6 @@
 
 /* -v: each rank stamps its phases with the wall clock (comparable across processes). */
 static int trace_on;
-static int trace_rank;
 static void trace(const char *what, int k)
 {
   struct timespec ts;
@@ -46,7 +45,7 @@ static void trace(const char *what, int k)
     return;
   }
   clock_gettime(CLOCK_REALTIME, &ts);
-  fprintf(stderr, "TRACE rank %d %lld.%06ld %s %d\n", trace_rank, (long long)ts.tv_sec,
+  fprintf(stderr, "TRACE rank %d %lld.%06ld %s %d\n", example_rank, (long long)ts.tv_sec,
           ts.tv_nsec / 1000, what, k);
 }
 
@@ -169,7 +168,6 @@ int main(int argc, char **argv)
   rank = env.rank;
   nranks = env.nranks;
   example_rank = rank;
-  trace_rank = rank;
   buf = calloc((size_t)nranks, bytes);
   lat = calloc(lat_rounds > 0 ? (size_t)lat_rounds : 1, sizeof(double));
   if (buf == NULL || lat == NULL) {
