@@ -39,6 +39,7 @@ static CROWDED: AtomicBool = AtomicBool::new(false);
 /// 16 s; napping, 3.3 s. With a core per rank, polling wins (a napping receiver halves a 2-rank
 /// tcp stream), so that stays the rule there. Open MPI decides its `yield_when_idle` the same
 /// way, from the ranks per host.
+///
 /// Returns the cores when this call found the host crowded first (the caller says so at INFO).
 pub fn note_ranks_on_host(ranks: usize) -> Option<usize> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -182,8 +183,8 @@ impl Backoff {
         self.n >= u64::from(self.policy.spins) && self.start.elapsed() >= self.policy.yield_for
     }
 
-    /// Counts a pause the caller took its own way (a sleep on a descriptor) instead of
-    /// [`Backoff::pause`].
+    /// Counts a pause the caller took its own way (a crowded host's longer nap,
+    /// [`long_nap`]) instead of [`Backoff::pause`].
     pub fn paused_elsewhere(&mut self) {
         self.n += 1;
     }
