@@ -34,6 +34,7 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_NET_HMEM",
     "MSCCLPP_NET_STAGING_BYTES",
     "MSCCLPP_NET_STAGING_SLOTS",
+    "MSCCLPP_SHM_INLINE_BYTES",
     "MSCCLPP_P2P_ENGINE",
     "MSCCLPP_P2P_SM_MAX_BYTES",
     "MSCCLPP_P2P_SM_BLOCKS",
@@ -259,11 +260,19 @@ pub struct Config {
     pub bootstrap_quota: u64,
     /// `MSCCLPP_DISABLE_CUDA=1`: host mode even where a CUDA driver exists.
     pub disable_cuda: bool,
+    /// `MSCCLPP_SHM_INLINE_BYTES` (default [`SHM_INLINE_BYTES`], at most 16384; 0 turns it
+    /// off): SHM puts over host memory up to this size, on an idle connection, go inline through
+    /// the peer's ring (`transport::inbox`).
+    pub shm_inline_bytes: u64,
     pub net: NetConfig,
     pub p2p: P2pConfig,
     /// One line per variable whose value could not be used: name, value, what is used instead.
     pub problems: Vec<String>,
 }
+
+/// SHM puts over host memory up to this size go inline through the peer's ring when the
+/// connection is idle (`MSCCLPP_SHM_INLINE_BYTES`).
+pub const SHM_INLINE_BYTES: u64 = 4 << 10;
 
 /// The bootstrap timeout when nothing sets it.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -491,6 +500,16 @@ impl Config {
                 .unwrap_or(256)
                 .saturating_mul(1 << 20),
             disable_cuda: r.flag("MSCCLPP_DISABLE_CUDA", false),
+            shm_inline_bytes: match r.num::<u64>("MSCCLPP_SHM_INLINE_BYTES", "the default") {
+                Some(b) if b > 16 << 10 => {
+                    r.problems.push(format!(
+                        "MSCCLPP_SHM_INLINE_BYTES={b} is over the 16384-byte limit; using 16384"
+                    ));
+                    16 << 10
+                }
+                Some(b) => b,
+                None => SHM_INLINE_BYTES,
+            },
             net,
             p2p,
             problems: r.problems,

@@ -79,7 +79,8 @@ pub struct SharedBlock {
     name: String,
     /// Created here (unlinked by us) rather than opened.
     owner: bool,
-    unlinked: bool,
+    /// Relaxed: only `unlink` (any thread) reads and sets it; the name's removal is its own.
+    unlinked: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: as for HostBlock: an owned mapping, touched only through raw pointers and atomics.
@@ -132,25 +133,40 @@ impl SharedBlock {
             len,
             name,
             owner: true,
-            unlinked: false,
+            unlinked: std::sync::atomic::AtomicBool::new(false),
         };
-        // SAFETY: fd is ours; ftruncate zero-fills the new object.
+        // SAFETY: fd is ours; ftruncate zero-fills the new object. posix_fallocate reserves its
+        // pages now: a full /dev/shm (a container's 64 MiB) is then this error at setup rather
+        // than a SIGBUS at the first store into a page that cannot be had.
         let r = unsafe { libc::ftruncate(fd, len as libc::off_t) };
-        let r = if r == 0 {
-            map(fd, len)
-        } else {
+        let r = if r != 0 {
             Err(std::io::Error::last_os_error())
+        } else {
+            // SAFETY: as above; returns an errno instead of setting errno.
+            match unsafe { libc::posix_fallocate(fd, 0, len as libc::off_t) } {
+                0 => map(fd, len),
+                e => Err(std::io::Error::from_raw_os_error(e)),
+            }
         };
         // SAFETY: fd is ours, closed once (the mapping stays).
         unsafe { libc::close(fd) };
-        b.ptr = r.map_err(|e| Error::sys(format!("sizing and mapping {}", b.name), e))?;
+        b.ptr = r.map_err(|e| {
+            Error::sys(
+                format!("sizing ({len} bytes, in /dev/shm) and mapping {}", b.name),
+                e,
+            )
+        })?;
         Ok(b)
     }
 
     /// Maps the object another process of this host created with [`SharedBlock::create`].
-    /// Only names of that form, and only an object of exactly `len` (rounded to a page) bytes.
-    pub fn open(name: &str, len: usize) -> Result<Self> {
-        let len = len.max(1).next_multiple_of(4096);
+    /// Only names of that form, and only an object whose size is one of `lens` (each rounded to
+    /// a page, as `create` rounds).
+    pub fn open(name: &str, lens: &[usize]) -> Result<Self> {
+        let lens: Vec<usize> = lens
+            .iter()
+            .map(|l| l.max(&1).next_multiple_of(4096))
+            .collect();
         let rest = name.strip_prefix(SHARED_PREFIX).unwrap_or("");
         if rest.is_empty()
             || name.len() > 64
@@ -176,23 +192,24 @@ impl SharedBlock {
             if unsafe { libc::fstat(fd, &mut st) } != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            if st.st_size as usize != len {
+            let len = st.st_size as usize;
+            if !lens.contains(&len) {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
-                    format!("{} bytes, expected {len}", st.st_size),
+                    format!("{len} bytes, expected one of {lens:?}"),
                 ));
             }
-            map(fd, len)
+            map(fd, len).map(|p| (p, len))
         })();
         // SAFETY: fd is ours, closed once.
         unsafe { libc::close(fd) };
-        let ptr = r.map_err(|e| Error::remote(format!("mapping the peer's {name}: {e}")))?;
+        let (ptr, len) = r.map_err(|e| Error::remote(format!("mapping the peer's {name}: {e}")))?;
         Ok(SharedBlock {
             ptr,
             len,
             name: name.to_owned(),
             owner: false,
-            unlinked: true,
+            unlinked: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -210,9 +227,12 @@ impl SharedBlock {
     }
 
     /// Removes the name (mappings stay valid); the creator does it once the peer mapped it.
-    pub fn unlink(&mut self) {
-        if self.owner && !self.unlinked {
-            self.unlinked = true;
+    pub fn unlink(&self) {
+        if self.owner
+            && !self
+                .unlinked
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
             let cname = std::ffi::CString::new(self.name.clone()).expect("no NUL in the name");
             // SAFETY: valid NUL-terminated name. A failure (already gone) changes nothing.
             unsafe { libc::shm_unlink(cname.as_ptr()) };
@@ -282,8 +302,8 @@ mod tests {
 
     #[test]
     fn shared_block_is_seen_through_its_name_until_unlinked() {
-        let mut a = SharedBlock::create(32).unwrap();
-        let b = SharedBlock::open(a.name(), 32).unwrap();
+        let a = SharedBlock::create(32).unwrap();
+        let b = SharedBlock::open(a.name(), &[32]).unwrap();
         // SAFETY: both map the same page; aligned u64 at offset 8.
         unsafe { AtomicU64::from_ptr(a.ptr().add(8).cast()) }.store(42, Ordering::Release);
         assert_eq!(
@@ -293,7 +313,7 @@ mod tests {
         );
         a.unlink();
         assert!(
-            SharedBlock::open(a.name(), 32).is_err(),
+            SharedBlock::open(a.name(), &[32]).is_err(),
             "unlinked name still opens"
         );
         // The mapping outlives the name.
@@ -314,12 +334,16 @@ mod tests {
             "/mscclpp-epoch-1/../x",
             "/other-1-2",
         ] {
-            assert!(SharedBlock::open(bad, 32).is_err(), "{bad:?} accepted");
+            assert!(SharedBlock::open(bad, &[32]).is_err(), "{bad:?} accepted");
         }
         assert!(
-            SharedBlock::open(a.name(), 8192).is_err(),
+            SharedBlock::open(a.name(), &[8192, 12288]).is_err(),
             "wrong size accepted"
         );
-        assert!(SharedBlock::open("/mscclpp-epoch-999999999-0", 32).is_err());
+        assert_eq!(
+            SharedBlock::open(a.name(), &[8192, 32]).unwrap().len(),
+            4096
+        );
+        assert!(SharedBlock::open("/mscclpp-epoch-999999999-0", &[32]).is_err());
     }
 }

@@ -261,6 +261,193 @@ fn signals_regain_direct_shm() {
     ranks("signals_regain_direct_shm", 2, "shm", signals_regain_direct);
 }
 
+// ---- inline puts over SHM -------------------------------------------------------------------
+
+/// The FIFO head of a host connection: a put or signal that did not move it went without a
+/// trigger (SHM: inline through the peer's ring, or a store into its epoch block).
+fn fifo_head(d: &mscclpp::abi::mscclppDevConn) -> u64 {
+    // SAFETY: the FIFO's control block lives as long as the communicator.
+    unsafe { std::sync::atomic::AtomicU64::from_ptr(d.fifo.triggerFifoHead) }
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+const INLINE_BUF: usize = 64 << 10;
+/// Sizes around the inline limit (4 KiB by default): the larger ones take the proxy.
+const INLINE_SIZES: [usize; 7] = [1, 8, 13, 1000, 4096, 4097, 20000];
+
+/// SHM: small putWithSignal ping-pong whose bytes change every round, at moving offsets, with
+/// sizes on both sides of the inline limit; each receiver checks every byte of every put, so a
+/// record applied late, twice, to the wrong place, or after a later write fails. Also a large
+/// put (through the proxy) overwritten at once by a small one at the same offset: the small
+/// one must not overtake it. Counts which puts went inline.
+fn inline_puts(e: Env) {
+    const ROUNDS: usize = 1400;
+    let inline_limit: usize = std::env::var("MSCCLPP_SHM_INLINE_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4096);
+    let mut buf = vec![0u8; 2 * INLINE_BUF];
+    let c = connected_pair(&e, 6, &mut buf);
+    let d = &mut dev_conns(c)[0];
+    let bp = buf.as_mut_ptr();
+    let (mut small_inline, mut small, mut large_inline) = (0, 0, 0);
+    // Rank r sends from its half r of the buffer into the peer's half r.
+    let half = (e.rank * INLINE_BUF) as u64;
+    let fill = |round: usize, size: usize, off: usize| {
+        (0..size).map(move |i| (round * 7 + i * 13 + off) as u8)
+    };
+    for round in 0..ROUNDS {
+        let size = INLINE_SIZES[round % INLINE_SIZES.len()];
+        let off = (round * 4099) % (INLINE_BUF - size);
+        let sender = round % 2;
+        if e.rank == sender {
+            for (i, v) in fill(round, size, off).enumerate() {
+                // SAFETY: within our half of buf; the peer reads its own copy.
+                unsafe { bp.add(half as usize + off + i).write_volatile(v) };
+            }
+            let h = fifo_head(d);
+            put_signal(d, half + off as u64, half + off as u64, size as u64);
+            let went_inline = fifo_head(d) == h;
+            if size <= inline_limit {
+                small += 1;
+                small_inline += went_inline as usize;
+            } else {
+                large_inline += went_inline as usize;
+            }
+            // The sender may change its source only after a flush (the put may still read it).
+            flush(d);
+        } else {
+            wait(d);
+            let from = sender * INLINE_BUF + off;
+            for (i, v) in fill(round, size, off).enumerate() {
+                // SAFETY: within buf, written by the peer's put before its signal.
+                let got = unsafe { bp.add(from + i).read_volatile() };
+                assert_eq!(
+                    got, v,
+                    "round {round}: byte {i} of a {size}-byte put at {off}"
+                );
+            }
+        }
+    }
+    // A large put, then at once a small put with its signal over the same bytes: the small one
+    // must land last.
+    if e.rank == 0 {
+        // SAFETY: within our half; nothing reads it until the flush below.
+        unsafe {
+            std::ptr::write_bytes(bp, 0xaa, 32 << 10);
+            std::ptr::write_bytes(bp.add(40 << 10), 0xbb, 64);
+        }
+        put(d, 0, 0, 32 << 10);
+        put_signal(d, 0, 40 << 10, 64);
+        flush(d);
+        // And the other way round: an inline put, then a large one over the same bytes.
+        put(d, 0, 40 << 10, 64);
+        put_signal(d, 0, 0, 32 << 10);
+        flush(d);
+    } else {
+        wait(d);
+        // SAFETY: within buf, written by the peer's puts before its signal.
+        let got = unsafe { std::slice::from_raw_parts(bp, 32 << 10) };
+        assert!(
+            got[..64].iter().all(|b| *b == 0xbb),
+            "the small put was overtaken"
+        );
+        assert!(got[64..].iter().all(|b| *b == 0xaa));
+        wait(d);
+        // SAFETY: as above.
+        let got = unsafe { std::slice::from_raw_parts(bp, 32 << 10) };
+        assert!(
+            got.iter().all(|b| *b == 0xaa),
+            "an inline put landed after a later put"
+        );
+    }
+    if inline_limit == 0 {
+        assert_eq!(
+            small_inline, 0,
+            "MSCCLPP_SHM_INLINE_BYTES=0, yet puts went inline"
+        );
+    } else {
+        assert!(
+            small_inline * 2 >= small,
+            "only {small_inline} of {small} small puts went inline"
+        );
+    }
+    assert_eq!(large_inline, 0, "a put over the limit went inline");
+    finish(c);
+}
+
+#[test]
+fn inline_puts_shm() {
+    ranks("inline_puts_shm", 2, "shm", inline_puts);
+}
+
+#[test]
+fn inline_puts_off_shm() {
+    let name = "inline_puts_off_shm";
+    if skip_missing_provider(name, "shm") {
+        return;
+    }
+    if is_rank(name) {
+        return inline_puts(env());
+    }
+    let e = with(transport_env("shm"), "MSCCLPP_SHM_INLINE_BYTES", "0");
+    spawn(name, 2, &e).expect_success(DEADLINE);
+}
+
+/// SHM: more small puts without a signal than the ring's window holds (the receiver starts its proxy,
+/// which applies them, only 300 ms later), then a flush and a bootstrap barrier, after which
+/// the receiver reads its buffer without calling wait(): the puts that found the ring full
+/// took the proxy, after the ring's (same connection, order kept), and the flush returned only
+/// once the receiver had applied every inline one (flush means "arrived").
+fn inline_puts_fill_the_ring(e: Env) {
+    const N: usize = 6000;
+    /// 8-byte puts (8 bytes of header each) a sender may have unapplied in the ring (its
+    /// 16 KiB window, `transport::inbox::WINDOW`).
+    const RING_PUTS: u64 = 1024;
+    let mut buf = vec![0u8; N * 8];
+    let c = init(&e.root, e.rank, e.n);
+    ok(connect(c, 1 - e.rank, 7, &mut buf));
+    ok(mscclppConnectionSetup(c));
+    if e.rank == 1 {
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    ok(mscclppProxyLaunch(c));
+    let d = &mut dev_conns(c)[0];
+    if e.rank == 0 {
+        for (i, w) in buf.chunks_mut(8).enumerate() {
+            w.copy_from_slice(&(i as u64 * 0x9e37_79b9 + 1).to_le_bytes());
+        }
+        let h = fifo_head(d);
+        for i in 0..N as u64 {
+            put(d, i * 8, i * 8, 8);
+        }
+        let triggers = fifo_head(d) - h;
+        assert!(
+            triggers >= N as u64 - RING_PUTS && triggers < N as u64,
+            "{triggers} of {N} puts took the proxy: expected the ring's overflow only"
+        );
+        flush(d);
+    }
+    ok(mscclppBootstrapBarrier(c));
+    if e.rank == 1 {
+        for (i, w) in buf.chunks(8).enumerate() {
+            let v = u64::from_le_bytes(w.try_into().unwrap());
+            assert_eq!(v, i as u64 * 0x9e37_79b9 + 1, "put {i}");
+        }
+    }
+    finish(c);
+}
+
+#[test]
+fn inline_puts_fill_the_ring_shm() {
+    ranks(
+        "inline_puts_fill_the_ring_shm",
+        2,
+        "shm",
+        inline_puts_fill_the_ring,
+    );
+}
+
 // ---- registered buffers --------------------------------------------------------------------
 
 fn registered_write(e: Env) {

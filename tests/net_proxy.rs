@@ -75,6 +75,8 @@ fn proxy_moves_data_and_refuses_out_of_range_triggers() {
         remote_epoch: e,
         signals: 0,
         direct: None,
+        outbox: None,
+        inbox: None,
         undelivered: false,
         regain_direct: false,
     };

@@ -30,6 +30,8 @@ mod addr;
 mod collective;
 pub mod frame;
 mod id;
+/// Eight random bytes from the kernel, never zero (nonces that tell processes apart).
+pub(crate) use id::random_magic as random_nonce;
 mod join;
 mod mailbox;
 mod messages;

@@ -70,6 +70,8 @@ struct Conn {
     peer: PeerId,
     /// The connection's epoch block (`transport::epoch`), where the transport placed it.
     _epoch: EpochMem,
+    /// The ring the peer writes inline puts into (SHM over host memory), closed at destroy.
+    inbox: Option<Arc<crate::transport::inbox::Inbox>>,
 }
 
 struct Registered {

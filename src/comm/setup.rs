@@ -10,10 +10,12 @@ use super::{Comm, Conn, ConnBlob, Phase, Request, Slot, TAG_ACK, TAG_CONN};
 use crate::abi::*;
 use crate::error::{Error, Result};
 use crate::fifo::Fifo;
+use crate::mem::MemKind;
 use crate::mem::SharedBlock;
 use crate::proxy::{DirectEpoch, ProxyConn, ProxyWork, SharedEndpoint};
 use crate::sync::lock;
 use crate::transport::epoch::{EpochMem, EPOCH_BYTES};
+use crate::transport::inbox::{self, Inbox, Outbox};
 use crate::transport::{self, EndpointKey, MrId, Region};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -57,8 +59,9 @@ impl Comm {
             local.push(self.send_half(r)?);
         }
         // 2. Receive the peers' halves, validate, import.
+        let mut inline = 0;
         for (i, (r, l)) in reqs.iter().zip(local).enumerate() {
-            self.establish(r, l)?;
+            inline += self.establish(r, l)? as usize;
             crate::trace!(
                 "rank {}: connection {i} to rank {} tag {} ready",
                 self.rank(),
@@ -82,6 +85,13 @@ impl Comm {
             self.conns.len(),
             self.slots.len()
         );
+        if inline > 0 {
+            crate::info!(
+                "rank {}: on {inline} SHM connections, host threads' puts of up to {} bytes on an idle connection go inline through the peer's ring, without the proxy (MSCCLPP_SHM_INLINE_BYTES)",
+                self.rank(),
+                crate::config::get().shm_inline_bytes
+            );
+        }
         Ok(())
     }
 
@@ -165,8 +175,9 @@ impl Comm {
     }
 
     /// Step 2 for one connection: the peer's half received, checked and imported; the proxy's
-    /// and the kernels' views of the connection made.
-    fn establish(&mut self, r: &Request, l: Local) -> Result<()> {
+    /// and the kernels' views of the connection made. True if small puts on it may go inline
+    /// (`transport::inbox`).
+    fn establish(&mut self, r: &Request, l: Local) -> Result<bool> {
         let Local {
             slot: s,
             src,
@@ -197,7 +208,14 @@ impl Comm {
         let direct = if epoch_shm.is_empty() || !ep.direct_epoch_for(r.kind) {
             None
         } else {
-            Some(map_peer_epoch(r.remote_rank, epoch_shm)?)
+            // SHM over host memory: the block, with its ring of inline puts unless the peer
+            // turned them off; P2P: the host word.
+            let lens: &[usize] = if r.kind == MemKind::Host {
+                &[EPOCH_BYTES, inbox::BLOCK_BYTES]
+            } else {
+                &[EPOCH_BYTES]
+            };
+            Some(map_peer_epoch(r.remote_rank, epoch_shm, lens)?)
         };
         let peer = match slot.peers.get(&r.remote_rank) {
             Some(p) => *p,
@@ -231,6 +249,28 @@ impl Comm {
         if direct.is_some() {
             crate::fifo::set_direct(work.fifo.producer_view(0).triggerFifoHead);
         }
+        // Inline puts both ways (`transport::inbox`): ours into the peer's ring, the peer's into
+        // ours, which our waiters and proxy apply (the registry lets a waiter find it).
+        let max_inline = crate::config::get().shm_inline_bytes;
+        let (outbox, inbox) = match (&direct, epoch.shm_block()) {
+            (Some(d), Some(own)) if r.kind == MemKind::Host && own.len() >= inbox::BLOCK_BYTES => {
+                let outbox = (max_inline > 0 && d.0.len() >= inbox::BLOCK_BYTES)
+                    .then(|| Outbox::new(d.0.clone(), r.buff, max_inline))
+                    .transpose()?;
+                // SAFETY: the user's buffer stays valid until the communicator is destroyed,
+                // and its proxies and waiters stop draining before that returns.
+                let inbox =
+                    Arc::new(unsafe { Inbox::new(own.clone(), r.buff, r.size, r.remote_rank) }?);
+                crate::fifo::set_inbox(
+                    work.fifo.producer_view(0).triggerFifoHead,
+                    conn_id,
+                    inbox.clone(),
+                );
+                (outbox, Some(inbox))
+            }
+            _ => (None, None),
+        };
+        let has_inline = outbox.is_some();
         work.conns.push(ProxyConn {
             remote_rank: r.remote_rank,
             peer,
@@ -241,6 +281,8 @@ impl Comm {
             remote_epoch,
             signals: 0,
             direct,
+            outbox,
+            inbox: inbox.clone(),
             undelivered: false,
             regain_direct: false,
         });
@@ -251,7 +293,8 @@ impl Comm {
             localBuff: r.buff as *mut _,
             localSignalEpochId: ep_ptr.cast(),
             remoteSignalEpochId: remote_epoch_ptr as *mut _,
-            // SAFETY: the epoch block is EPOCH_BYTES (32): 16 of epoch ids, then waitEpochId.
+            // SAFETY: the epoch block is at least EPOCH_BYTES (32): 16 of epoch ids, then
+            // waitEpochId.
             waitEpochId: unsafe { ep_ptr.add(16) }.cast(),
             remoteBuff: remote_buff as *mut _,
             fifo: work.fifo.producer_view(conn_id),
@@ -263,8 +306,9 @@ impl Comm {
             tag: r.tag,
             peer,
             _epoch: epoch,
+            inbox,
         });
-        Ok(())
+        Ok(has_inline)
     }
 
     /// Step 3: an acknowledgement to and from every peer of every connection.
@@ -289,10 +333,10 @@ impl Comm {
 }
 
 /// Maps the epoch block that rank `rank` offered by shared-memory name `name`.
-fn map_peer_epoch(rank: usize, name: &[u8]) -> Result<DirectEpoch> {
+fn map_peer_epoch(rank: usize, name: &[u8], lens: &[usize]) -> Result<DirectEpoch> {
     let name = std::str::from_utf8(name)
         .map_err(|_| Error::remote(format!("rank {rank}: shared epoch name is not UTF-8")))?;
-    let block = SharedBlock::open(name, EPOCH_BYTES)
+    let block = SharedBlock::open(name, lens)
         .map_err(|e| Error::remote(format!("rank {rank}: its epoch block: {e}")))?;
     Ok(DirectEpoch(Arc::new(block)))
 }

@@ -98,6 +98,7 @@ impl Drop for Comm {
             }
         }
         self.stop_all();
+        self.close_inboxes();
         self.linger();
         self.registered.clear();
         self.dev_conns.clear();
@@ -150,6 +151,18 @@ impl Drop for Comm {
 }
 
 impl Comm {
+    /// SHM peers' inline puts (`transport::inbox`): once the proxies are stopped (their last
+    /// round applied what was there), what is left is applied and each ring is closed: later
+    /// drains write nothing (the user may free the buffers when destroy returns), and a peer's
+    /// flush that still waits reports its lost puts instead of waiting out its timeout.
+    fn close_inboxes(&self) {
+        for c in &self.conns {
+            if let Some(Err(e)) = c.inbox.as_ref().map(|i| i.close()) {
+                crate::warn!("rank {}: at destroy: {e}", self.rank());
+            }
+        }
+    }
+
     /// CUDA IPC peers map our epoch blocks (device memory) and store signals into them until
     /// their proxies stop: freeing a block while a peer still maps it would let such a store
     /// land in whatever the driver hands that memory to next. Called once our endpoints are

@@ -17,7 +17,10 @@ mod registry;
 
 pub use gate::HelperGate;
 pub(crate) use registry::{assist_after_push, consumer_and_gate};
-pub use registry::{direct_signal, is_host_fifo, set_consumer, set_direct, Assist};
+pub use registry::{
+    direct_put, direct_signal, drain_inbox, is_host_fifo, set_consumer, set_direct, set_inbox,
+    Assist, Drain,
+};
 
 use crate::abi::*;
 use crate::error::Result;

@@ -15,6 +15,17 @@ pub trait Assist: Send + Sync {
     /// now (nothing queued or undelivered before it, and a transport that needs no call for
     /// it); false: push the trigger. Never blocks.
     fn direct_signal(&self, conn: usize) -> bool;
+    /// Copies a put of `size` bytes from `src` to the peer's `dst` on connection `conn` at
+    /// once, followed by its signal if `signal`, without a trigger, if that is allowed now (as
+    /// for `direct_signal`, and a peer with a ring of inline puts that has room);
+    /// false: push the trigger. Never blocks on the peer.
+    fn direct_put(&self, conn: usize, dst: u64, src: u64, size: u64, signal: bool) -> bool;
+}
+
+/// A ring of inline puts into one connection's buffer (`transport::inbox::Inbox`): a waiter
+/// that saw its signal applies what the peer wrote before it.
+pub trait Drain: Send + Sync {
+    fn drain(&self) -> crate::error::Result<()>;
 }
 
 /// The consumer of a host FIFO, whether host threads may do its work (`assist`), and whether
@@ -24,6 +35,8 @@ pub(crate) struct Consumer {
     work: Weak<dyn Assist>,
     direct: bool,
     gate: Arc<HelperGate>,
+    /// Per connection id, its ring of inline puts, if it has one.
+    inboxes: Vec<Option<Arc<dyn Drain>>>,
 }
 
 /// Head addresses of the live host-memory FIFOs, with their consumer once the communicator has
@@ -60,16 +73,41 @@ pub fn set_consumer(head: *const u64, work: Weak<dyn Assist>, helps: bool, gate:
             helps,
             direct: false,
             gate,
+            inboxes: Vec::new(),
         });
     }
 }
 
-/// Notes that a connection of the host FIFO at `head` can take signals directly (SHM over
-/// host memory): only then does `direct_signal` try the consumer, whose lock it may have to
-/// wait a little for.
+/// Notes that a connection of the host FIFO at `head` can take signals (and maybe puts)
+/// directly (SHM over host memory): only then do `direct_signal` and `direct_put` try the
+/// consumer, whose lock they may have to wait a little for.
 pub fn set_direct(head: *const u64) {
     if let Some(Some(c)) = write(&HOST_FIFOS).get_mut(&(head as usize)) {
         c.direct = true;
+    }
+}
+
+/// Names the ring of inline puts into connection `conn` of the host FIFO at `head`.
+pub fn set_inbox(head: *const u64, conn: usize, inbox: Arc<dyn Drain>) {
+    if let Some(Some(c)) = write(&HOST_FIFOS).get_mut(&(head as usize)) {
+        if c.inboxes.len() <= conn {
+            c.inboxes.resize(conn + 1, None);
+        }
+        c.inboxes[conn] = Some(inbox);
+    }
+}
+
+/// Applies the inline puts of connection `conn` of the host FIFO at `head`, if it has a ring:
+/// a waiter calls it once it saw the signal that follows them.
+pub fn drain_inbox(head: *const u64, conn: usize) -> crate::error::Result<()> {
+    let inbox = lookup(
+        head,
+        |c| c.direct,
+        |c, _| c.inboxes.get(conn).cloned().flatten(),
+    );
+    match inbox.flatten() {
+        Some(i) => i.drain(),
+        None => Ok(()),
     }
 }
 
@@ -117,4 +155,17 @@ pub(crate) fn assist_after_push(head: *const u64) {
 /// `head` was delivered without a trigger.
 pub fn direct_signal(head: *const u64, conn: usize) -> bool {
     consumer(head, |c| c.direct).is_some_and(|c| c.direct_signal(conn))
+}
+
+/// See [`Assist::direct_put`]: true if the put (and its signal, if `signal`) on connection
+/// `conn` of the host FIFO at `head` was delivered without a trigger.
+pub fn direct_put(
+    head: *const u64,
+    conn: usize,
+    dst: u64,
+    src: u64,
+    size: u64,
+    signal: bool,
+) -> bool {
+    consumer(head, |c| c.direct).is_some_and(|c| c.direct_put(conn, dst, src, size, signal))
 }

@@ -47,6 +47,27 @@ pub unsafe fn host_push(fifo: &mscclppConcurrentFifo, w: [u64; 2]) -> Result<u64
     Ok(h)
 }
 
+/// Whether the proxy has retired every trigger pushed so far: the slot of the last ticket
+/// taken is clear (tickets retire in order, so then all are). A hint, for skipping the direct
+/// paths cheaply while the proxy is busy; the proxy's lock decides (`Assist`). A push in
+/// progress on another thread may be missed, as the lock's check may miss it too.
+///
+/// # Safety
+/// As for [`host_push`].
+pub unsafe fn host_fifo_drained(fifo: &mscclppConcurrentFifo) -> bool {
+    // SAFETY: the live FIFO's head and the word0 of its last ticket's slot, touched only
+    // atomically.
+    let h = unsafe { AtomicU64::from_ptr(fifo.triggerFifoHead) }.load(Ordering::Relaxed);
+    if h == 0 {
+        return true;
+    }
+    // SAFETY: as above; (h - 1) % SIZE is a slot of the ring.
+    let w0 =
+        unsafe { AtomicU64::from_ptr(fifo.triggerFifo.add(((h - 1) % SIZE) as usize) as *mut u64) };
+    // Acquire pairs with `Fifo::pop`'s Release zeroing.
+    w0.load(Ordering::Acquire) == 0
+}
+
 /// Host producer: waits until the proxy has retired ticket `h` (its slot zeroed or the tail
 /// past it), on abort or deadline an error.
 ///

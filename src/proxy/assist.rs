@@ -1,9 +1,10 @@
 //! Host threads doing the proxy's work (`fifo::Assist`): a producer executes its own trigger, a
-//! waiter progresses the endpoint, and a lone signal may be a plain store.
+//! waiter progresses the endpoint, a lone signal may be a plain store, and a small put on an
+//! idle SHM connection a record in the peer's ring of inline puts.
 
-use super::conn::direct_flag;
+use super::conn::{direct_flag, direct_put};
 use super::work::ProxyWork;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 /// Host threads that push into, or wait on, a host FIFO do the proxy's work themselves when
 /// nobody else is doing it: the trigger is executed on the producer's own core, and a waiter
@@ -24,25 +25,34 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
     }
 
     fn direct_signal(&self, conn: usize) -> bool {
-        // The lock (try_lock: never wait) keeps the proxy out of this connection's state, and
-        // an empty FIFO means every trigger this thread pushed before was executed: the signal
-        // then follows them as a trigger would.
-        // The proxy thread takes the lock for each of its rounds (short unless it is stuck in
-        // the transport): a few tries, then the trigger path, which has bounded waits.
-        let mut tries = 0;
-        let mut w = loop {
-            match self.try_lock() {
-                Ok(w) => break w,
-                Err(_) if tries < 64 => {
-                    tries += 1;
-                    std::hint::spin_loop();
-                }
-                Err(_) => return false,
-            }
-        };
-        if !w.active || !w.fifo.is_empty() {
-            return false;
-        }
-        w.conns.get_mut(conn).is_some_and(direct_flag)
+        idle(self).is_some_and(|mut w| w.conns.get_mut(conn).is_some_and(direct_flag))
     }
+
+    fn direct_put(&self, conn: usize, dst: u64, src: u64, size: u64, signal: bool) -> bool {
+        idle(self).is_some_and(|mut w| {
+            w.conns
+                .get_mut(conn)
+                .is_some_and(|c| direct_put(c, src, dst, size, signal))
+        })
+    }
+}
+
+/// The consumer, locked, if it is active and its FIFO is empty: then every trigger the calling
+/// thread pushed before was executed, and a direct signal or put follows them as a trigger
+/// would. None if the lock is not had after a few tries: the proxy thread takes it for each of
+/// its rounds (short unless it is stuck in the transport), and the trigger path, which has
+/// bounded waits, is always there.
+fn idle(m: &Mutex<ProxyWork>) -> Option<MutexGuard<'_, ProxyWork>> {
+    let mut tries = 0;
+    let w = loop {
+        match m.try_lock() {
+            Ok(w) => break w,
+            Err(_) if tries < 64 => {
+                tries += 1;
+                std::hint::spin_loop();
+            }
+            Err(_) => return None,
+        }
+    };
+    (w.active && w.fifo.is_empty()).then_some(w)
 }

@@ -1,6 +1,8 @@
-//! One connection's state on its proxy, and its direct signal path: a Flag stored straight into
-//! the peer's mapped epoch block instead of going through the endpoint.
+//! One connection's state on its proxy, and its direct paths: a Flag stored straight into the
+//! peer's mapped epoch block, and a small put written into the ring in that block
+//! (`transport::inbox`), instead of going through the endpoint.
 
+use crate::transport::inbox::{Inbox, Outbox};
 use crate::transport::{MrId, PeerId, RemoteId};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -22,6 +24,12 @@ pub struct ProxyConn {
     /// The peer's epoch block, mapped (SHM over host memory), or its host signal word (P2P): a
     /// Flag may be a plain store (`direct_flag`).
     pub direct: Option<DirectEpoch>,
+    /// The ring in the peer's epoch block (SHM over host memory): small puts may go inline,
+    /// written by the calling host thread (`direct_put`).
+    pub outbox: Option<Outbox>,
+    /// The ring in our epoch block, which the peer writes small puts into: applied to our
+    /// buffer by our waiters and by this proxy (`ProxyWork::drain_inboxes`).
+    pub inbox: Option<Arc<Inbox>>,
     /// A write on this connection went through the endpoint since its last flush.
     pub undelivered: bool,
     /// A lone Flag of this connection went through the endpoint though it has a direct path
@@ -59,6 +67,41 @@ pub(super) fn direct_flag(c: &mut ProxyConn) -> bool {
     // pairs with the Acquire load of the peer's wait().
     unsafe { AtomicU64::from_ptr(d.0.ptr().add(8).cast::<u64>()) }
         .store(c.signals, Ordering::Release);
+    true
+}
+
+/// Writes a put of connection `c` into the peer's ring, then, if `signal`, stores its Flag
+/// (`direct_flag`): only where the connection has both paths, nothing written on it through the
+/// endpoint may still be on its way (the receiver could apply the record first, and the older
+/// write land over it), the put is small and within both registered buffers, and the ring has
+/// room. The caller holds the proxy's lock with an empty FIFO, so no trigger of this connection
+/// waits either. Returns whether it did; false leaves everything as it was, and the caller
+/// pushes the trigger (whose checks report a bad range).
+pub(super) fn direct_put(
+    c: &mut ProxyConn,
+    src_off: u64,
+    dst_off: u64,
+    size: u64,
+    signal: bool,
+) -> bool {
+    let (Some(_), Some(out)) = (&c.direct, &mut c.outbox) else {
+        return false;
+    };
+    let fits = |off: u64, limit: u64| off.checked_add(size).is_some_and(|end| end <= limit);
+    if c.undelivered
+        || size == 0
+        || size > out.max_bytes
+        || !fits(src_off, c.local_size)
+        || !fits(dst_off, c.remote_size)
+        || !out.put(src_off, dst_off, size)
+    {
+        return false;
+    }
+    if signal {
+        // Cannot refuse: it has a direct epoch and nothing undelivered (checked above).
+        let stored = direct_flag(c);
+        debug_assert!(stored);
+    }
     true
 }
 

@@ -8,7 +8,8 @@ use super::Sticky;
 use crate::abi::{mscclppData, mscclppFlag, mscclppSync};
 use crate::error::{Error, Result};
 use crate::fifo::{Fifo, Trigger};
-use crate::sync::lock;
+use crate::sync::{lock, Backoff, Nap, Policy};
+use crate::transport::inbox::Taken;
 use crate::transport::{Endpoint, PeerId};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -132,6 +133,7 @@ impl ProxyWork {
             if self.handled % BUSY_INCOMING_EVERY == 0 {
                 // A FIFO that never empties must not starve the peers' writes into us.
                 lock(&self.endpoint).poll_incoming()?;
+                self.drain_inboxes()?;
             }
         }
         if n > 0 {
@@ -143,11 +145,15 @@ impl ProxyWork {
             // grace period, then finish.
             let t0 = *self.stop_seen.get_or_insert_with(Instant::now);
             if t0.elapsed() > Duration::from_millis(20) {
-                let mut ep = lock(&self.endpoint);
-                ep.poll_incoming()?;
+                self.drain_inboxes()?;
                 let mut peers: Vec<PeerId> = self.conns.iter().map(|c| c.peer).collect();
                 peers.sort_unstable();
                 peers.dedup();
+                for &p in &peers {
+                    wait_inline_taken(self, p)?;
+                }
+                let mut ep = lock(&self.endpoint);
+                ep.poll_incoming()?;
                 for p in peers {
                     ep.flush(p)?;
                 }
@@ -159,12 +165,23 @@ impl ProxyWork {
         if self.conns.iter().any(|c| c.regain_direct) {
             self.regain_direct()?;
         }
+        self.drain_inboxes()?;
         let mut ep = lock(&self.endpoint);
         ep.progress()?;
         // Writes peers made into us that need our work before our waiters may see them (net
         // staging); after progress, which may just have delivered some.
         ep.poll_incoming()?;
         Ok(Round::Idle)
+    }
+
+    /// Applies the inline puts peers wrote into our rings (SHM over host memory) to our
+    /// buffers: for puts that no signal follows (a waiter applies the others), and for the
+    /// peers' flushes, which wait until we have.
+    pub(super) fn drain_inboxes(&self) -> Result<()> {
+        for i in self.conns.iter().filter_map(|c| c.inbox.as_ref()) {
+            i.drain()?;
+        }
+        Ok(())
     }
 
     /// With the FIFO empty: flushes each peer that a connection with a direct path sent a Flag
@@ -232,6 +249,13 @@ fn handle(w: &mut ProxyWork, t: &Trigger) -> Result<()> {
             t.ty
         )));
     }
+    if t.ty & (mscclppData | mscclppSync) != 0 {
+        // Inline puts before this one must be applied before its write lands (same bytes), and
+        // before a flush can say they arrived.
+        let peer = c.peer;
+        wait_inline_taken(w, peer)?;
+    }
+    let c = &mut w.conns[t.conn_id];
     let mut ep = lock(&w.endpoint);
     ep.set_ticket(ticket);
     if t.ty & mscclppData != 0 {
@@ -266,6 +290,59 @@ fn handle(w: &mut ProxyWork, t: &Trigger) -> Result<()> {
     }
     Ok(())
 }
+
+/// Waits until `peer` has applied every inline put of our connections to it (`transport::inbox`):
+/// bounded by `MSCCLPP_WAIT_TIMEOUT`, ended by the peer's death or its destroyed communicator
+/// (errors: what was not applied is lost). Meanwhile applies our own inboxes and progresses
+/// the endpoint, since the peer's proxy may be waiting for us: for our inline puts the same
+/// way, or inside a flush whose delivery needs our endpoint's progress.
+fn wait_inline_taken(w: &ProxyWork, peer: PeerId) -> Result<()> {
+    let pending = || -> Result<bool> {
+        let mut any = false;
+        for c in w.conns.iter().filter(|c| c.peer == peer) {
+            match c.outbox.as_ref().map(|o| o.taken()) {
+                None | Some(Taken::All) => {}
+                Some(Taken::Pending) => any = true,
+                Some(Taken::Closed) => {
+                    return Err(Error::remote(format!(
+                        "rank {}: its communicator was destroyed before it applied our inline puts",
+                        c.remote_rank
+                    )))
+                }
+            }
+        }
+        Ok(any)
+    };
+    let mut b = Backoff::new(INLINE_WAIT, crate::config::wait_timeout());
+    // Ends when the peer has applied them, at its death or destroy, or at the bound.
+    while pending()? {
+        w.drain_inboxes()?;
+        {
+            let mut ep = lock(&w.endpoint);
+            ep.progress()?;
+            ep.poll_incoming()?;
+        }
+        b.pause();
+        if b.polls() % 64 == 0 {
+            check_peers(w)?;
+            b.check(|| {
+                format!(
+                    "{}: waiting for a peer to apply our inline SHM puts",
+                    w.name
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Waiting for a peer to apply inline puts: its waiter or proxy thread does within
+/// microseconds when it runs; on a crowded host it needs our core.
+const INLINE_WAIT: Policy = Policy {
+    spins: 256,
+    yield_for: Duration::from_millis(50),
+    nap: Nap::Fixed(Duration::from_micros(50)),
+};
 
 fn check_range(side: &str, off: u64, size: u64, limit: u64, peer: usize) -> Result<()> {
     if size == 0 || off.checked_add(size).is_none_or(|end| end > limit) {

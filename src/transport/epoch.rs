@@ -9,6 +9,7 @@
 use crate::cuda::{self, DeviceMem, HostRegistration};
 use crate::error::Result;
 use crate::mem::{HostBlock, MemKind, SharedBlock};
+use std::sync::Arc;
 
 /// Bytes of an epoch block: 16 of epoch ids (`device`, `proxy`), `waitEpochId`, and a word the
 /// P2P block uses for its host word's address.
@@ -27,9 +28,15 @@ pub fn plain(kind: MemKind) -> Result<EpochMem> {
     }
 }
 
-/// A block in POSIX shared memory, which the peer maps by name and stores signals into.
-pub fn shared() -> Result<EpochMem> {
-    Ok(EpochMem::Shared(SharedBlock::create(EPOCH_BYTES)?))
+/// A block in POSIX shared memory, which the peer maps by name and stores signals into; with
+/// `ring`, followed by the ring the peer writes inline puts into (`transport::inbox`).
+pub fn shared(ring: bool) -> Result<EpochMem> {
+    let len = if ring {
+        super::inbox::BLOCK_BYTES
+    } else {
+        EPOCH_BYTES
+    };
+    Ok(EpochMem::Shared(Arc::new(SharedBlock::create(len)?)))
 }
 
 /// The epoch block of a P2P connection whose peer's proxy may also deliver signals into host
@@ -47,7 +54,7 @@ pub struct SignaledEpoch {
 /// device memory for GPU ones (with a host word for P2P ones, see [`SignaledEpoch`]).
 pub enum EpochMem {
     Host(HostBlock),
-    Shared(SharedBlock),
+    Shared(Arc<SharedBlock>),
     Device(DeviceMem),
     Signaled(SignaledEpoch),
 }
@@ -57,7 +64,7 @@ impl EpochMem {
     pub fn signaled(device: i32) -> Result<Self> {
         // [device, proxy, waitEpochId, host word address, poll hint]
         let dev = DeviceMem::zeroed(device, 64)?;
-        // Mapped by the peer with EPOCH_BYTES (`comm::setup::map_peer_epoch`): the same size.
+        // Mapped by the peer with EPOCH_BYTES (`comm::setup::map_peer_epoch`).
         let host = SharedBlock::create(EPOCH_BYTES)?;
         let reg = HostRegistration::new(device, host.ptr(), host.len())?;
         dev.write_u64(24, reg.dev() + 8)?;
@@ -81,6 +88,15 @@ impl EpochMem {
         }
     }
 
+    /// The block in shared memory of an SHM connection over host memory (with its ring of
+    /// inline puts).
+    pub fn shm_block(&self) -> Option<&Arc<SharedBlock>> {
+        match self {
+            EpochMem::Shared(h) => Some(h),
+            _ => None,
+        }
+    }
+
     /// The shared-memory name a peer maps the block (or its host word) by.
     pub fn shared_name(&self) -> Option<&str> {
         match self {
@@ -91,7 +107,7 @@ impl EpochMem {
     }
 
     /// Removes the shared-memory name once the peer mapped the block.
-    pub fn unlink_shared(&mut self) {
+    pub fn unlink_shared(&self) {
         match self {
             EpochMem::Shared(h) => h.unlink(),
             EpochMem::Signaled(s) => s.host.unlink(),
@@ -106,7 +122,7 @@ mod tests {
 
     #[test]
     fn host_epochs_are_zeroed_and_aligned() {
-        for e in [plain(MemKind::Host).unwrap(), shared().unwrap()] {
+        for e in [plain(MemKind::Host).unwrap(), shared(true).unwrap()] {
             let p = e.ptr();
             assert_eq!(p as usize % 16, 0);
             // SAFETY: EPOCH_BYTES of host memory owned by `e`.

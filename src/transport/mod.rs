@@ -7,6 +7,7 @@
 //! same lock as the proxy.
 
 pub mod epoch;
+pub mod inbox;
 pub mod net;
 pub mod p2p;
 pub mod staging;

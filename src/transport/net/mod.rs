@@ -332,10 +332,11 @@ impl Endpoint for NetEndpoint {
     }
 
     /// SHM over host memory: the epoch block in POSIX shared memory, which the peer maps and
-    /// stores signals into without a libfabric call (`direct_flag`, proxy/conn.rs).
+    /// stores signals into without a libfabric call (`direct_flag`, proxy/conn.rs), and writes
+    /// small puts into (`transport::inbox`) unless inline puts are off.
     fn epoch_block(&mut self, kind: MemKind) -> Result<EpochMem> {
         if self.direct_epoch_for(kind) {
-            epoch::shared()
+            epoch::shared(crate::config::get().shm_inline_bytes > 0)
         } else {
             epoch::plain(kind)
         }

@@ -41,20 +41,14 @@ pub fn host_id() -> &'static str {
 pub fn process_nonce() -> u64 {
     static N: OnceLock<u64> = OnceLock::new();
     *N.get_or_init(|| {
-        let mut v = [0u8; 8];
-        // SAFETY: writes at most 8 bytes into `v`.
-        let got = unsafe { libc::getrandom(v.as_mut_ptr().cast(), v.len(), 0) };
-        let r = u64::from_le_bytes(v);
-        if got == 8 && r != 0 {
-            r
-        } else {
+        crate::bootstrap::random_nonce().unwrap_or_else(|_| {
             // No entropy source: pid and time still separate processes in practice.
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(1);
             t ^ ((std::process::id() as u64) << 32) | 1
-        }
+        })
     })
 }
 
