@@ -329,37 +329,49 @@ fn inline_puts(e: Env) {
             }
         }
     }
-    // A large put, then at once a small put with its signal over the same bytes: the small one
-    // must land last.
-    if e.rank == 0 {
-        // SAFETY: within our half; nothing reads it until the flush below.
-        unsafe {
-            std::ptr::write_bytes(bp, 0xaa, 32 << 10);
-            std::ptr::write_bytes(bp.add(40 << 10), 0xbb, 64);
+    // An inline put, then at once a large put (through the proxy) over the same bytes: the
+    // large one waits until the peer applied the inline one, so it lands last. And a small put
+    // right after a large one does not go inline (the large one may still be on its way).
+    // (Two puts through libfabric to overlapping bytes land in the provider's order: shm
+    // sometimes reverses them, so this checks only what the inline path guarantees.)
+    if inline_limit > 0 {
+        if e.rank == 0 {
+            // SAFETY: within our half; nothing reads it until the flushes below.
+            unsafe {
+                std::ptr::write_bytes(bp, 0xaa, 32 << 10);
+                std::ptr::write_bytes(bp.add(40 << 10), 0xbb, 64);
+            }
+            let h = fifo_head(d);
+            put(d, 0, 40 << 10, 64);
+            assert_eq!(
+                fifo_head(d),
+                h,
+                "the small put on an idle connection went inline"
+            );
+            put_signal(d, 0, 0, 32 << 10);
+            flush(d);
+            put(d, 0, 0, 32 << 10);
+            let h = fifo_head(d);
+            put_signal(d, 32 << 10, 40 << 10, 64);
+            assert_ne!(
+                fifo_head(d),
+                h,
+                "a small put after an undelivered one went inline"
+            );
+            flush(d);
+        } else {
+            wait(d);
+            // SAFETY: within buf, written by the peer's puts before its signal.
+            let got = unsafe { std::slice::from_raw_parts(bp, 32 << 10) };
+            assert!(
+                got.iter().all(|b| *b == 0xaa),
+                "an inline put landed after a later put"
+            );
+            wait(d);
+            // SAFETY: as above.
+            let got = unsafe { std::slice::from_raw_parts(bp.add(32 << 10), 64) };
+            assert!(got.iter().all(|b| *b == 0xbb));
         }
-        put(d, 0, 0, 32 << 10);
-        put_signal(d, 0, 40 << 10, 64);
-        flush(d);
-        // And the other way round: an inline put, then a large one over the same bytes.
-        put(d, 0, 40 << 10, 64);
-        put_signal(d, 0, 0, 32 << 10);
-        flush(d);
-    } else {
-        wait(d);
-        // SAFETY: within buf, written by the peer's puts before its signal.
-        let got = unsafe { std::slice::from_raw_parts(bp, 32 << 10) };
-        assert!(
-            got[..64].iter().all(|b| *b == 0xbb),
-            "the small put was overtaken"
-        );
-        assert!(got[64..].iter().all(|b| *b == 0xaa));
-        wait(d);
-        // SAFETY: as above.
-        let got = unsafe { std::slice::from_raw_parts(bp, 32 << 10) };
-        assert!(
-            got.iter().all(|b| *b == 0xaa),
-            "an inline put landed after a later put"
-        );
     }
     if inline_limit == 0 {
         assert_eq!(

@@ -17,7 +17,7 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
             return false;
         };
         if w.active {
-            if let Err(e) = w.service(false) {
+            if let Err(e) = w.service(false, true) {
                 w.fail(&e);
             }
         }

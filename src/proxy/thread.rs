@@ -1,7 +1,7 @@
 //! The proxy thread: `launch` starts it over a `ProxyWork`, `run` is its loop (standing aside for
 //! assisting host threads, pausing by the idle policy), `Running::stop` drains and joins it.
 
-use super::work::{lost_peer_of, ProxyWork, Round, SharedWork};
+use super::work::{lost_peer_of, progress_idle, ProxyWork, Round, SharedWork};
 use crate::error::{Error, Result};
 use crate::sync::{lock, Backoff, Nap, Policy};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -111,7 +111,8 @@ fn run(
             std::thread::park_timeout(aside);
             continue;
         }
-        let round = {
+        // The round, with the work lock held only inside this block.
+        let r = {
             let mut w = lock(work);
             if !w.active {
                 // A host thread's assist failed and recorded the error: report that one, with
@@ -123,20 +124,31 @@ fn run(
                 return Err(Error::Earlier(code, msg));
             }
             // Acquire pairs with `Running::stop`.
-            match w.service(stop.load(Ordering::Acquire)) {
+            match w.service(stop.load(Ordering::Acquire), false) {
                 Ok(Round::Done) => {
                     w.active = false;
                     return Ok(());
                 }
-                Ok(r) => r,
-                Err(e) => {
-                    w.fail(&e);
-                    // Best effort (the endpoint may be what failed): as at a normal stop.
-                    if let Err(q) = lock(&w.endpoint).quiesce() {
-                        crate::warn!("{}: after the error, quiescing failed too: {q}", w.name);
-                    }
-                    return Err(e);
+                Ok(Round::Idle) => {
+                    // Outside the work lock (see `ProxyWork::service`): with libfabric 2.x's
+                    // shm, a test's host thread lost the lock to this progress on every try.
+                    let endpoint = w.endpoint.clone();
+                    drop(w);
+                    progress_idle(&endpoint).map(|_| Round::Idle)
                 }
+                r => r,
+            }
+        };
+        let round = match r {
+            Ok(r) => r,
+            Err(e) => {
+                let mut w = lock(work);
+                w.fail(&e);
+                // Best effort (the endpoint may be what failed): as at a normal stop.
+                if let Err(q) = lock(&w.endpoint).quiesce() {
+                    crate::warn!("{}: after the error, quiescing failed too: {q}", w.name);
+                }
+                return Err(e);
             }
         };
         match round {

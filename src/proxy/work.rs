@@ -107,8 +107,11 @@ impl ProxyWork {
     }
 
     /// One round of the proxy's work: up to a batch of triggers, or, when the FIFO is empty,
-    /// progress of the endpoint (and the final drain once `stopping`).
-    pub(super) fn service(&mut self, stopping: bool) -> Result<Round> {
+    /// progress of the endpoint if `progress` (and the final drain once `stopping`). The proxy
+    /// thread passes false and progresses the endpoint after letting go of this lock
+    /// (`progress_idle`): host threads' direct signals and puts need it, and progress is the
+    /// long part of an idle round.
+    pub(super) fn service(&mut self, stopping: bool, progress: bool) -> Result<Round> {
         // Reading the clock on every round cost ~1% of a tcp transfer's CPU time (`perf`, 2-core
         // VM); a dead peer is noticed within the period plus WATCH_EVERY rounds.
         self.rounds = self.rounds.wrapping_add(1);
@@ -166,20 +169,18 @@ impl ProxyWork {
             self.regain_direct()?;
         }
         self.drain_inboxes()?;
-        let mut ep = lock(&self.endpoint);
-        ep.progress()?;
-        // Writes peers made into us that need our work before our waiters may see them (net
-        // staging); after progress, which may just have delivered some.
-        ep.poll_incoming()?;
+        if progress {
+            progress_idle(&self.endpoint)?;
+        }
         Ok(Round::Idle)
     }
 
     /// Applies the inline puts peers wrote into our rings (SHM over host memory) to our
     /// buffers: for puts that no signal follows (a waiter applies the others), and for the
-    /// peers' flushes, which wait until we have.
+    /// peers' flushes, which wait until we have. Skips a ring another consumer is draining.
     pub(super) fn drain_inboxes(&self) -> Result<()> {
         for i in self.conns.iter().filter_map(|c| c.inbox.as_ref()) {
-            i.drain()?;
+            i.drain_if_free()?;
         }
         Ok(())
     }
@@ -196,6 +197,15 @@ impl ProxyWork {
         }
         Ok(())
     }
+}
+
+/// An idle round's endpoint work: progress, then the writes peers made into us that need our
+/// work before our waiters may see them (net staging; after progress, which may just have
+/// delivered some).
+pub(super) fn progress_idle(endpoint: &SharedEndpoint) -> Result<()> {
+    let mut ep = lock(endpoint);
+    ep.progress()?;
+    ep.poll_incoming()
 }
 
 /// Triggers one `service` round executes before it lets go of the lock.

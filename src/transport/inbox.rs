@@ -36,7 +36,7 @@
 
 use crate::error::{Error, Result};
 use crate::mem::SharedBlock;
-use crate::sync::lock;
+use crate::sync::{lock, try_lock};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -226,19 +226,50 @@ impl Inbox {
 
     /// Copies every record written so far into the buffer. An error (a record that does not
     /// fit the ring or the buffer: the peer's bug) leaves the ring as it was.
+    ///
+    /// For a waiter that saw a signal: when it returns, every record published before the call
+    /// has been applied, by this thread or by the consumer that held the lock. It never sleeps
+    /// in the lock: a waiter parked in its futex while the proxy thread copied a record cost
+    /// ~75 us per round trip (a debug build's 100,000-round ping-pong: 8 s, against 2.4 s
+    /// without inline puts).
     pub fn drain(&self) -> Result<()> {
         // Acquire pairs with the producer's Release of the head: the records below it are in
         // place.
         let head = word(&self.block, HEAD_AT).load(Ordering::Acquire);
+        let tail = word(&self.block, TAIL_AT);
+        let mut spins = 0u32;
+        // Ends when the records are applied (here, or by the holder of the lock: a thread of
+        // this process copying at most WINDOW bytes, which always finishes).
+        loop {
+            // Acquire pairs with the consumer's Release of the tail: its copies are visible.
+            if tail.load(Ordering::Acquire) >= head {
+                return Ok(());
+            }
+            if let Some(closed) = try_lock(&self.lock) {
+                // Closed: the user may have freed the buffer.
+                return if *closed { Ok(()) } else { self.drain_locked() };
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Applies what is there unless another consumer is at it (the proxy's rounds; its waits
+    /// come back for the rest).
+    pub fn drain_if_free(&self) -> Result<()> {
+        // Acquire pairs with the producer's Release of the head.
+        let head = word(&self.block, HEAD_AT).load(Ordering::Acquire);
         if head == word(&self.block, TAIL_AT).load(Ordering::Relaxed) {
             return Ok(());
         }
-        let closed = lock(&self.lock);
-        if *closed {
-            // The user may have freed the buffer.
-            return Ok(());
+        match try_lock(&self.lock) {
+            Some(closed) if !*closed => self.drain_locked(),
+            _ => Ok(()),
         }
-        self.drain_locked()
     }
 
     /// `drain`, by the holder of `lock`.
