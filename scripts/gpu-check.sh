@@ -130,7 +130,7 @@ mps_down # one left by an interrupted run
 trap mps_down EXIT
 trap 'exit 130' INT TERM
 export -f ranks mps_running mps_up mps_down
-export ROOT CARRY WORK PREFIX BIN
+export ROOT CARRY WORK PREFIX BIN OUT
 # A rank whose peer died must not wait for the default 30 s.
 export MSCCLPP_BOOTSTRAP_TIMEOUT=20 MSCCLPP_WAIT_TIMEOUT=20
 
@@ -205,14 +205,21 @@ build_examples() {
     cmake -S "$ROOT/c_examples" -B "$WORK/ex" -DCMAKE_PREFIX_PATH="$PREFIX" \
       -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_BUILD_TYPE=Release -DMSCCLPP_EXAMPLES_STATIC=OFF &&
-    cmake --build "$WORK/ex" -j 8 --target allgather pingpong bandwidth &&
-    cp "$WORK/ex/allgather" "$WORK/ex/pingpong" "$WORK/ex/bandwidth" "$BIN/"
+    cmake --build "$WORK/ex" -j 8 --target allgather pingpong bandwidth allgather_perf \
+      alltoall_perf sendrecv_perf &&
+    cp "$WORK/ex/allgather" "$WORK/ex/pingpong" "$WORK/ex/bandwidth" "$WORK/ex/allgather_perf" \
+      "$WORK/ex/alltoall_perf" "$WORK/ex/sendrecv_perf" "$BIN/"
 }
 build_examples_nvcc() {
   mkdir -p "$BIN" && for ex in allgather pingpong bandwidth; do
     "$NVCC" -O2 -std=c++17 -arch=sm_90 -I"$PREFIX/include" -I"$ROOT/c_examples/common" \
       -o "$BIN/$ex" "$ROOT/c_examples/cuda/$ex.cu" -L"$PREFIX/lib" -lmscclpp \
       -Xlinker -rpath -Xlinker "$PREFIX/lib" || return 1
+  done
+  for op in allgather alltoall sendrecv; do
+    "$NVCC" -O2 -std=c++17 -arch=sm_90 -DPERF_OP=OP_${op^^} -I"$PREFIX/include" \
+      -I"$ROOT/c_examples/common" -o "$BIN/${op}_perf" "$ROOT/c_examples/perf/perf.cu" \
+      -L"$PREFIX/lib" -lmscclpp -Xlinker -rpath -Xlinker "$PREFIX/lib" || return 1
   done
 }
 export -f build_examples build_examples_nvcc
@@ -234,6 +241,36 @@ p2p_benches() {
   MSCCLPP_P2P_ENGINE=ce bench "bench allgather, copy engines only" 90 ce \
     bash -c 'ranks 2 "$BIN/allgather" --bench'
 }
+
+# The nccl-tests-style tools (c_examples/perf, CUDA build), 2 ranks (under MPS when they share
+# a GPU): GPU memory over P2P, IB (tcp, staged) and SHM, and host memory (-G 0); each run must
+# end with "Out of bounds values : 0 OK" (every byte checked). Their output stays in $OUT, for
+# bench/plot.sh; with 2+ GPUs bench/perf-peers.sh runs them against NCCL.
+perf_tools() {
+  local op t out rc=0
+  if ((NGPU < 2)); then mps_up; fi
+  for t in p2p ib shm; do
+    for op in allgather alltoall sendrecv; do
+      out=$OUT/perf-$op-gpu-$t.txt
+      MSCCLPP_NET_PROVIDER=tcp MSCCLPP_RUN_TIMEOUT=60 "$ROOT/scripts/run-local-ranks.sh" 2 \
+        "$BIN/${op}_perf" -T $t -b 8 -e 16M -f 8 -n 20 -w 5 >"$out" 2>&1
+      grep -E '^\[rank 0\] +[0-9]|Out of bounds|Avg bus' "$out" | sed "s/^/$op $t: /"
+      grep -q 'Out of bounds values : 0 OK' "$out" || { echo "FAILED: ${op}_perf -T $t"; rc=1; }
+    done
+  done
+  out=$OUT/perf-allgather-host-shm.txt
+  "$ROOT/scripts/run-local-ranks.sh" 2 "$BIN/allgather_perf" -G 0 -T shm -b 8 -e 4M -f 8 >"$out" 2>&1
+  grep -q 'Out of bounds values : 0 OK' "$out" || { echo "FAILED: allgather_perf -G 0"; rc=1; }
+  mps_down
+  return $rc
+}
+export -f perf_tools
+if [[ -x $BIN/allgather_perf && -x $BIN/alltoall_perf && -x $BIN/sendrecv_perf ]]; then
+  run_step "perf tools on the GPU (allgather/alltoall/sendrecv_perf over p2p, ib, shm)" 200 \
+    bash -c perf_tools
+else
+  FAILED+=("perf tools not built")
+fi
 
 if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
   # 3. Tests. INFO logs once, to record what the library detected (driver, Flag path).

@@ -1,8 +1,10 @@
 /*
  * allgather_perf, alltoall_perf, sendrecv_perf: collective benchmarks in nccl-tests' conventions
  * (options, the header, one row per size, the closing "# Avg bus bandwidth" line), built from
- * this one file with PERF_OP set to the operation. This build runs on host memory over
- * libfabric (no GPU: `-G 0`, the only value it accepts), so it runs on any machine and in CI.
+ * this one file with PERF_OP set to the operation. Built as C (no nvcc) it runs on host memory
+ * over libfabric, on any machine and in CI; built as CUDA (perf.cu, which defines PERF_GPU and
+ * includes this file) it runs on the GPUs, one per rank (local rank % GPUs), a kernel issuing
+ * the operation through the device methods, or with `-G 0` on host memory as the C build.
  *
  *   scripts/run-local-ranks.sh 2 ./allgather_perf -b 8 -e 4M -f 4
  *   mpirun -np 4 ./alltoall_perf -b 1K -e 64M -f 2 -T shm
@@ -10,13 +12,18 @@
  * Options (nccl-tests'): -b MIN bytes, -e MAX bytes (K, M, G suffixes), -f FACTOR between
  * sizes (or -i STEP bytes), -n ITERS timed (20), -w WARMUP iterations (5), -c CHECK (1:
  * verify every size, counting wrong bytes into #wrong), -g GPUS per process (1), -t THREADS
- * (1); ours: -T ib|shm (transport, default ib: libfabric's provider from MSCCLPP_NET_PROVIDER,
- * tcp by default), -G 0 (host memory). Rank, size and root come from launch_env.h (mpirun,
- * srun, torchrun or scripts/run-local-ranks.sh).
+ * (1); ours: -T p2p|ib|shm|mixed (transport: p2p is CUDA IPC, GPU memory only, the default
+ * there; ib is libfabric with the provider from MSCCLPP_NET_PROVIDER, tcp by default, the
+ * default on host memory; shm; mixed: p2p (GPU) or shm (host) to ranks on this host, ib to the
+ * others), -G 1|0 (GPU or host memory; 1 where the build has CUDA and a GPU is found). Rank, size
+ * and root come from launch_env.h (mpirun, srun, torchrun or scripts/run-local-ranks.sh).
  *
  * Each operation is one-sided: every rank puts its data into its peers' buffers with
- * putWithSignal, flushes, then waits for each peer's signal. The buffer registered with every
- * connection holds the receive area first, then the send area, so out-of-place operations
+ * putWithSignal, then waits for each peer's signal (on GPUs: one kernel per operation, a warp
+ * per peer; the own slice copied on the stream first, where the operation needs it); every
+ * batch of operations (warm-up, timed) ends with a flush of every connection, timed. The
+ * buffer registered with every connection holds the receive area first, then the send area,
+ * so out-of-place operations
  * read the send area and write the peers' receive areas; in-place all-gather sends each rank's
  * slice from where it sits in the receive area. Type uint8, so count = bytes.
  * Time: the mean over ranks of each rank's mean per iteration (nccl-tests' default); algbw =
@@ -36,6 +43,20 @@
 
 #include "check.h"
 #include "launch_env.h"
+
+#ifdef PERF_GPU
+#include <cuda_runtime.h>
+/* A failed CUDA call: where and why, then the jump (as MSCCLPP_CHECK_GOTO). */
+#define CUDA_CHECK_GOTO(cmd, label)                                                       \
+  do {                                                                                    \
+    cudaError_t e_ = (cmd);                                                               \
+    if (e_ != cudaSuccess) {                                                              \
+      fprintf(stderr, "[rank %d] %s:%d: %s failed: %s\n", example_rank, __FILE__, __LINE__, \
+              #cmd, cudaGetErrorString(e_));                                              \
+      goto label;                                                                         \
+    }                                                                                     \
+  } while (0)
+#endif
 
 #define OP_ALLGATHER 1
 #define OP_ALLTOALL 2
@@ -88,9 +109,16 @@ typedef struct perf {
   mscclppComm_t comm;
   mscclppDevConn_t *conns; /* one per peer, in rank order without us */
   int nconns, rank, nranks;
-  unsigned char *buf;
+  unsigned char *buf;       /* host memory: the buffer; GPU: its host mirror (fill, check) */
   size_t recv_bytes;        /* the receive area: nranks * max per-rank bytes */
+  size_t bytes;             /* the whole buffer: receive area, then send area */
   mscclppDevConn_t **to;    /* to[r]: the connection to rank r (NULL for us) */
+  int gpu;                  /* the buffer is GPU memory (PERF_GPU builds, -G 1) */
+#ifdef PERF_GPU
+  unsigned char *dbuf;      /* the buffer in GPU memory */
+  mscclppDevConn_t *dconns; /* the connections, copied to GPU memory for the kernel */
+  cudaStream_t stream;
+#endif
 } perf;
 
 /* Per-rank bytes of an operation of `size` (nccl-tests' size column) and its send area use. */
@@ -125,6 +153,60 @@ static void fill(perf *p, size_t size, int in_place)
 #endif
 }
 
+/* GPU: the mirror to the GPU buffer (after fill) or back (before check). 0 on success. */
+static int sync_mirror(perf *p, int to_gpu)
+{
+#ifdef PERF_GPU
+  if (p->gpu) {
+    CUDA_CHECK_GOTO(cudaMemcpy(to_gpu ? (void *)p->dbuf : (void *)p->buf,
+                               to_gpu ? (const void *)p->buf : (const void *)p->dbuf, p->bytes,
+                               to_gpu ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost),
+                    fail);
+  }
+  return 0;
+fail:
+  return 1;
+#else
+  (void)p;
+  (void)to_gpu;
+  return 0;
+#endif
+}
+
+#ifdef PERF_GPU
+/* One operation on the GPU: warp w drives connection w (lane 0), as the host loop below does
+ * for every connection in turn. `mine`: this rank's slice offset; `send`: the send area. */
+__global__ void perf_kernel(mscclppDevConn_t *conns, int nconns, int rank, int nranks, uint64_t n,
+                            uint64_t send, int in_place)
+{
+  const int w = threadIdx.x / 32;
+  if (w >= nconns || threadIdx.x % 32 != 0) return;
+  mscclppDevConn_t c = conns[w];
+#if PERF_OP == OP_ALLGATHER
+  const uint64_t mine = (uint64_t)rank * n;
+  (void)nranks;
+  c.putWithSignal(mine, in_place ? mine : send, n);
+  c.wait();
+#elif PERF_OP == OP_ALLTOALL
+  (void)nranks;
+  (void)in_place;
+  c.putWithSignal((uint64_t)rank * n, send + (uint64_t)c.remoteRank * n, n);
+  c.wait();
+#else
+  (void)in_place;
+  if (c.remoteRank == (rank + 1) % nranks) c.putWithSignal(0, send, n);
+  if (c.remoteRank == (rank + nranks - 1) % nranks) c.wait();
+#endif
+}
+
+/* flush() on every connection: see `flush_all`. */
+__global__ void perf_flush_kernel(mscclppDevConn_t *conns, int nconns)
+{
+  const int w = threadIdx.x / 32;
+  if (w < nconns && threadIdx.x % 32 == 0) conns[w].flush();
+}
+#endif
+
 /* Wrong bytes in what this rank received for `size`. */
 static size_t check(perf *p, size_t size)
 {
@@ -144,9 +226,36 @@ static size_t check(perf *p, size_t size)
   return bad;
 }
 
-/* One operation of `size`: puts with signals, flushes, waits. 0 on success. */
+#ifdef PERF_GPU
+/* run_op on the GPU: queued on the stream (the caller synchronizes). 0 on success. */
+static int run_op_gpu(perf *p, size_t size, int in_place)
+{
+  size_t n = per_rank(size, p->nranks);
+  uint64_t send = (uint64_t)p->recv_bytes;
+#if PERF_OP != OP_SENDRECV
+  /* The own slice of the result, as the host path's memcpy. */
+  if (!(PERF_OP == OP_ALLGATHER && in_place)) {
+    size_t from = PERF_OP == OP_ALLGATHER ? send : send + (size_t)p->rank * n;
+    CUDA_CHECK_GOTO(cudaMemcpyAsync(p->dbuf + (size_t)p->rank * n, p->dbuf + from, n,
+                                    cudaMemcpyDeviceToDevice, p->stream),
+                    fail);
+  }
+#endif
+  perf_kernel<<<1, 32 * p->nconns, 0, p->stream>>>(p->dconns, p->nconns, p->rank, p->nranks, n,
+                                                   send, in_place);
+  CUDA_CHECK_GOTO(cudaGetLastError(), fail);
+  return 0;
+fail:
+  return 1;
+}
+#endif
+
+/* One operation of `size`: puts with signals, then waits. 0 on success. */
 static int run_op(perf *p, size_t size, int in_place)
 {
+#ifdef PERF_GPU
+  if (p->gpu) return run_op_gpu(p, size, in_place);
+#endif
   size_t n = per_rank(size, p->nranks);
   uint64_t send = (uint64_t)p->recv_bytes;
   int r;
@@ -156,8 +265,6 @@ static int run_op(perf *p, size_t size, int in_place)
   for (r = 0; r < p->nranks; r++)
     if (p->to[r]) MSCCLPP_CHECK_GOTO(mscclppDevConnPutWithSignal(p->to[r], mine, in_place ? mine : send, n), fail);
   for (r = 0; r < p->nranks; r++)
-    if (p->to[r]) MSCCLPP_CHECK_GOTO(mscclppDevConnFlush(p->to[r]), fail);
-  for (r = 0; r < p->nranks; r++)
     if (p->to[r]) MSCCLPP_CHECK_GOTO(mscclppDevConnWait(p->to[r]), fail);
 #elif PERF_OP == OP_ALLTOALL
   (void)in_place;
@@ -166,15 +273,12 @@ static int run_op(perf *p, size_t size, int in_place)
     if (p->to[r])
       MSCCLPP_CHECK_GOTO(mscclppDevConnPutWithSignal(p->to[r], (uint64_t)p->rank * n, send + (uint64_t)r * n, n), fail);
   for (r = 0; r < p->nranks; r++)
-    if (p->to[r]) MSCCLPP_CHECK_GOTO(mscclppDevConnFlush(p->to[r]), fail);
-  for (r = 0; r < p->nranks; r++)
     if (p->to[r]) MSCCLPP_CHECK_GOTO(mscclppDevConnWait(p->to[r]), fail);
 #else
   int next = (p->rank + 1) % p->nranks, prev = (p->rank + p->nranks - 1) % p->nranks;
   (void)in_place;
   (void)r;
   MSCCLPP_CHECK_GOTO(mscclppDevConnPutWithSignal(p->to[next], 0, send, n), fail);
-  MSCCLPP_CHECK_GOTO(mscclppDevConnFlush(p->to[next]), fail);
   MSCCLPP_CHECK_GOTO(mscclppDevConnWait(p->to[prev]), fail);
 #endif
   return 0;
@@ -195,7 +299,7 @@ static double bus_factor(int n)
 /* The mean of `v` over ranks (through the bootstrap's all-gather). */
 static int mean_over_ranks(perf *p, double v, double *out)
 {
-  double *all = calloc((size_t)p->nranks, sizeof(double));
+  double *all = (double *)calloc((size_t)p->nranks, sizeof(double));
   int r;
   if (all == NULL) return 1;
   all[p->rank] = v;
@@ -209,6 +313,43 @@ static int mean_over_ranks(perf *p, double v, double *out)
   return 0;
 }
 
+/* Every put so far has completed, on every connection (its source may change): after each
+ * batch of operations, inside the timing. Not per operation: each operation ends with the
+ * waits for the peers' signals, which already mean their data arrived, as nccl-tests' ops end
+ * when the data is received; a flush per operation (a delivery round trip over tcp) made the
+ * host sendrecv at 8 bytes 2.6x raw libfabric's same exchange. 0 on success. */
+static int flush_all(perf *p)
+{
+  int r;
+#ifdef PERF_GPU
+  if (p->gpu) {
+    perf_flush_kernel<<<1, 32 * p->nconns, 0, p->stream>>>(p->dconns, p->nconns);
+    CUDA_CHECK_GOTO(cudaGetLastError(), fail);
+    CUDA_CHECK_GOTO(cudaStreamSynchronize(p->stream), fail);
+    return 0;
+  }
+#endif
+  for (r = 0; r < p->nranks; r++)
+    if (p->to[r]) MSCCLPP_CHECK_GOTO(mscclppDevConnFlush(p->to[r]), fail);
+  return 0;
+fail:
+  return 1;
+}
+
+/* GPU: waits for the operations queued on the stream. 0 on success. */
+static int gpu_sync(perf *p)
+{
+#ifdef PERF_GPU
+  if (p->gpu) CUDA_CHECK_GOTO(cudaStreamSynchronize(p->stream), fail);
+  return 0;
+fail:
+  return 1;
+#else
+  (void)p;
+  return 0;
+#endif
+}
+
 /* Timed iterations of one size (warm-up first), then a check; prints the half row. */
 static int measure(perf *p, size_t size, int in_place, int warmup, int iters, int do_check,
                    double *busbw, size_t *wrong_total)
@@ -217,14 +358,18 @@ static int measure(perf *p, size_t size, int in_place, int warmup, int iters, in
   double wrong = 0, wrong_all;
   int k;
   fill(p, size, in_place);
+  if (sync_mirror(p, 1)) goto fail;
   MSCCLPP_CHECK_GOTO(mscclppBootstrapBarrier(p->comm), fail);
   for (k = 0; k < warmup; k++)
     if (run_op(p, size, in_place)) goto fail;
+  if (gpu_sync(p) || flush_all(p)) goto fail;
   MSCCLPP_CHECK_GOTO(mscclppBootstrapBarrier(p->comm), fail);
   t0 = now_us();
   for (k = 0; k < iters; k++)
     if (run_op(p, size, in_place)) goto fail;
+  if (gpu_sync(p) || flush_all(p)) goto fail;
   us = (now_us() - t0) / iters;
+  if (do_check && sync_mirror(p, 0)) goto fail;
   if (do_check) wrong = (double)check(p, size);
   /* No rank refills its send data (next size) while a slower one still reads what arrived. */
   MSCCLPP_CHECK_GOTO(mscclppBootstrapBarrier(p->comm), fail);
@@ -247,7 +392,7 @@ fail:
 /* One of our options with its value; nonzero on a bad one. */
 static int parse_opt(const char *o, const char *v, size_t *min_b, size_t *max_b, double *factor,
                      size_t *step, int *iters, int *warmup, int *do_check, int *gpus, int *threads,
-                     int *gpu_mem, mscclppTransport_t *transport)
+                     int *gpu_mem, const char **transport)
 {
   switch (o[1]) {
   case 'b': *min_b = parse_size(v); break;
@@ -261,13 +406,22 @@ static int parse_opt(const char *o, const char *v, size_t *min_b, size_t *max_b,
   case 't': *threads = atoi(v); break;
   case 'G': *gpu_mem = atoi(v); break;
   case 'T':
-    if (!strcmp(v, "shm")) *transport = mscclppTransportSHM;
-    else if (!strcmp(v, "ib")) *transport = mscclppTransportIB;
-    else return 1;
+    if (strcmp(v, "p2p") && strcmp(v, "shm") && strcmp(v, "ib") && strcmp(v, "mixed")) return 1;
+    *transport = v;
     break;
   default: return 1;
   }
   return 0;
+}
+
+/* The transport to rank `r` for the -T choice; `hosts`: every rank's host name (64 bytes each). */
+static mscclppTransport_t transport_to(const perf *p, const char *t, const char *hosts, int r)
+{
+  int same_host = strncmp(hosts + 64 * r, hosts + 64 * p->rank, 64) == 0;
+  if (!strcmp(t, "p2p")) return mscclppTransportP2P;
+  if (!strcmp(t, "shm")) return mscclppTransportSHM;
+  if (!strcmp(t, "mixed") && same_host) return p->gpu ? mscclppTransportP2P : mscclppTransportSHM;
+  return mscclppTransportIB;
 }
 
 int main(int argc, char **argv)
@@ -276,10 +430,12 @@ int main(int argc, char **argv)
   perf p;
   size_t min_b = 32u << 20, max_b = 32u << 20, step = 0, size, wrong_total = 0, max_per;
   double factor = 0, bus_sum = 0;
-  int iters = 20, warmup = 5, do_check = 1, gpus = 1, threads = 1, gpu_mem = 0;
+  int iters = 20, warmup = 5, do_check = 1, gpus = 1, threads = 1, gpu_mem = -1, ndev = 0;
   int rows = 0, k, r, rc = 1, proxy = 0;
-  mscclppTransport_t transport = mscclppTransportIB;
-  char host[256] = "?";
+  const char *transport = NULL;
+  char host[64] = "?", dev_desc[160] = "[host memory]";
+  char *hosts = NULL;
+  void *conn_buf;
 
   memset(&p, 0, sizeof(p));
   /* Our options first (nccl-tests' -n is the iteration count here, not launch_env's rank
@@ -312,13 +468,28 @@ int main(int argc, char **argv)
     fprintf(stderr, "%s_perf: one GPU (or host buffer) per process and one thread: -g 1 -t 1\n", op_name);
     return 2;
   }
-  if (gpu_mem != 0) {
-    fprintf(stderr, "%s_perf: this build runs on host memory only (-G 0); the GPU tools are the CUDA examples\n", op_name);
-    return 2;
-  }
   p.rank = env.rank;
   p.nranks = env.nranks;
   example_rank = p.rank;
+#ifdef PERF_GPU
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
+#endif
+  if (gpu_mem < 0) gpu_mem = ndev > 0;
+  if (gpu_mem != 0 && gpu_mem != 1) goto usage;
+  if (gpu_mem == 1 && ndev == 0) {
+#ifdef PERF_GPU
+    fprintf(stderr, "%s_perf: -G 1 but no CUDA device is visible (-G 0: host memory)\n", op_name);
+#else
+    fprintf(stderr, "%s_perf: this build has no CUDA (no nvcc when it was built): host memory only, -G 0\n", op_name);
+#endif
+    return 2;
+  }
+  p.gpu = gpu_mem;
+  if (transport == NULL) transport = p.gpu ? "p2p" : "ib";
+  if (!p.gpu && !strcmp(transport, "p2p")) {
+    fprintf(stderr, "%s_perf: -T p2p needs GPU memory (-G 1)\n", op_name);
+    return 2;
+  }
   if (p.nranks < 2) {
     fprintf(stderr, "%s_perf: needs at least 2 ranks\n", op_name);
     return 2;
@@ -326,17 +497,38 @@ int main(int argc, char **argv)
   max_per = per_rank(max_b, p.nranks) + 64;
   p.recv_bytes = (size_t)p.nranks * max_per;
   /* receive area, then the send area (all-to-all sends one slice per rank) */
-  p.buf = calloc(1, p.recv_bytes + (size_t)p.nranks * max_per);
-  p.to = calloc((size_t)p.nranks, sizeof(*p.to));
-  if (p.buf == NULL || p.to == NULL) {
+  p.bytes = p.recv_bytes + (size_t)p.nranks * max_per;
+  p.buf = (unsigned char *)calloc(1, p.bytes);
+  p.to = (mscclppDevConn_t **)calloc((size_t)p.nranks, sizeof(*p.to));
+  hosts = (char *)calloc((size_t)p.nranks, 64);
+  if (p.buf == NULL || p.to == NULL || hosts == NULL) {
     fprintf(stderr, "[rank %d] out of memory\n", p.rank);
     goto out;
   }
+  conn_buf = p.buf;
+#ifdef PERF_GPU
+  if (p.gpu) {
+    struct cudaDeviceProp prop;
+    int dev = env.local_rank % ndev;
+    CUDA_CHECK_GOTO(cudaSetDevice(dev), out);
+    CUDA_CHECK_GOTO(cudaFree(0), out); /* the context, before the library looks at pointers */
+    CUDA_CHECK_GOTO(cudaGetDeviceProperties(&prop, dev), out);
+    snprintf(dev_desc, sizeof(dev_desc), "%2d [%04x:%02x:%02x.0] %s", dev, prop.pciDomainID,
+             prop.pciBusID, prop.pciDeviceID, prop.name);
+    CUDA_CHECK_GOTO(cudaMalloc((void **)&p.dbuf, p.bytes), out);
+    CUDA_CHECK_GOTO(cudaMemset(p.dbuf, 0, p.bytes), out);
+    CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&p.stream, cudaStreamNonBlocking), out);
+    conn_buf = p.dbuf;
+  }
+#endif
   MSCCLPP_CHECK_GOTO(mscclppCommInitRank(&p.comm, p.nranks, env.root, p.rank), out);
+  gethostname(host, sizeof(host) - 1);
+  memcpy(hosts + 64 * p.rank, host, 64);
+  MSCCLPP_CHECK_GOTO(mscclppBootstrapAllGather(p.comm, hosts, 64), out);
   for (r = 0; r < p.nranks; r++)
     if (r != p.rank)
-      MSCCLPP_CHECK_GOTO(mscclppConnect(p.comm, r, 0, p.buf, p.recv_bytes + (size_t)p.nranks * max_per,
-                                        transport, NULL), out);
+      MSCCLPP_CHECK_GOTO(mscclppConnect(p.comm, r, 0, conn_buf, p.bytes,
+                                        transport_to(&p, transport, hosts, r), NULL), out);
   MSCCLPP_CHECK_GOTO(mscclppConnectionSetup(p.comm), out);
   MSCCLPP_CHECK_GOTO(mscclppProxyLaunch(p.comm), out);
   proxy = 1;
@@ -344,11 +536,17 @@ int main(int argc, char **argv)
   /* Connections come in the order they were made: every other rank, ascending. */
   for (r = 0, k = 0; r < p.nranks; r++)
     if (r != p.rank) p.to[r] = &p.conns[k++];
+#ifdef PERF_GPU
+  if (p.gpu) {
+    CUDA_CHECK_GOTO(cudaMalloc((void **)&p.dconns, sizeof(*p.conns) * (size_t)p.nconns), out);
+    CUDA_CHECK_GOTO(cudaMemcpy(p.dconns, p.conns, sizeof(*p.conns) * (size_t)p.nconns,
+                               cudaMemcpyHostToDevice), out);
+  }
+#endif
 
-  gethostname(host, sizeof(host) - 1);
   if (p.rank == 0) {
-    printf("# %s_perf (libmscclpp, host memory over %s)\n", op_name,
-           transport == mscclppTransportSHM ? "the SHM transport" : "the IB transport (libfabric)");
+    printf("# %s_perf (libmscclpp, %s over -T %s)\n", op_name, p.gpu ? "GPU memory" : "host memory",
+           transport);
     printf("# nThread %d nGpus %d minBytes %zu maxBytes %zu step: %g(%s) warmup iters: %d iters: %d "
            "agg iters: 1 validation: %d graph: 0\n#\n# Using devices\n",
            threads, gpus, min_b, max_b, factor != 0 ? factor : (double)step,
@@ -357,7 +555,7 @@ int main(int argc, char **argv)
   for (r = 0; r < p.nranks; r++) {
     MSCCLPP_CHECK_GOTO(mscclppBootstrapBarrier(p.comm), out);
     if (r == p.rank) {
-      printf("#  Rank %2d Group  0 Pid %6d on %10s device  - [host memory]\n", p.rank, (int)getpid(), host);
+      printf("#  Rank %2d Group  0 Pid %6d on %10s device %s\n", p.rank, (int)getpid(), host, dev_desc);
       fflush(stdout);
     }
   }
@@ -405,13 +603,20 @@ int main(int argc, char **argv)
 out:
   if (proxy) mscclppProxyStop(p.comm);
   if (p.comm != NULL && mscclppCommDestroy(p.comm) != mscclppSuccess && rc == 0) rc = 1;
+#ifdef PERF_GPU
+  /* After destroy: the library may use the buffer until then. */
+  if (p.dconns != NULL) cudaFree(p.dconns);
+  if (p.dbuf != NULL) cudaFree(p.dbuf);
+  if (p.stream != NULL) cudaStreamDestroy(p.stream);
+#endif
   free(p.buf);
   free(p.to);
+  free(hosts);
   return rc;
 usage:
   fprintf(stderr,
           "usage: %s_perf [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP] [-c 0|1]\n"
-          "       [-g 1] [-t 1] [-G 0] [-T ib|shm] (+ launch options: -r -n -a, or a launcher)\n",
+          "       [-g 1] [-t 1] [-G 1|0] [-T p2p|ib|shm|mixed] (+ launch options: -r -n -a, or a launcher)\n",
           op_name);
   return 2;
 }

@@ -44,9 +44,9 @@ const CLOSED_AT: usize = 64;
 const HEAD_AT: usize = 128;
 const TAIL_AT: usize = 192;
 const RING_AT: usize = 4096;
-/// Bytes of each connection's ring: twice `WINDOW`, so that a record the window allows also
-/// fits after the pad at the ring's end (the pad is shorter than the record).
-pub const RING_BYTES: u64 = 2 * WINDOW;
+/// Bytes of each connection's ring: twice `WINDOW` and a page, so that a record the window
+/// allows also fits after the pad at the ring's end (the pad is shorter than the record).
+pub const RING_BYTES: u64 = 2 * WINDOW + 4096;
 /// Bytes of records a sender may have in the ring, not yet applied, and still add one: a
 /// latency path, not a stream's. A stream of small puts fills it and then takes the proxy,
 /// which first waits for the receiver to apply what is there; with the whole ring as the
@@ -141,7 +141,9 @@ impl Outbox {
         // Acquire pairs with the consumer's Release of the tail: the records it freed were
         // read before we overwrite them.
         let tail = word(&self.block, TAIL_AT).load(Ordering::Acquire);
-        if self.head - tail + need > WINDOW || self.head + pad + need - tail > RING_BYTES {
+        // An empty ring takes a record of any allowed size (MAX_INLINE is the window).
+        let window_full = self.head != tail && self.head - tail + need > WINDOW;
+        if window_full || self.head + pad + need - tail > RING_BYTES {
             return false;
         }
         // SAFETY: the ring is RING_BYTES at RING_AT of the block (checked in `new`); these bytes

@@ -9,9 +9,14 @@
 //!     (`--data-first`: an 8-byte data write before each flag, what a putWithSignal sends;
 //!     the bandwidth phase's closing flag then carries one too).
 //!
+//!   - with `--exchange MIN:MAX:FACTOR` instead: what `sendrecv_perf` (c_examples/perf) does
+//!     with 2 ranks, as its same-run peer: per iteration both sides write the size's bytes and
+//!     then a flag (ordered after them) to each other and wait for the other's flag; rows in
+//!     nccl-tests' format (time: mean per iteration of `--exchange-iters`, 20, after 5 warm-up).
+//!
 //! Usage: cargo run --release -p libfabric-sys --example raw_rma -- [--provider tcp|shm|net|...]
 //!        [--domain NAME] [--dc] [--data-first] [--iters N] [--min-kib K] [--max-mib M]
-//!        [--volume-mib V]
+//!        [--volume-mib V] [--exchange MIN:MAX:FACTOR [--exchange-iters N]]
 //! Each size from `--min-kib` (4) to `--max-mib` (64) moves `--volume-mib` (256) MiB in
 //! 8..4000 writes: on a 2-core VM a single run's bandwidth moves by 20%, and more volume per
 //! size narrows that.
@@ -50,7 +55,20 @@ struct Opts {
     cuda: bool,
     /// Bulk writes between pinned host buffers from cuMemHostAlloc.
     pinned: bool,
+    /// `--exchange`: bytes from, to, and the factor between sizes.
+    exchange: Option<(usize, usize, usize)>,
+    exchange_iters: usize,
     child: bool,
+}
+
+/// "8", "4K", "64M" -> bytes.
+fn bytes(s: &str) -> Option<usize> {
+    let (num, mult) = match s.as_bytes().last()? {
+        b'K' | b'k' => (&s[..s.len() - 1], 1 << 10),
+        b'M' | b'm' => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().ok().map(|n| n * mult)
 }
 
 fn opts() -> Opts {
@@ -65,6 +83,8 @@ fn opts() -> Opts {
         volume_mib: 256,
         cuda: false,
         pinned: false,
+        exchange: None,
+        exchange_iters: 20,
         child: false,
     };
     let mut a = std::env::args().skip(1);
@@ -89,11 +109,28 @@ fn opts() -> Opts {
                     .and_then(|s| s.parse().ok())
                     .expect("--volume-mib V")
             }
+            "--exchange" => {
+                let v = a.next().unwrap_or_default();
+                let p: Vec<Option<usize>> = v.split(':').map(bytes).collect();
+                o.exchange = match p[..] {
+                    [Some(b), Some(e), Some(f)] if b > 0 && b <= e && e <= MAX_SIZE && f > 1 => {
+                        Some((b, e, f))
+                    }
+                    _ => panic!("--exchange MIN:MAX:FACTOR (bytes, K/M suffixes, MAX at most 64M)"),
+                }
+            }
+            "--exchange-iters" => {
+                o.exchange_iters = a
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .filter(|n| *n > 0)
+                    .expect("--exchange-iters N")
+            }
             "--cuda" => o.cuda = true,
             "--pinned" => o.pinned = true,
             "--child" => o.child = true,
             "-h" | "--help" => {
-                println!("raw_rma [--provider NAME] [--domain NAME] [--dc] [--data-first] [--cuda | --pinned] [--iters N] [--min-kib K] [--max-mib M] [--volume-mib V]");
+                println!("raw_rma [--provider NAME] [--domain NAME] [--dc] [--data-first] [--cuda | --pinned] [--iters N] [--min-kib K] [--max-mib M] [--volume-mib V] [--exchange MIN:MAX:FACTOR [--exchange-iters N]]");
                 std::process::exit(0);
             }
             other => panic!("unknown argument {other}"),
@@ -592,7 +629,59 @@ impl Drop for Side {
     }
 }
 
-/// Target: echo every new flag value back until u64::MAX.
+/// `--exchange`, run by both sides alike: per size, warm-up then timed iterations of "write
+/// the size's bytes and a flag to the peer, wait for its flag"; flags count iterations on both
+/// sides, so the n-th wait is for the peer's n-th. `print`: the side that prints the rows.
+fn exchange(s: &mut Side, o: &Opts, print: bool) {
+    let (b, e, f) = o.exchange.expect("--exchange");
+    if print {
+        println!(
+            "# raw libfabric sendrecv (fi_write then a flag, both ways, then wait for the peer's flag): {}, 2 processes",
+            s.describe()
+        );
+        println!("#\n#                                                   out-of-place");
+        println!(
+            "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+        );
+        println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)");
+    }
+    let mut v = 0u64;
+    let mut size = b;
+    let mut sum = 0.0;
+    let mut rows = 0;
+    while size <= e {
+        for n in [5, o.exchange_iters] {
+            let t = Instant::now();
+            for _ in 0..n {
+                v += 1;
+                s.write_bulk(0, 0, size);
+                s.send_flag(v);
+                s.wait_flag(v);
+                s.drain();
+            }
+            let us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+            if print && n == o.exchange_iters {
+                let bw = size as f64 / us / 1e3;
+                sum += bw;
+                rows += 1;
+                println!(
+                    "{size:>12}  {size:>12}  {:>8}  {:>6}  {:>6}  {us:>7.2}  {bw:>6.2}  {bw:>6.2}  {:>6}",
+                    "uint8", "none", -1, "N/A"
+                );
+            }
+        }
+        size *= f;
+    }
+    if print {
+        println!(
+            "# Avg bus bandwidth    : {} \n#",
+            if rows > 0 { sum / rows as f64 } else { 0.0 }
+        );
+    }
+}
+
+/// Target: echo every new flag value back until u64::MAX (or, with `--exchange`, the same
+/// schedule as the parent).
 fn child(o: &Opts) {
     let mut s = Side::open(o);
     println!("{}", s.card());
@@ -600,6 +689,9 @@ fn child(o: &Opts) {
     let mut line = String::new();
     std::io::stdin().read_line(&mut line).unwrap();
     s.connect(line.trim());
+    if o.exchange.is_some() {
+        return exchange(&mut s, o, false);
+    }
     let mut last = 0;
     let mut t0 = Instant::now();
     // Ends on the u64::MAX flag, or when nothing arrives for DEADLINE.
@@ -639,6 +731,12 @@ fn main() {
     out.read_line(&mut card).unwrap();
     s.connect(card.trim());
     writeln!(kid.stdin.as_mut().unwrap(), "{}", s.card()).unwrap();
+    if o.exchange.is_some() {
+        exchange(&mut s, &o, true);
+        let st = kid.wait().unwrap();
+        assert!(st.success(), "target process failed: {st}");
+        return;
+    }
 
     println!(
         "raw libfabric RMA baseline: {}, 2 processes, delivery-complete {}, {} buffers",
