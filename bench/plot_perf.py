@@ -3,9 +3,9 @@ each peer measured in the same run (median of the rounds on the line, every roun
 
     /usr/bin/python3 bench/plot_perf.py OUT.png RESULTS.txt [RESULTS.txt ...]
 
-Each input file becomes one row of two panels. Rows are nccl-tests' (size count type redop root
-time algbw busbw #wrong ...; the out-of-place columns are used), each run's after a line
-`## run IMPL ROUND MACHINE TRANSPORT OP`. Run it through bench/plot.sh, which installs
+Each MACHINE TRANSPORT OP found becomes one row of two panels (one file may hold several).
+Rows are nccl-tests' (size count type redop root time algbw busbw #wrong ...; the out-of-place
+columns are used), each run's after a line `## run IMPL ROUND MACHINE TRANSPORT OP`. Run it through bench/plot.sh, which installs
 matplotlib (Debian's python3-matplotlib).
 """
 
@@ -21,32 +21,34 @@ import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 NAMES = {"ours": "libmscclpp", "raw": "raw libfabric", "nccl": "NCCL"}
 
 
-def read(path):
-    """({impl: {size: [(time_us, busbw)...]}}, title)."""
-    data = defaultdict(lambda: defaultdict(list))
-    impl, title = None, path
-    for line in open(path, encoding="utf-8"):
-        if line.startswith("## run "):
+def read(paths):
+    """{title: {impl: {size: [(time_us, busbw)...]}}}, titles in the order first seen."""
+    data = {}
+    for path in paths:
+        impl, title = None, None
+        for line in open(path, encoding="utf-8"):
+            if line.startswith("## run "):
+                f = line.split()
+                impl, title = f[2], " ".join(f[4:])
+                data.setdefault(title, defaultdict(lambda: defaultdict(list)))
+                continue
             f = line.split()
-            impl = f[2]
-            title = " ".join(f[4:])
-            continue
-        f = line.split()
-        if impl is None or len(f) < 8 or not f[0].isdigit():
-            continue
-        size, time_us, busbw = int(f[0]), float(f[5]), float(f[7])
-        data[impl][size].append((time_us, busbw))
-    return data, title
+            if impl is None or len(f) < 8 or not f[0].isdigit():
+                continue
+            data[title][impl][int(f[0])].append((float(f[5]), float(f[7])))
+    return data
 
 
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     out, paths = sys.argv[1], sys.argv[2:]
-    fig, axes = plt.subplots(len(paths), 2, figsize=(12, 4.5 * len(paths)), squeeze=False)
-    for row, path in enumerate(paths):
-        data, title = read(path)
-        for impl, by_size in sorted(data.items()):
+    data = read(paths)
+    if not data:
+        sys.exit(f"no '## run' sections in {paths}")
+    fig, axes = plt.subplots(len(data), 2, figsize=(12, 4.5 * len(data)), squeeze=False)
+    for row, (title, by_impl) in enumerate(data.items()):
+        for impl, by_size in sorted(by_impl.items()):
             xs = sorted(by_size)
             for col, k in ((0, 1), (1, 0)):
                 ax = axes[row][col]

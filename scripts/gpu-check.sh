@@ -244,27 +244,41 @@ p2p_benches() {
 
 # The nccl-tests-style tools (c_examples/perf, CUDA build), 2 ranks (under MPS when they share
 # a GPU): GPU memory over P2P, IB (tcp, staged) and SHM, and host memory (-G 0); each run must
-# end with "Out of bounds values : 0 OK" (every byte checked). Their output stays in $OUT, for
-# bench/plot.sh; with 2+ GPUs bench/perf-peers.sh runs them against NCCL.
+# end with "Out of bounds values : 0 OK" (every byte checked). Their rows go to one results file
+# ($OUT/perf-results.txt, bench/perf-peers.sh's format) and, where python3 has matplotlib (the
+# PyTorch environment does), to $OUT/perf.png (bench/plot_perf.py); with 2+ GPUs
+# bench/perf-peers.sh runs them against NCCL.
 perf_tools() {
-  local op t out rc=0
+  local op t out rc=0 res=$OUT/perf-results.txt
+  echo "# $(date -u +%F) $(uname -n), $NGPU x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), 2 ranks" >"$res"
   if ((NGPU < 2)); then mps_up; fi
+  run_perf() { # OP TRANSPORT(label) ARGS...
+    local op=$1 label=$2
+    shift 2
+    out=$WORK/perf-$op-$label.txt
+    MSCCLPP_NET_PROVIDER=tcp MSCCLPP_RUN_TIMEOUT=60 "$ROOT/scripts/run-local-ranks.sh" 2 \
+      "$BIN/${op}_perf" "$@" >"$out" 2>&1
+    grep -E '^\[rank 0\] +[0-9]|Out of bounds|Avg bus' "$out" | sed "s/^/$op $label: /"
+    echo "## run ours 1 $(uname -n) $label $op" >>"$res"
+    grep -E '^\[rank 0\] ' "$out" | sed 's/^\[rank 0\] //' >>"$res"
+    grep -q 'Out of bounds values : 0 OK' "$out" || { echo "FAILED: ${op}_perf $*"; rc=1; }
+  }
   for t in p2p ib shm; do
     for op in allgather alltoall sendrecv; do
-      out=$OUT/perf-$op-gpu-$t.txt
-      MSCCLPP_NET_PROVIDER=tcp MSCCLPP_RUN_TIMEOUT=60 "$ROOT/scripts/run-local-ranks.sh" 2 \
-        "$BIN/${op}_perf" -T $t -b 8 -e 16M -f 8 -n 20 -w 5 >"$out" 2>&1
-      grep -E '^\[rank 0\] +[0-9]|Out of bounds|Avg bus' "$out" | sed "s/^/$op $t: /"
-      grep -q 'Out of bounds values : 0 OK' "$out" || { echo "FAILED: ${op}_perf -T $t"; rc=1; }
+      run_perf $op gpu-$t -T $t -b 8 -e 16M -f 8 -n 20 -w 5
     done
   done
-  out=$OUT/perf-allgather-host-shm.txt
-  "$ROOT/scripts/run-local-ranks.sh" 2 "$BIN/allgather_perf" -G 0 -T shm -b 8 -e 4M -f 8 >"$out" 2>&1
-  grep -q 'Out of bounds values : 0 OK' "$out" || { echo "FAILED: allgather_perf -G 0"; rc=1; }
+  run_perf allgather host-shm -G 0 -T shm -b 8 -e 4M -f 8
   mps_down
+  if python3 -c 'import matplotlib' 2>/dev/null; then
+    python3 "$ROOT/bench/plot_perf.py" "$OUT/perf.png" "$res" || rc=1
+  else
+    echo "no matplotlib for python3 here: plot $res with bench/plot.sh perf OUT.png $res"
+  fi
   return $rc
 }
 export -f perf_tools
+
 if [[ -x $BIN/allgather_perf && -x $BIN/alltoall_perf && -x $BIN/sendrecv_perf ]]; then
   run_step "perf tools on the GPU (allgather/alltoall/sendrecv_perf over p2p, ib, shm)" 200 \
     bash -c perf_tools
