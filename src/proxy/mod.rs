@@ -4,9 +4,10 @@
 //! FIFO's abort word so producers stop waiting, and returned by `mscclppProxyStop`.
 //!
 //! Files: this one holds the sticky error; `conn.rs` is a connection's state and its direct
-//! signal path, `work.rs` one FIFO's consumer (a `service` round, trigger checks and dispatch,
-//! the peer watch), `assist.rs` lets host threads do that work, and `thread.rs` is the proxy
-//! thread (launch, stop, idle policy).
+//! paths (a signal stored into the peer's epoch block, a small put written into its ring of
+//! inline puts), `work.rs` one FIFO's consumer (a `service` round, trigger checks and dispatch,
+//! the wait for inline puts to be applied, the peer watch), `assist.rs` lets host threads do
+//! that work, and `thread.rs` is the proxy thread (launch, stop, idle policy).
 
 mod assist;
 mod conn;
