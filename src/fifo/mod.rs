@@ -293,6 +293,18 @@ impl Fifo {
     pub fn is_empty(&self) -> bool {
         self.peek().is_none()
     }
+
+    /// Host FIFOs: every ticket the producers have taken was retired, including one a producer
+    /// took and has not yet written (`is_empty` misses that one, and a direct signal or put
+    /// would overtake the trigger that thread is about to write). False for CUDA FIFOs.
+    pub fn all_retired(&self) -> bool {
+        if self.device().is_some() {
+            return false;
+        }
+        // SAFETY: a host FIFO's head counter, live as long as `self`, touched only atomically.
+        // Relaxed: a count compared with our own tail; the slots carry the data.
+        unsafe { AtomicU64::from_ptr(self.head) }.load(Ordering::Relaxed) == self.tail
+    }
 }
 
 impl Drop for Fifo {

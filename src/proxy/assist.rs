@@ -37,8 +37,10 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
     }
 }
 
-/// The consumer, locked, if it is active and its FIFO is empty: then every trigger the calling
-/// thread pushed before was executed, and a direct signal or put follows them as a trigger
+/// The consumer, locked, if it is active and every ticket taken from its FIFO was retired (a
+/// ticket taken and not yet written counts: with three threads on one FIFO, checking for an
+/// empty ring let a thread's direct put overtake its own earlier trigger): then every trigger
+/// the calling thread pushed before was executed, and a direct signal or put follows them as a trigger
 /// would. None if the lock is not had after a few tries: the proxy thread takes it for each of
 /// its rounds (short unless it is stuck in the transport), and the trigger path, which has
 /// bounded waits, is always there.
@@ -54,5 +56,5 @@ fn idle(m: &Mutex<ProxyWork>) -> Option<MutexGuard<'_, ProxyWork>> {
             Err(_) => return None,
         }
     };
-    (w.active && w.fifo.is_empty()).then_some(w)
+    (w.active && w.fifo.all_retired()).then_some(w)
 }

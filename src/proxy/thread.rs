@@ -136,20 +136,16 @@ fn run(
                     drop(w);
                     progress_idle(&endpoint).map(|_| Round::Idle)
                 }
-                r => r,
+                Ok(r) => Ok(r),
+                // Recorded before the lock is let go: a host thread must not run the trigger
+                // that failed (still in the FIFO) again in between.
+                Err(e) => return Err(fail_and_quiesce(&mut w, e)),
             }
         };
+        // Only progress failed here, outside the lock.
         let round = match r {
             Ok(r) => r,
-            Err(e) => {
-                let mut w = lock(work);
-                w.fail(&e);
-                // Best effort (the endpoint may be what failed): as at a normal stop.
-                if let Err(q) = lock(&w.endpoint).quiesce() {
-                    crate::warn!("{}: after the error, quiescing failed too: {q}", w.name);
-                }
-                return Err(e);
-            }
+            Err(e) => return Err(fail_and_quiesce(&mut lock(work), e)),
         };
         match round {
             Round::Busy => idle = false,
@@ -171,6 +167,16 @@ fn run(
             }
         }
     }
+}
+
+/// Records the proxy's error (sticky, abort word, no more consuming) and quiesces the endpoint,
+/// best effort (it may be what failed), as at a normal stop; returns the error.
+fn fail_and_quiesce(w: &mut ProxyWork, e: Error) -> Error {
+    w.fail(&e);
+    if let Err(q) = lock(&w.endpoint).quiesce() {
+        crate::warn!("{}: after the error, quiescing failed too: {q}", w.name);
+    }
+    e
 }
 
 /// An idle proxy's nap: short, because device producers (GPU FIFOs) wait for it to notice

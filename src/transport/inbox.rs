@@ -141,9 +141,13 @@ impl Outbox {
         // Acquire pairs with the consumer's Release of the tail: the records it freed were
         // read before we overwrite them.
         let tail = word(&self.block, TAIL_AT).load(Ordering::Acquire);
+        // The peer writes the tail: one past our head is its bug, and no record goes there.
+        let Some(used) = self.head.checked_sub(tail) else {
+            return false;
+        };
         // An empty ring takes a record of any allowed size (MAX_INLINE is the window).
-        let window_full = self.head != tail && self.head - tail + need > WINDOW;
-        if window_full || self.head + pad + need - tail > RING_BYTES {
+        let window_full = used != 0 && used + need > WINDOW;
+        if window_full || used + pad + need > RING_BYTES {
             return false;
         }
         // SAFETY: the ring is RING_BYTES at RING_AT of the block (checked in `new`); these bytes
@@ -171,10 +175,12 @@ impl Outbox {
 
     /// Whether the receiver has applied every record written so far.
     pub fn taken(&self) -> Taken {
-        // Acquire pairs with the consumer's Release of the tail (its copies came first).
+        // Closed first: the receiver applies what is there, then closes, so a tail read after
+        // seeing it closed is final. Acquire pairs with its Release stores of both.
+        let closed = word(&self.block, CLOSED_AT).load(Ordering::Acquire) != 0;
         if word(&self.block, TAIL_AT).load(Ordering::Acquire) == self.head {
             Taken::All
-        } else if word(&self.block, CLOSED_AT).load(Ordering::Acquire) != 0 {
+        } else if closed {
             Taken::Closed
         } else {
             Taken::Pending
@@ -189,9 +195,22 @@ pub struct Inbox {
     len: u64,
     /// The rank that writes the records, for errors.
     peer: usize,
-    /// One consumer at a time (waiters and the proxy thread); true once closed (our own
-    /// record of it: the shared word is the peer's to read, and it could write it too).
-    lock: Mutex<bool>,
+    /// One consumer at a time (waiters and the proxy thread), and what only consumers may
+    /// change, kept in our own memory (the shared words are the peer's to read, and it could
+    /// write them too: a tail it moved made the consumer read past the ring).
+    lock: Mutex<Consumer>,
+    /// The tail as of the last drain, for waiters that find the lock taken. Release/Acquire:
+    /// pairs a drain's copies with a waiter that sees it.
+    applied: AtomicU64,
+}
+
+/// The consumer's own state (`Inbox::lock`).
+#[derive(Default)]
+struct Consumer {
+    /// Bytes of records applied, ever: the authoritative tail (the shared word is a copy).
+    tail: u64,
+    /// Closed at destroy: nothing is applied any more (the user may free the buffer).
+    closed: bool,
 }
 
 impl std::fmt::Debug for Inbox {
@@ -222,7 +241,8 @@ impl Inbox {
             buff,
             len,
             peer,
-            lock: Mutex::new(false),
+            lock: Mutex::new(Consumer::default()),
+            applied: AtomicU64::new(0),
         })
     }
 
@@ -238,18 +258,21 @@ impl Inbox {
         // Acquire pairs with the producer's Release of the head: the records below it are in
         // place.
         let head = word(&self.block, HEAD_AT).load(Ordering::Acquire);
-        let tail = word(&self.block, TAIL_AT);
         let mut spins = 0u32;
         // Ends when the records are applied (here, or by the holder of the lock: a thread of
         // this process copying at most WINDOW bytes, which always finishes).
         loop {
-            // Acquire pairs with the consumer's Release of the tail: its copies are visible.
-            if tail.load(Ordering::Acquire) >= head {
+            // Acquire pairs with a drain's Release of `applied`: its copies are visible.
+            if self.applied.load(Ordering::Acquire) >= head {
                 return Ok(());
             }
-            if let Some(closed) = try_lock(&self.lock) {
+            if let Some(mut c) = try_lock(&self.lock) {
                 // Closed: the user may have freed the buffer.
-                return if *closed { Ok(()) } else { self.drain_locked() };
+                return if c.closed {
+                    Ok(())
+                } else {
+                    self.drain_locked(&mut c)
+                };
             }
             spins += 1;
             if spins < 64 {
@@ -265,21 +288,19 @@ impl Inbox {
     pub fn drain_if_free(&self) -> Result<()> {
         // Acquire pairs with the producer's Release of the head.
         let head = word(&self.block, HEAD_AT).load(Ordering::Acquire);
-        if head == word(&self.block, TAIL_AT).load(Ordering::Relaxed) {
+        if head == self.applied.load(Ordering::Relaxed) {
             return Ok(());
         }
         match try_lock(&self.lock) {
-            Some(closed) if !*closed => self.drain_locked(),
+            Some(mut c) if !c.closed => self.drain_locked(&mut c),
             _ => Ok(()),
         }
     }
 
-    /// `drain`, by the holder of `lock`.
-    fn drain_locked(&self) -> Result<()> {
+    /// `drain`, by the holder of `lock` (`c`).
+    fn drain_locked(&self, c: &mut Consumer) -> Result<()> {
         let base = self.block.ptr();
-        let tail_word = word(&self.block, TAIL_AT);
-        // Relaxed: only consumers write the tail, and they hold the lock.
-        let mut tail = tail_word.load(Ordering::Relaxed);
+        let mut tail = c.tail;
         let head = word(&self.block, HEAD_AT).load(Ordering::Acquire);
         if head < tail || head - tail > RING_BYTES {
             return Err(self.bad(format!("its ring says head {head}, tail {tail}")));
@@ -317,9 +338,11 @@ impl Inbox {
             };
             tail += step;
         }
-        // Release pairs with the producer's Acquire of the tail (room) and with a flush's
-        // Acquire (`Outbox::taken`): the copies above come first.
-        tail_word.store(tail, Ordering::Release);
+        c.tail = tail;
+        // Release, both: pairs with the producer's Acquire of the tail (room) and a flush's
+        // (`Outbox::taken`), and with waiters' Acquire of `applied`: the copies come first.
+        self.applied.store(tail, Ordering::Release);
+        word(&self.block, TAIL_AT).store(tail, Ordering::Release);
         Ok(())
     }
 
@@ -327,12 +350,12 @@ impl Inbox {
     /// nothing more will be taken; later drains do nothing (the user may free the buffer once
     /// destroy returns).
     pub fn close(&self) -> Result<()> {
-        let mut closed = lock(&self.lock);
-        if *closed {
+        let mut c = lock(&self.lock);
+        if c.closed {
             return Ok(());
         }
-        let r = self.drain_locked();
-        *closed = true;
+        let r = self.drain_locked(&mut c);
+        c.closed = true;
         // Release pairs with the sender's Acquire in `Outbox::taken`.
         word(&self.block, CLOSED_AT).store(1, Ordering::Release);
         r
@@ -416,6 +439,14 @@ mod tests {
         word(&out.block, HEAD_AT).store(RING_BYTES * 3, Ordering::Release);
         assert!(inb.drain().unwrap_err().to_string().contains("head"));
         assert!(dst.iter().all(|b| *b == 0));
+        // A tail the peer moved near the ring's end: the consumer keeps its own, so it reads
+        // nothing past the ring (it saw a 16-byte record straddling the end, and read past it).
+        word(&out.block, TAIL_AT).store(RING_BYTES - 4, Ordering::Release);
+        word(&out.block, HEAD_AT).store(RING_BYTES + 12, Ordering::Release);
+        assert!(inb.drain().is_err());
+        // And a tail past the sender's head: no record goes out.
+        word(&out.block, TAIL_AT).store(out.head + 8, Ordering::Release);
+        assert!(!out.put(0, 0, 8));
     }
 
     #[test]
