@@ -272,7 +272,7 @@ pub struct Config {
 
 /// SHM puts over host memory up to this size go inline through the peer's ring when the
 /// connection is idle (`MSCCLPP_SHM_INLINE_BYTES`).
-pub const SHM_INLINE_BYTES: u64 = 4 << 10;
+pub const SHM_INLINE_BYTES: u64 = 16 << 10;
 
 /// The bootstrap timeout when nothing sets it.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);

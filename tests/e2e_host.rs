@@ -272,8 +272,8 @@ fn fifo_head(d: &mscclpp::abi::mscclppDevConn) -> u64 {
 }
 
 const INLINE_BUF: usize = 64 << 10;
-/// Sizes around the inline limit (4 KiB by default): the larger ones take the proxy.
-const INLINE_SIZES: [usize; 7] = [1, 8, 13, 1000, 4096, 4097, 20000];
+/// Sizes around the inline limit (16 KiB by default): the larger ones take the proxy.
+const INLINE_SIZES: [usize; 7] = [1, 8, 13, 1000, 16384, 16385, 20000];
 
 /// SHM: small putWithSignal ping-pong whose bytes change every round, at moving offsets, with
 /// sizes on both sides of the inline limit; each receiver checks every byte of every put, so a
@@ -285,7 +285,7 @@ fn inline_puts(e: Env) {
     let inline_limit: usize = std::env::var("MSCCLPP_SHM_INLINE_BYTES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(4096);
+        .unwrap_or(16384);
     let mut buf = vec![0u8; 2 * INLINE_BUF];
     let c = connected_pair(&e, 6, &mut buf);
     let d = &mut dev_conns(c)[0];
@@ -413,9 +413,10 @@ fn inline_puts_off_shm() {
 /// once the receiver had applied every inline one (flush means "arrived").
 fn inline_puts_fill_the_ring(e: Env) {
     const N: usize = 6000;
-    /// 8-byte puts (8 bytes of header each) a sender may have unapplied in the ring (its
-    /// 16 KiB window, `transport::inbox::WINDOW`).
-    const RING_PUTS: u64 = 1024;
+    /// 8-byte puts (8 bytes of header each) a sender may have unapplied in the ring: with the
+    /// default 16 KiB limit its window (three such records) is more than the 36 KiB ring
+    /// (`transport::inbox`), so the ring bounds it.
+    const RING_PUTS: u64 = 36 * 1024 / 16;
     let mut buf = vec![0u8; N * 8];
     let c = init(&e.root, e.rank, e.n);
     ok(connect(c, 1 - e.rank, 7, &mut buf));

@@ -47,8 +47,8 @@ const RING_AT: usize = 4096;
 /// Bytes of each connection's ring: twice `WINDOW` and a page, so that a record the window
 /// allows also fits after the pad at the ring's end (the pad is shorter than the record).
 pub const RING_BYTES: u64 = 2 * WINDOW + 4096;
-/// Bytes of records a sender may have in the ring, not yet applied, and still add one: a
-/// latency path, not a stream's. A stream of small puts fills it and then takes the proxy,
+/// Bytes of records a sender may have in the ring, not yet applied, and still add one (or three
+/// records of its largest size, if more: two and a pad): a latency path, not a stream's. A stream of small puts fills it and then takes the proxy,
 /// which first waits for the receiver to apply what is there; with the whole ring as the
 /// window, that wait (64 KiB copied by a receiver that was idle) made a 4 KiB put stream
 /// slower than the proxy path alone.
@@ -145,8 +145,12 @@ impl Outbox {
         let Some(used) = self.head.checked_sub(tail) else {
             return false;
         };
-        // An empty ring takes a record of any allowed size (MAX_INLINE is the window).
-        let window_full = used != 0 && used + need > WINDOW;
+        // An empty ring takes a record of any allowed size, and one more behind it (room for a
+        // pad at the ring's end counted: 3 records): in a two-way exchange a rank's next put
+        // comes before the peer applied its last one (with 8 KiB puts every second one took
+        // the proxy, and the ones after it too, until a flush).
+        let window = WINDOW.max(3 * record_bytes(self.max_bytes));
+        let window_full = used != 0 && used + need > window;
         if window_full || used + pad + need > RING_BYTES {
             return false;
         }
@@ -404,6 +408,22 @@ mod tests {
                 assert_eq!(dst, expect, "round {round}");
             }
         }
+    }
+
+    #[test]
+    fn two_records_of_the_largest_size_fit_the_window() {
+        let src = vec![6u8; 16 << 10];
+        let mut dst = vec![0u8; 16 << 10];
+        let (mut out, inb) = pair(&src, &mut dst, 16 << 10);
+        for round in 0..20 {
+            assert!(out.put(0, 0, 16 << 10), "round {round}: first");
+            assert!(
+                out.put(0, 0, 8 << 10),
+                "round {round}: second, before the first is applied"
+            );
+            inb.drain().unwrap();
+        }
+        assert!(dst.iter().all(|b| *b == 6));
     }
 
     #[test]
