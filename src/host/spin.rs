@@ -54,9 +54,13 @@ impl Drop for Spin {
     }
 }
 
-/// Steps of a helping waiter between yields (and between looks for a consumer while none is
-/// registered yet).
-const SPIN_ITERS: u32 = 256;
+/// Steps between looks for a consumer while none is registered yet.
+const LOOKUP_EVERY: u32 = 256;
+/// Steps of a helping waiter between yields. Each step is a round of the proxy's work (over tcp
+/// a poll of the endpoint's sockets, ~1 us): with 256 steps, 3 ranks on the 2-core VM took
+/// 150-250 us per 8-byte sendrecv (a waiter kept its core while the peer it waited for sat in
+/// the run queue) against 17 us for 2 ranks; with 16, 39-66 us, and 2 ranks unchanged.
+const YIELD_EVERY: u32 = 16;
 /// The longest nap of a helping waiter on a crowded host (`sync::napping_waits`): what it
 /// waits for is then at most this late. With more ranks than cores, waiters that keep helping
 /// take the cores from the ranks with work: each round polls every socket of the endpoint.
@@ -104,7 +108,7 @@ impl Spin {
         // What we wait for may need the proxy's work (our trigger executed, the endpoint through
         // which the peer's data comes progressed): do it here rather than wait for a thread
         // that may not even have a core.
-        if self.consumer.is_none() && self.n % SPIN_ITERS == 0 {
+        if self.consumer.is_none() && self.n % LOOKUP_EVERY == 0 {
             self.consumer = consumer_and_gate(self.head, |c| c.helps);
         }
         if let (false, Some((_, gate))) = (self.entered, &self.consumer) {
@@ -132,7 +136,7 @@ impl Spin {
             // moves one chunk per nap (64 KiB puts over tcp fell to 1 GB/s after 20 ms of
             // waiting). It spins, yielding now and then; and at once while another thread
             // holds the consumer, which then has the work to do and may need this core.
-            if matches!(help, Help::Busy) || self.n % SPIN_ITERS == 0 {
+            if matches!(help, Help::Busy) || self.n % YIELD_EVERY == 0 {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
