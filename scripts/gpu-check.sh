@@ -13,6 +13,9 @@
 #   1. installs the CMake package from the prebuilt library (-DMSCCLPP_PREBUILT_LIB_DIR),
 #   2. builds the CUDA examples (c_examples/cuda) against it with nvcc (-arch=sm_90), through
 #      c_examples/CMakeLists.txt and find_package(mscclpp),
+#   2b. runs the nccl-tests-style tools (allgather_perf, alltoall_perf, sendrecv_perf) over P2P,
+#      IB and SHM on GPU memory and once on host memory, every byte checked; their rows go to
+#      $OUT/perf-results.txt and, where python3 has matplotlib, to $OUT/perf.png,
 #   3. runs the GPU tests: all-gather over P2P with 2 ranks on 2 GPUs, 4 ranks on 2 GPUs (two
 #      processes per GPU), with the SM copy engine (default) and with the copy engines only
 #      (both Flag paths), and once under mpirun (OMPI_* environment),
@@ -26,7 +29,7 @@
 # GPU_CHECK_QUICK=1: while tuning, only the 2-rank test and the P2P benchmarks (no NCCL, no
 # network or scaling runs); the profile then runs at 1 MiB alone. GPU_CHECK_EXTRA: more
 # commands to run before the table (see step 5b).
-# Logs and results go to $OUT (gpu-check.log, results.txt).
+# Logs and results go to $OUT (gpu-check.log, results.txt, perf-results.txt, perf.png).
 #
 # NVLink multicast stays off (it can take the host's GPUs down for others): never unset these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
