@@ -260,7 +260,7 @@ pub struct Config {
     pub bootstrap_quota: u64,
     /// `MSCCLPP_DISABLE_CUDA=1`: host mode even where a CUDA driver exists.
     pub disable_cuda: bool,
-    /// `MSCCLPP_SHM_INLINE_BYTES` (default [`SHM_INLINE_BYTES`], at most 16384; 0 turns it
+    /// `MSCCLPP_SHM_INLINE_BYTES` (default [`SHM_INLINE_BYTES`], at most [`SHM_INLINE_MAX`]; 0 turns it
     /// off): SHM puts over host memory up to this size, on an idle connection, go inline through
     /// the peer's ring (`transport::inbox`).
     pub shm_inline_bytes: u64,
@@ -270,9 +270,13 @@ pub struct Config {
     pub problems: Vec<String>,
 }
 
+/// The largest SHM put that may go inline (`MSCCLPP_SHM_INLINE_BYTES` at most; the ring of
+/// `transport::inbox` is sized for records of this size).
+pub const SHM_INLINE_MAX: u64 = 16 << 10;
+
 /// SHM puts over host memory up to this size go inline through the peer's ring when the
 /// connection is idle (`MSCCLPP_SHM_INLINE_BYTES`).
-pub const SHM_INLINE_BYTES: u64 = 16 << 10;
+pub const SHM_INLINE_BYTES: u64 = SHM_INLINE_MAX;
 
 /// The bootstrap timeout when nothing sets it.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -501,11 +505,11 @@ impl Config {
                 .saturating_mul(1 << 20),
             disable_cuda: r.flag("MSCCLPP_DISABLE_CUDA", false),
             shm_inline_bytes: match r.num::<u64>("MSCCLPP_SHM_INLINE_BYTES", "the default") {
-                Some(b) if b > 16 << 10 => {
+                Some(b) if b > SHM_INLINE_MAX => {
                     r.problems.push(format!(
-                        "MSCCLPP_SHM_INLINE_BYTES={b} is over the 16384-byte limit; using 16384"
+                        "MSCCLPP_SHM_INLINE_BYTES={b} is over the {SHM_INLINE_MAX}-byte limit; using {SHM_INLINE_MAX}"
                     ));
-                    16 << 10
+                    SHM_INLINE_MAX
                 }
                 Some(b) => b,
                 None => SHM_INLINE_BYTES,

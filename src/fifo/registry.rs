@@ -100,12 +100,14 @@ pub fn set_inbox(head: *const u64, conn: usize, inbox: Arc<dyn Drain>) {
 /// Applies the inline puts of connection `conn` of the host FIFO at `head`, if it has a ring:
 /// a waiter calls it once it saw the signal that follows them.
 pub fn drain_inbox(head: *const u64, conn: usize) -> crate::error::Result<()> {
-    let inbox = lookup(
-        head,
-        |c| c.direct,
-        |c, _| c.inboxes.get(conn).cloned().flatten(),
-    );
-    match inbox.flatten() {
+    // Not `lookup`: every host wait() comes here, and the inbox needs no live consumer (its Arc
+    // keeps the ring), so the consumer's Weak is not upgraded (an atomic on a count the proxy
+    // thread shares).
+    let inbox = host_fifos()
+        .get(&(head as usize))
+        .and_then(|c| c.as_ref())
+        .and_then(|c| c.inboxes.get(conn).cloned().flatten());
+    match inbox {
         Some(i) => i.drain(),
         None => Ok(()),
     }

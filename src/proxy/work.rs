@@ -327,11 +327,7 @@ fn wait_inline_taken(w: &ProxyWork, peer: PeerId) -> Result<()> {
     // Ends when the peer has applied them, at its death or destroy, or at the bound.
     while pending()? {
         w.drain_inboxes()?;
-        {
-            let mut ep = lock(&w.endpoint);
-            ep.progress()?;
-            ep.poll_incoming()?;
-        }
+        progress_idle(&w.endpoint)?;
         b.pause();
         if b.polls() % 64 == 0 {
             check_peers(w)?;

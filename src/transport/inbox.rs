@@ -57,7 +57,7 @@ pub const WINDOW: u64 = 16 << 10;
 pub const BLOCK_BYTES: usize = RING_AT + RING_BYTES as usize;
 /// The largest put a record may carry (the library's limit; `MSCCLPP_SHM_INLINE_BYTES` sets the
 /// one in use, at most this).
-pub const MAX_INLINE: u64 = 16 << 10;
+pub const MAX_INLINE: u64 = crate::config::SHM_INLINE_MAX;
 /// The length of a header that sends the consumer to the ring's start.
 const PAD: u64 = u32::MAX as u64;
 
@@ -67,6 +67,18 @@ fn word(block: &SharedBlock, off: usize) -> &AtomicU64 {
     // SAFETY: in the block's first page (page-aligned mapping), aligned; both processes touch
     // these words only atomically; the block lives as long as the borrow.
     unsafe { AtomicU64::from_ptr(block.ptr().add(off).cast()) }
+}
+
+/// Refuses a block too small to hold the ring (both sides make one only from a block of
+/// `BLOCK_BYTES`; `word` and the ring's accesses rely on it).
+fn check_block(block: &SharedBlock) -> Result<()> {
+    if block.len() < BLOCK_BYTES {
+        return Err(Error::internal(format!(
+            "an inline-put ring needs a {BLOCK_BYTES}-byte block, not {}",
+            block.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Bytes a record of `len` bytes of data takes in the ring.
@@ -110,12 +122,7 @@ pub enum Taken {
 impl Outbox {
     /// `block`: the peer's shared epoch block, of `BLOCK_BYTES`; `local_base`: our buffer.
     pub fn new(block: Arc<SharedBlock>, local_base: u64, max_bytes: u64) -> Result<Self> {
-        if block.len() < BLOCK_BYTES {
-            return Err(Error::internal(format!(
-                "an inline-put ring needs a {BLOCK_BYTES}-byte block, not {}",
-                block.len()
-            )));
-        }
+        check_block(&block)?;
         let head = word(&block, HEAD_AT).load(Ordering::Relaxed);
         Ok(Outbox {
             block,
@@ -234,12 +241,7 @@ impl Inbox {
     /// `buff` must be `len` writable bytes for as long as the inbox is drained (the user's
     /// buffer, valid until the communicator is destroyed).
     pub unsafe fn new(block: Arc<SharedBlock>, buff: u64, len: u64, peer: usize) -> Result<Self> {
-        if block.len() < BLOCK_BYTES {
-            return Err(Error::internal(format!(
-                "an inline-put ring needs a {BLOCK_BYTES}-byte block, not {}",
-                block.len()
-            )));
-        }
+        check_block(&block)?;
         Ok(Inbox {
             block,
             buff,
