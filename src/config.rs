@@ -30,6 +30,8 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_NET_ADDR",
     "MSCCLPP_NET_TX_DEPTH",
     "MSCCLPP_NET_MAX_CHUNK",
+    "MSCCLPP_NET_RAILS",
+    "MSCCLPP_NET_STRIPE_CHUNK",
     "MSCCLPP_NET_DELIVERY_COMPLETE",
     "MSCCLPP_NET_HMEM",
     "MSCCLPP_NET_STAGING_BYTES",
@@ -51,6 +53,13 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_TEST_FORCE_MR_ENDPOINT",
     "MSCCLPP_TEST_SYSFS_ROOT",
 ];
+
+/// `MSCCLPP_NET_RAILS`: default and largest value.
+pub const DEFAULT_RAILS: usize = 4;
+pub const MAX_RAILS: usize = 16;
+/// `MSCCLPP_NET_STRIPE_CHUNK`: default and smallest value.
+pub const DEFAULT_STRIPE_CHUNK: u64 = 1 << 20;
+pub const MIN_STRIPE_CHUNK: u64 = 4096;
 
 /// How much the library logs (`MSCCLPP_DEBUG`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -79,6 +88,12 @@ pub struct NetConfig {
     pub tx_depth: Option<usize>,
     /// `MSCCLPP_NET_MAX_CHUNK`: the largest single write (default: the provider's max_msg).
     pub max_chunk: Option<u64>,
+    /// `MSCCLPP_NET_RAILS`: the most NICs one endpoint stripes over when the library chooses
+    /// them (1..=16; 1 = one NIC). Named rails (`ibDev` `a+b`) are all used.
+    pub rails: usize,
+    /// `MSCCLPP_NET_STRIPE_CHUNK`: bytes per stripe of a put spread over several rails; a put
+    /// of at most this many bytes goes on the first rail alone.
+    pub stripe_chunk: u64,
     /// `MSCCLPP_NET_DELIVERY_COMPLETE=0` turns it off: flush then means locally complete.
     pub delivery_complete: bool,
     /// `MSCCLPP_NET_HMEM`: when GPU memory is registered with FI_HMEM (see [`Hmem`]).
@@ -105,6 +120,8 @@ impl Default for NetConfig {
             addr: None,
             tx_depth: None,
             max_chunk: None,
+            rails: DEFAULT_RAILS,
+            stripe_chunk: DEFAULT_STRIPE_CHUNK,
             delivery_complete: true,
             hmem: Hmem::Auto,
             staging_bytes: None,
@@ -429,6 +446,15 @@ impl Config {
             addr: r.text("MSCCLPP_NET_ADDR"),
             tx_depth: r.num("MSCCLPP_NET_TX_DEPTH", "the provider's depth"),
             max_chunk: r.num("MSCCLPP_NET_MAX_CHUNK", "the provider's max_msg_size"),
+            rails: r
+                .num::<usize>("MSCCLPP_NET_RAILS", &DEFAULT_RAILS.to_string())
+                .map_or(DEFAULT_RAILS, |n| n.clamp(1, MAX_RAILS)),
+            stripe_chunk: r
+                .num::<u64>(
+                    "MSCCLPP_NET_STRIPE_CHUNK",
+                    &DEFAULT_STRIPE_CHUNK.to_string(),
+                )
+                .map_or(DEFAULT_STRIPE_CHUNK, |n| n.max(MIN_STRIPE_CHUNK)),
             delivery_complete: r.flag(
                 "MSCCLPP_NET_DELIVERY_COMPLETE",
                 net_default.delivery_complete,

@@ -91,6 +91,34 @@ impl Error {
     pub fn last_os(context: impl Into<String>) -> Self {
         Error::sys(context, io::Error::last_os_error())
     }
+    /// The same error (and result code) with `ctx` in front of its message: which part of
+    /// something larger it came from (`rail 2 of 4 (eth2)`).
+    pub fn within(self, ctx: &str) -> Self {
+        match self {
+            Error::InvalidArgument(m) => Error::InvalidArgument(format!("{ctx}: {m}")),
+            Error::InvalidUsage(m) => Error::InvalidUsage(format!("{ctx}: {m}")),
+            Error::System { context, source } => Error::System {
+                context: format!("{ctx}: {context}"),
+                source,
+            },
+            Error::Remote(m) => Error::Remote(format!("{ctx}: {m}")),
+            Error::Timeout { what, after_ms } => Error::Timeout {
+                what: format!("{ctx}: {what}"),
+                after_ms,
+            },
+            Error::Cuda { call, detail } => Error::Cuda {
+                call: format!("{ctx}: {call}"),
+                detail,
+            },
+            Error::Fabric { call, code, detail } => Error::Fabric {
+                call: format!("{ctx}: {call}"),
+                code,
+                detail,
+            },
+            Error::Internal(m) => Error::Internal(format!("{ctx}: {m}")),
+            Error::Earlier(code, m) => Error::Earlier(code, format!("{ctx}: {m}")),
+        }
+    }
 }
 
 /// Adds context to I/O results: `stream.read_exact(..).ctx("reading header from rank 3")?`.

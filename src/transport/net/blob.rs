@@ -21,6 +21,7 @@ const KNOWN_FLAGS: u32 = FLAG_VIRT_ADDR | FLAG_RELAY_VALUES | FLAG_STAGED;
 /// Bounds on a peer's staging channel (sanity, not policy: the owner chose the sizes).
 const MAX_INBOX_SLOTS: u64 = 1 << 16;
 const MIN_RING: u64 = 4096;
+const RAILS_MAGIC: u32 = 0x4d53_4e52; // "MSNR"
 /// The longest raw endpoint address accepted (sockaddr_in6 is 28 bytes, shm names < 64; some
 /// hardware providers use a few hundred).
 pub(super) const MAX_RAW_ADDR: usize = 1024;
@@ -300,6 +301,52 @@ impl MrBlob {
             id,
         })
     }
+}
+
+/// The blobs of an endpoint striped over several rails (`rails.rs`: one endpoint per NIC),
+/// rail 0 first: its address, or a region as registered on each rail. A plain blob reads as
+/// one rail, and an endpoint of one rail reads rail 0 of a list, so ranks with different rail
+/// counts still talk (over the rails both have).
+pub(super) fn encode_rails(parts: &[Vec<u8>]) -> Vec<u8> {
+    parts
+        .iter()
+        .fold(
+            Writer::new()
+                .u32(RAILS_MAGIC)
+                .u32(VERSION)
+                .u32(parts.len() as u32),
+            |w, p| w.bytes(p),
+        )
+        .finish()
+}
+
+/// The rails of a blob (see `encode_rails`): one for a plain blob, each checked by its own
+/// decoder later.
+pub(super) fn decode_rails(b: &[u8]) -> Result<Vec<&[u8]>> {
+    if b.len() < 4 || b[..4] != RAILS_MAGIC.to_le_bytes() {
+        return Ok(vec![b]);
+    }
+    let mut r = Reader::new(b, "list of rails");
+    let (_, ver, n) = (r.u32()?, r.u32()?, r.u32()?);
+    if ver != VERSION {
+        return Err(Error::remote(format!(
+            "list of rails of version {ver}, expected {VERSION}"
+        )));
+    }
+    if n == 0 || n as usize > crate::config::MAX_RAILS {
+        return Err(Error::remote(format!(
+            "list of {n} rails (1..={} expected)",
+            crate::config::MAX_RAILS
+        )));
+    }
+    let parts = (0..n).map(|_| r.bytes()).collect::<Result<Vec<_>>>()?;
+    r.finish()?;
+    Ok(parts)
+}
+
+/// Rail 0 of a blob (the blob itself unless it lists rails).
+pub(super) fn first_rail(b: &[u8]) -> Result<&[u8]> {
+    Ok(decode_rails(b)?[0])
 }
 
 #[cfg(test)]

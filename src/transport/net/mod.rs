@@ -50,6 +50,7 @@ mod locality;
 mod mr;
 mod ops;
 mod peers;
+mod rails;
 mod regions;
 mod select;
 mod staging;
@@ -68,20 +69,38 @@ use staging::Staging;
 use std::sync::atomic::{AtomicBool, Ordering as AtOrd};
 
 pub use ops::Stats;
+pub use rails::{RailStats, Rails};
 
 /// Bounds on the operations one endpoint keeps in flight (the provider's tx size in between).
 const MIN_DEPTH: usize = 16;
 const MAX_DEPTH: usize = 4096;
 
 /// Opens a libfabric RDM endpoint on `domain` (None: first suitable); `shm` selects the shm
-/// provider. `device` is the CUDA device whose memory will be registered, if any.
+/// provider. `device` is the CUDA device whose memory will be registered, if any. Domains
+/// joined by `+` (`mlx5_0+mlx5_1`), or NICs the library chose that have equally near
+/// siblings, make one endpoint striped over them (`rails.rs`).
 pub fn open(domain: Option<&str>, shm: bool, device: Option<i32>) -> Result<Box<dyn Endpoint>> {
-    Ok(Box::new(NetEndpoint::open(
-        domain,
-        shm,
-        device,
-        &crate::config::get().net,
-    )?))
+    open_with(domain, shm, device, &crate::config::get().net)
+}
+
+/// `open` with the settings `cfg` instead of the process's.
+pub fn open_with(
+    domain: Option<&str>,
+    shm: bool,
+    device: Option<i32>,
+    cfg: &NetConfig,
+) -> Result<Box<dyn Endpoint>> {
+    if let (Some(d), false) = (domain, shm) {
+        if d.contains('+') {
+            let names: Vec<&str> = d.split('+').map(str::trim).collect();
+            return Ok(Box::new(Rails::open(&names, device, cfg)?));
+        }
+    }
+    let ep = NetEndpoint::open(domain, shm, device, cfg)?;
+    if shm || cfg.rails < 2 {
+        return Ok(Box::new(ep));
+    }
+    Rails::widen(ep, device, cfg)
 }
 
 /// Removes the shm provider's files left under this pid by a dead process
@@ -113,6 +132,9 @@ pub struct NetEndpoint {
     staging: Staging,
     /// Serves `mscclppTransportSHM` (see `Endpoint::caps`).
     shm_transport: bool,
+    /// Where the NIC was chosen by locality: the equally near NICs, this one first, which
+    /// `Rails::widen` may add as rails (`select::Choice::nics`).
+    nics: Vec<String>,
 }
 
 /// The parts of an endpoint that `Staging` works with, borrowed next to it for one call
@@ -251,6 +273,7 @@ impl NetEndpoint {
             }),
             staging: Staging::new(device, cfg),
             shm_transport: shm,
+            nics: choice.nics,
         };
         ep.regions
             .register_fixed(&mut ep.ops, &mut ep.peers.me.scratch)?;
@@ -302,6 +325,40 @@ impl NetEndpoint {
 
     fn remote(&self, peer: PeerId, dst: RemoteId) -> Result<MrBlob> {
         self.regions.remote(&self.ops, &self.peers, peer, dst)
+    }
+
+    /// Whether local region `mr` is registered with libfabric (host memory, FI_HMEM), so that
+    /// other rails can register it too; false for staged memory.
+    fn is_direct(&self, mr: MrId) -> bool {
+        self.regions
+            .get(mr)
+            .is_some_and(|l| l.backing != regions::Backing::Staged)
+    }
+
+    /// The first half of a flush of the direct writes to `peer` (`rails.rs` waits on several
+    /// endpoints at once): posts the delivery marker where one is needed.
+    fn begin_flush(&mut self, peer: PeerId) -> Result<()> {
+        self.check_peer(peer)?;
+        self.peers.post_marker(&mut self.ops, peer)
+    }
+
+    /// Writes to `peer` whose completion has not been read yet.
+    fn outstanding_to(&self, peer: PeerId) -> usize {
+        self.peers.get(peer).map_or(0, |p| p.outstanding)
+    }
+
+    /// Reads the completion queue once (`Ops::poll`).
+    fn poll_once(&mut self) -> Result<usize> {
+        self.ops.poll(&mut self.peers)
+    }
+
+    /// One pause of a bounded wait on this endpoint's provider (`Ops::pause`).
+    fn pause(
+        &mut self,
+        wait: &mut crate::sync::Backoff,
+        what: impl FnOnce() -> String,
+    ) -> Result<()> {
+        self.ops.pause(wait, what)
     }
 
     fn check_peer(&self, peer: PeerId) -> Result<()> {
@@ -361,6 +418,9 @@ impl Endpoint for NetEndpoint {
     }
 
     fn add_peer(&mut self, remote_rank: usize, address: &[u8]) -> Result<PeerId> {
+        // A peer striped over several rails: this endpoint talks to its rail 0.
+        let address = blob::first_rail(address)
+            .map_err(|e| Error::remote(format!("rank {remote_rank}: {e}")))?;
         let chan = self.staging.chan_of(remote_rank);
         let policy = self.regions.policy;
         let (p, new) = self
@@ -383,7 +443,8 @@ impl Endpoint for NetEndpoint {
 
     fn import(&mut self, peer: PeerId, blob: &[u8]) -> Result<RemoteId> {
         self.check_peer(peer)?;
-        self.regions.import(&self.peers, peer, blob)
+        self.regions
+            .import(&self.peers, peer, blob::first_rail(blob)?)
     }
 
     fn remote_len(&self, remote: RemoteId) -> Option<u64> {

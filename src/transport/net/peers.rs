@@ -196,20 +196,7 @@ impl Peers {
     /// Waits (bounded) until every write to `peer` has arrived (`flush` without the staging
     /// acknowledgements; see the module doc for what "arrived" rests on).
     pub fn drain_writes(&mut self, ops: &mut Ops, peer: PeerId) -> Result<()> {
-        if ops.delivery_complete && self[peer].unconfirmed {
-            // The marker: ordered after every earlier write to the peer (WAW, or fenced), and
-            // its completion waits for delivery, so all of them have arrived when it completes.
-            let sc = self[peer].scratch;
-            let fence = ops.ordering == Ordering::Fence;
-            ops.post(
-                self,
-                &Op {
-                    fence,
-                    confirm: true,
-                    ..Op::inline(peer, &0u64.to_ne_bytes(), sc.base, sc.key)
-                },
-            )?;
-        }
+        self.post_marker(ops, peer)?;
         let mut wait: Option<Backoff> = None;
         // Ends when every write to `peer` has completed, on an error completion, or at the
         // deadline.
@@ -224,6 +211,26 @@ impl Peers {
                     "flushing {n} writes to rank {rank}: no completion (is the peer's proxy running?)"
                 )
             })?;
+        }
+        Ok(())
+    }
+
+    /// Where the last write to `peer` was a plain one, posts the delivery marker after it:
+    /// once every write to the peer has completed, all of them have arrived.
+    pub fn post_marker(&mut self, ops: &mut Ops, peer: PeerId) -> Result<()> {
+        if ops.delivery_complete && self[peer].unconfirmed {
+            // The marker: ordered after every earlier write to the peer (WAW, or fenced), and
+            // its completion waits for delivery, so all of them have arrived when it completes.
+            let sc = self[peer].scratch;
+            let fence = ops.ordering == Ordering::Fence;
+            ops.post(
+                self,
+                &Op {
+                    fence,
+                    confirm: true,
+                    ..Op::inline(peer, &0u64.to_ne_bytes(), sc.base, sc.key)
+                },
+            )?;
         }
         Ok(())
     }

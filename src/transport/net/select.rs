@@ -54,6 +54,9 @@ pub(super) struct Choice {
     pub ordering: Ordering,
     pub delivery_complete: bool,
     pub hmem: bool,
+    /// Where the NIC was chosen by locality: the equally near NICs in the order to use them
+    /// (the chosen one first), which a striping endpoint opens as further rails. Else empty.
+    pub nics: Vec<String>,
 }
 
 struct Wanted {
@@ -211,8 +214,13 @@ fn rank(
 /// Of the equally ranked candidates `top` (indices into `all`), the one on the NIC nearest to
 /// this rank's GPU (or, for host memory, its CPU), spread over the node's GPUs
 /// (`locality`); None when a domain was named or fewer than two NICs with PCI addresses
-/// compete.
-fn nearest_nic(all: &InfoList, top: &[usize], req: &Request<'_>, env: &NetConfig) -> Option<usize> {
+/// compete. Also returns the equally near NICs in the order to use them (`Choice::nics`).
+fn nearest_nic(
+    all: &InfoList,
+    top: &[usize],
+    req: &Request<'_>,
+    env: &NetConfig,
+) -> Option<(usize, Vec<String>)> {
     if req.shm || req.domain.is_some() || env.iface.is_some() || env.addr.is_some() {
         return None;
     }
@@ -271,7 +279,7 @@ fn nearest_nic(all: &InfoList, top: &[usize], req: &Request<'_>, env: &NetConfig
         choice.nics.join(", "),
         names.len()
     );
-    Some(k)
+    Some((k, choice.nics))
 }
 
 /// "prov: domain (fabric, fabric), domain (fabric); prov: ..." for error messages.
@@ -345,7 +353,7 @@ pub(super) fn choose(req: &Request<'_>, env: &NetConfig) -> Result<Choice> {
             .filter(|r| (r.0, r.1, r.2) == (best.0, best.1, best.2))
             .map(|r| r.3)
             .collect();
-        Some(nearest_nic(all, &top, req, env).unwrap_or(best.3))
+        Some(nearest_nic(all, &top, req, env).unwrap_or((best.3, Vec::new())))
     };
     let mut all = InfoList::query(node, flags, &hints(req, &plain(hmem))?)?;
     let mut best = pick(&all);
@@ -355,7 +363,10 @@ pub(super) fn choose(req: &Request<'_>, env: &NetConfig) -> Result<Choice> {
         all = InfoList::query(node, flags, &hints(req, &plain(false))?)?;
         best = pick(&all);
     }
-    let best = best.and_then(|k| all.iter().nth(k));
+    let (best, nics) = match best {
+        Some((k, nics)) => (all.iter().nth(k), nics),
+        None => (None, Vec::new()),
+    };
     let Some(cand) = best else {
         let mut what = if req.shm {
             "the shm provider offers no RDM endpoint with RMA writes".to_string()
@@ -421,6 +432,7 @@ pub(super) fn choose(req: &Request<'_>, env: &NetConfig) -> Result<Choice> {
                 ordering,
                 delivery_complete: dc_ok,
                 hmem: hmem && i.caps & fi::FI_HMEM != 0,
+                nics,
             });
         }
     }
@@ -430,6 +442,7 @@ pub(super) fn choose(req: &Request<'_>, env: &NetConfig) -> Result<Choice> {
         ordering: Ordering::Drain,
         delivery_complete: false,
         hmem: hmem && cand.caps & fi::FI_HMEM != 0,
+        nics,
     })
 }
 

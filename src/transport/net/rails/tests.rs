@@ -1,0 +1,295 @@
+//! Striping over two rails on loopback (two tcp endpoints on `lo` per side, which is what the
+//! rails need: separate endpoints, each ordered only with itself). Every byte is checked; the
+//! rails' counters say who carried what. Across network namespaces with 2 and 4 veth pairs:
+//! `tests/net_rails_netns.rs`.
+
+use super::*;
+use crate::transport::MemKind;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtOrd};
+use std::time::{Duration, Instant};
+
+const CHUNK: u64 = 64 << 10;
+
+fn cfg() -> NetConfig {
+    NetConfig {
+        stripe_chunk: CHUNK,
+        ..Default::default()
+    }
+}
+
+fn pair() -> (Rails, Rails) {
+    let c = cfg();
+    let a = Rails::open(&["lo", "lo"], None, &c).unwrap();
+    let b = Rails::open(&["lo", "lo"], None, &c).unwrap();
+    (a, b)
+}
+
+fn region(v: &[u64]) -> Region {
+    Region {
+        addr: v.as_ptr() as u64,
+        len: (v.len() * 8) as u64,
+        kind: MemKind::Host,
+    }
+}
+
+fn word(v: &[u64], i: usize) -> u64 {
+    // SAFETY: in bounds and aligned; the peer writes this memory, hence an atomic load.
+    unsafe { AtomicU64::from_ptr(v.as_ptr().add(i) as *mut u64) }.load(AtOrd::Acquire)
+}
+
+fn pattern(round: u64, i: usize) -> u64 {
+    round.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i as u64
+}
+
+/// Connects `a` (rank 0) and `b` (rank 1); returns a's peer id for b.
+fn connect(a: &mut dyn Endpoint, b: &mut dyn Endpoint) -> PeerId {
+    let pa = a.add_peer(1, &b.address_for(0).unwrap()).unwrap();
+    b.add_peer(0, &a.address_for(1).unwrap()).unwrap();
+    pa
+}
+
+/// Progresses `b` on a thread until `body` returns (the target's proxy).
+fn with_target<B: Endpoint + 'static, R>(b: B, body: impl FnOnce() -> R) -> (R, B) {
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let t = std::thread::spawn(move || {
+        let mut b = b;
+        // Ends when the test sets `stop` (Release below, Acquire here).
+        while !s2.load(AtOrd::Acquire) {
+            b.progress().unwrap();
+            b.poll_incoming().unwrap();
+            std::thread::yield_now();
+        }
+        b
+    });
+    let r = body();
+    stop.store(true, AtOrd::Release);
+    (r, t.join().unwrap())
+}
+
+fn wait_word(v: &[u64], i: usize, want: u64, what: &str) {
+    let t0 = Instant::now();
+    // Ends when the word arrives, or fails after 20 s.
+    while word(v, i) < want {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{what}: never arrived"
+        );
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn large_puts_stripe_over_both_rails_and_small_ones_stay_on_rail_0() {
+    let (mut a, mut b) = pair();
+    let pa = connect(&mut a, &mut b);
+    let words = (1usize << 20) / 8;
+    let dst = vec![0u64; words];
+    let flag = vec![0u64; 1];
+    let (_, db) = b.register(region(&dst)).unwrap();
+    let (_, fb) = b.register(region(&flag)).unwrap();
+    let d = a.import(pa, &db).unwrap();
+    let f = a.import(pa, &fb).unwrap();
+    let mut src = vec![0u64; words];
+    let s = a.register(region(&src)).unwrap().0;
+    let ((), b) = with_target(b, || {
+        for round in 1..=4u64 {
+            for (i, w) in src.iter_mut().enumerate() {
+                *w = pattern(round, i);
+            }
+            a.write(pa, s, 0, d, 0, (words * 8) as u64).unwrap();
+            a.write_value(pa, f, 0, round).unwrap();
+            wait_word(&flag, 0, round, "flag");
+            for i in 0..words {
+                assert_eq!(word(&dst, i), pattern(round, i), "round {round} word {i}");
+            }
+        }
+        // A put of one chunk or less: rail 0 alone.
+        a.write(pa, s, 0, d, 0, CHUNK).unwrap();
+        a.flush(pa).unwrap();
+    });
+    let st = a.rail_stats();
+    let per_round = (words * 8) as u64 / 2;
+    assert_eq!(st[0].bytes, 4 * per_round + CHUNK, "{st:?}");
+    assert_eq!(st[1].bytes, 4 * per_round, "{st:?}");
+    assert_eq!(st[1].writes, 4 * per_round / CHUNK, "{st:?}");
+    // Nothing went the other way.
+    assert!(b.rail_stats().iter().all(|r| r.bytes == 0));
+}
+
+/// The value waits for the other rail's data: while the target progresses rail 0 only, rail
+/// 1's data cannot be confirmed delivered, so the value (on rail 0) must not arrive; once it
+/// progresses both, value and data arrive. Without the delivery flush before the value this
+/// fails (the value would arrive over rail 0 at once).
+#[test]
+fn value_waits_for_the_other_rails_data() {
+    let (mut a, mut b) = pair();
+    let pa = connect(&mut a, &mut b);
+    let words = (512usize << 10) / 8;
+    let dst = vec![0u64; words];
+    let flag = vec![0u64; 1];
+    let (_, db) = b.register(region(&dst)).unwrap();
+    let (_, fb) = b.register(region(&flag)).unwrap();
+    let d = a.import(pa, &db).unwrap();
+    let f = a.import(pa, &fb).unwrap();
+    let src: Vec<u64> = (0..words).map(|i| pattern(7, i)).collect();
+    let s = a.register(region(&src)).unwrap().0;
+    let sender = std::thread::spawn(move || {
+        a.write(pa, s, 0, d, 0, (words * 8) as u64).unwrap();
+        a.write_value(pa, f, 0, 1).unwrap();
+        a.flush(pa).unwrap();
+        a
+    });
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(300) {
+        b.rails[0].ep.progress().unwrap();
+        assert_eq!(word(&flag, 0), 0, "the value overtook rail 1's data");
+        std::thread::yield_now();
+    }
+    let t0 = Instant::now();
+    // Ends when the value arrives (both rails progressed), or fails after 20 s.
+    while word(&flag, 0) == 0 {
+        b.progress().unwrap();
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "value never arrived"
+        );
+        std::thread::yield_now();
+    }
+    for i in 0..words {
+        assert_eq!(word(&dst, i), pattern(7, i), "word {i}");
+    }
+    let t0 = Instant::now();
+    // The sender's flush needs our progress; ends when it has returned.
+    while !sender.is_finished() {
+        b.progress().unwrap();
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "flush never returned"
+        );
+        std::thread::yield_now();
+    }
+    let a = sender.join().unwrap();
+    assert!(a.rail_stats()[1].bytes > 0);
+}
+
+/// A rank with one rail and a rank with two talk over rail 0, both ways.
+#[test]
+fn one_rail_and_two_rails_talk_over_rail_0() {
+    let mut a = Rails::open(&["lo", "lo"], None, &cfg()).unwrap();
+    let mut b = NetEndpoint::open(Some("lo"), false, None, &cfg()).unwrap();
+    let pa = connect(&mut a, &mut b);
+    let words = (1usize << 20) / 8;
+    let dst = vec![0u64; words];
+    let flag = vec![0u64; 1];
+    let (_, db) = b.register(region(&dst)).unwrap();
+    let (_, fb) = b.register(region(&flag)).unwrap();
+    let d = a.import(pa, &db).unwrap();
+    let f = a.import(pa, &fb).unwrap();
+    let src: Vec<u64> = (0..words).map(|i| pattern(3, i)).collect();
+    let s = a.register(region(&src)).unwrap().0;
+    // Our region blob lists two rails; the one-rail side imports rail 0's.
+    let back = vec![0u64; 4];
+    let (_, bb) = a.register(region(&back)).unwrap();
+    let pb = b.peers.of_rank(0).unwrap();
+    let rb = b.import(pb, &bb).unwrap();
+    let ((), b) = with_target(b, || {
+        a.write(pa, s, 0, d, 0, (words * 8) as u64).unwrap();
+        a.write_value(pa, f, 0, 1).unwrap();
+        wait_word(&flag, 0, 1, "flag");
+    });
+    for i in 0..words {
+        assert_eq!(word(&dst, i), pattern(3, i), "word {i}");
+    }
+    let st = a.rail_stats();
+    assert_eq!(
+        (st[0].bytes, st[1].bytes),
+        ((words * 8) as u64, 0),
+        "{st:?}"
+    );
+    let mut b = b;
+    let ((), _a) = with_target(a, || {
+        b.write_value(pb, rb, 8, 42).unwrap();
+        b.flush(pb).unwrap();
+        wait_word(&back, 1, 42, "value from the one-rail side");
+    });
+}
+
+/// Staged memory (here host memory under the test switch) is registered on rail 0 only, and
+/// puts into it go on rail 0 through its staging channel, every byte arriving.
+#[test]
+fn staged_regions_use_rail_0_only() {
+    let c = NetConfig {
+        force_staging: true,
+        ..cfg()
+    };
+    let mut a = Rails::open(&["lo", "lo"], None, &c).unwrap();
+    let mut b = Rails::open(&["lo", "lo"], None, &c).unwrap();
+    let pa = connect(&mut a, &mut b);
+    let words = (1usize << 20) / 8;
+    let dst = vec![0u64; words];
+    let flag = vec![0u64; 1];
+    let (_, db) = b.register(region(&dst)).unwrap();
+    assert_eq!(blob::decode_rails(&db).unwrap().len(), 1);
+    let (_, fb) = b.register(region(&flag)).unwrap();
+    let d = a.import(pa, &db).unwrap();
+    let f = a.import(pa, &fb).unwrap();
+    let src: Vec<u64> = (0..words).map(|i| pattern(5, i)).collect();
+    let s = a.register(region(&src)).unwrap().0;
+    let (_, _b) = with_target(b, || {
+        a.write(pa, s, 0, d, 0, (words * 8) as u64).unwrap();
+        a.write_value(pa, f, 0, 1).unwrap();
+        wait_word(&flag, 0, 1, "flag");
+        a.flush(pa).unwrap();
+    });
+    for i in 0..words {
+        assert_eq!(word(&dst, i), pattern(5, i), "word {i}");
+    }
+    assert_eq!(a.rail_stats()[1].bytes, 0);
+}
+
+/// Bad input is refused with an error and changes nothing: rail lists out of range, unknown
+/// ids, a region of another peer.
+#[test]
+fn bad_rails_and_ids_are_refused() {
+    for names in [&[][..], &["lo", ""][..], &["lo"; 17][..]] {
+        match Rails::open(names, None, &cfg()) {
+            Err(Error::InvalidArgument(_)) => {}
+            Err(e) => panic!("{names:?}: {e}"),
+            Ok(_) => panic!("{names:?} opened"),
+        }
+    }
+    let (mut a, mut b) = pair();
+    let pa = connect(&mut a, &mut b);
+    for n in [0u32, 17] {
+        let mut bad = Vec::new();
+        for v in [0x4d53_4e52u32, 2, n] {
+            bad.extend_from_slice(&v.to_le_bytes());
+        }
+        let e = a.add_peer(5, &bad).unwrap_err();
+        assert!(e.to_string().contains("rails"), "{e}");
+        assert!(a.import(pa, &bad).is_err());
+    }
+    let v = vec![0u64; 4];
+    let s = a.register(region(&v)).unwrap().0;
+    assert!(matches!(
+        a.write(pa, s, 0, 99, 0, 8),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        a.write(pa, 99, 0, 0, 0, 8),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        a.write_value(7, 0, 0, 1),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(a.flush(7).is_err());
+    assert_eq!(a.peers.len(), 1);
+    // The same region twice: one id, one blob.
+    assert_eq!(
+        a.register(region(&v)).unwrap(),
+        a.register(region(&v)).unwrap()
+    );
+    assert!(a.rail_stats().iter().all(|r| r.writes == 0));
+}
