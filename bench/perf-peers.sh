@@ -24,22 +24,12 @@ outdir=${PERF_OUT:-bench/results}
 mkdir -p "$outdir"
 machine=$(uname -n)
 
-# The package and the tools, built as scale.sh builds them (CUDA build where nvcc is found).
-build_tools() {
-  { ensure_apt_packages && ensure_cargo; } >&2 || return 1
-  build_and_install build/perf/cmake "$MSCCLPP_ROOT/build/perf/install" \
-    -DMSCCLPP_CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$MSCCLPP_ROOT/target}" -DMSCCLPP_BUILD_TESTS=OFF \
-    >/dev/null || return 1
-  build_examples build/perf/c_examples "$MSCCLPP_ROOT/build/perf/install" >/dev/null || return 1
-  echo build/perf/c_examples
-}
-
 case $mode in
   host)
     provider=${2:-tcp}
     rounds=${3:-3}
     sizes=${PERF_SIZES:--b 8 -e 4M -f 4}
-    if [[ -n ${PERF_BIN:-} ]]; then bin=$PERF_BIN; else bin=$(build_tools) || exit 1; fi
+    if [[ -n ${PERF_BIN:-} ]]; then bin=$PERF_BIN; else bin=$(build_perf_tools) || exit 1; fi
     cargo build --release -q -p libfabric-sys --example raw_rma || exit 1
     raw=${CARGO_TARGET_DIR:-target}/release/examples/raw_rma
     read -r -a s <<<"$sizes"
@@ -69,7 +59,7 @@ case $mode in
       echo "bench/perf-peers.sh gpu: $ngpu GPU(s) here; NCCL needs one GPU per rank and 2 ranks at least" >&2
       exit 2
     fi
-    if [[ -n ${PERF_BIN:-} ]]; then bin=$PERF_BIN; else bin=$(build_tools) || exit 1; fi
+    if [[ -n ${PERF_BIN:-} ]]; then bin=$PERF_BIN; else bin=$(build_perf_tools) || exit 1; fi
     file=$outdir/$machine-gpu-p2p-$op.txt
     : >"$file"
     echo "# $(date -u +%F) $machine, $ngpu x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" | tee -a "$file"

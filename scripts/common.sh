@@ -65,3 +65,14 @@ build_examples() {
     -DCMAKE_PREFIX_PATH="$prefix" "$@" &&
     cmake --build "$build" --parallel "$(nproc)"
 }
+
+# The installed package and the nccl-tests-style tools in build/perf (CUDA build where nvcc is
+# found); prints the tools' directory: bin=$(build_perf_tools)
+build_perf_tools() {
+  { ensure_apt_packages && ensure_cargo; } >&2 || return 1
+  build_and_install build/perf/cmake "$MSCCLPP_ROOT/build/perf/install" \
+    -DMSCCLPP_CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$MSCCLPP_ROOT/target}" -DMSCCLPP_BUILD_TESTS=OFF \
+    >/dev/null || return 1
+  build_examples build/perf/c_examples "$MSCCLPP_ROOT/build/perf/install" >/dev/null || return 1
+  echo build/perf/c_examples
+}

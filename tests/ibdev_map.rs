@@ -2,7 +2,8 @@
 //! for (Azure NDv4: "mlx5_ib0" .. "mlx5_ib7"). Without a map such a name that names no
 //! libfabric domain here fails setup clearly (the domains there are, and the variable to set);
 //! with `*=auto` or `mlx5_ib0=lo` the same program runs unchanged, every byte checked; a map
-//! to a domain that does not exist fails naming that domain. Two ranks over tcp on loopback.
+//! to a domain that does not exist fails naming that domain; a map to two domains joined by
+//! `+` stripes over them (two rails on loopback). Two ranks over tcp on loopback.
 
 mod common;
 
@@ -10,6 +11,9 @@ use common::api::*;
 use common::*;
 use mscclpp::abi::mscclppResult_t::*;
 use mscclpp::capi::conn::*;
+use mscclpp::capi::log::mscclppSetLogHandler;
+use std::ffi::{c_char, CStr};
+use std::sync::Mutex;
 use std::time::Duration;
 
 const CHUNK: usize = 100_003;
@@ -17,6 +21,11 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Both ranks of `test`, with ibDev "mlx5_ib0" over tcp and `map` as MSCCLPP_IBDEV_MAP.
 fn ranks(test: &str, map: Option<&str>, body: fn(Env)) {
+    ranks_with(test, map, &[], body)
+}
+
+/// `ranks` with more variables.
+fn ranks_with(test: &str, map: Option<&str>, more: &[(&'static str, &str)], body: fn(Env)) {
     if is_rank(test) {
         body(env());
         return;
@@ -31,6 +40,7 @@ fn ranks(test: &str, map: Option<&str>, body: fn(Env)) {
     if let Some(m) = map {
         vars.push(("MSCCLPP_IBDEV_MAP", m.to_string()));
     }
+    vars.extend(more.iter().map(|(k, v)| (*k, v.to_string())));
     spawn(test, 2, &vars).expect_success(DEADLINE);
 }
 
@@ -95,5 +105,43 @@ fn map_to_missing_domain_fails_naming_it() {
         "map_to_missing_domain_fails_naming_it",
         Some("mlx5_ib1=lo,mlx5_ib0=nosuchnic0"),
         |e| setup_fails(&e, &["\"nosuchnic0\"", "MSCCLPP_IBDEV_MAP", "\"mlx5_ib0\""]),
+    );
+}
+
+static LOGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn keep_log(msg: *const c_char) {
+    // SAFETY: the library passes a NUL-terminated line.
+    let s = unsafe { CStr::from_ptr(msg) }
+        .to_string_lossy()
+        .into_owned();
+    LOGS.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+}
+
+/// `mlx5_ib0=lo+lo`: two rails (two endpoints on loopback) through the whole C API; with
+/// 16 KiB stripes the 100003-byte put is 7 chunks, 4 on rail 0 and 3 on rail 1, which the
+/// endpoint's closing log line counts. Every byte is checked.
+#[test]
+fn name_to_two_rails_stripes_a_2023_program() {
+    ranks_with(
+        "name_to_two_rails_stripes_a_2023_program",
+        Some("mlx5_ib0=lo+lo"),
+        &[
+            ("MSCCLPP_NET_STRIPE_CHUNK", "16384"),
+            ("MSCCLPP_DEBUG", "INFO"),
+        ],
+        |e| {
+            ok(mscclppSetLogHandler(Some(keep_log)));
+            runs(e);
+            let logs = LOGS.lock().unwrap_or_else(|p| p.into_inner());
+            let carried = logs
+                .iter()
+                .find(|l| l.contains("/lo+lo carried: "))
+                .unwrap_or_else(|| panic!("no rails' closing line; log:\n{}", logs.join("\n")));
+            assert!(
+                carried.ends_with("lo 0 MiB in 4 writes; lo 0 MiB in 3 writes"),
+                "{carried}"
+            );
+        },
     );
 }

@@ -9,6 +9,8 @@ pub struct Hosts {
     pub ns: [String; 2],
     /// The veth end inside each namespace (use it as MSCCLPP_NET_IFACE / MSCCLPP_SOCKET_IFNAME).
     pub dev: [String; 2],
+    /// Every veth pair (`create_pairs`), the first being `dev`.
+    pub pairs: Vec<[String; 2]>,
 }
 
 pub fn ip(args: &[&str]) -> Result<(), String> {
@@ -31,23 +33,40 @@ impl Hosts {
     /// `tag` keeps the names of concurrent tests apart (a few characters: interface names are
     /// limited to 15); `subnet` is e.g. "10.99.0".
     pub fn create(tag: &str, subnet: &str) -> Result<Self, String> {
+        Self::create_pairs(tag, &[subnet])
+    }
+
+    /// Namespaces joined by one veth pair per subnet ("10.98.1", "10.98.2", ...): the rails
+    /// of a striped endpoint, each pair its own tcp domain.
+    pub fn create_pairs(tag: &str, subnets: &[&str]) -> Result<Self, String> {
         let id = std::process::id() % 100_000;
+        let pairs: Vec<[String; 2]> = (0..subnets.len())
+            .map(|k| {
+                let k = if k == 0 { String::new() } else { k.to_string() };
+                [format!("v{tag}{id}{k}a"), format!("v{tag}{id}{k}b")]
+            })
+            .collect();
         let h = Hosts {
             ns: [format!("m{tag}{id}a"), format!("m{tag}{id}b")],
-            dev: [format!("v{tag}{id}a"), format!("v{tag}{id}b")],
+            dev: pairs[0].clone(),
+            pairs,
         };
         // On an error, dropping `h` removes whatever exists already.
         ip(&["netns", "add", &h.ns[0]])?;
         ip(&["netns", "add", &h.ns[1]])?;
-        ip(&[
-            "link", "add", &h.dev[0], "type", "veth", "peer", "name", &h.dev[1],
-        ])?;
         for i in 0..2 {
-            ip(&["link", "set", &h.dev[i], "netns", &h.ns[i]])?;
-            let addr = format!("{subnet}.{}/24", i + 1);
-            ip(&["-n", &h.ns[i], "addr", "add", &addr, "dev", &h.dev[i]])?;
-            ip(&["-n", &h.ns[i], "link", "set", &h.dev[i], "up"])?;
             ip(&["-n", &h.ns[i], "link", "set", "lo", "up"])?;
+        }
+        for (pair, subnet) in h.pairs.iter().zip(subnets) {
+            ip(&[
+                "link", "add", &pair[0], "type", "veth", "peer", "name", &pair[1],
+            ])?;
+            for i in 0..2 {
+                ip(&["link", "set", &pair[i], "netns", &h.ns[i]])?;
+                let addr = format!("{subnet}.{}/24", i + 1);
+                ip(&["-n", &h.ns[i], "addr", "add", &addr, "dev", &pair[i]])?;
+                ip(&["-n", &h.ns[i], "link", "set", &pair[i], "up"])?;
+            }
         }
         Ok(h)
     }

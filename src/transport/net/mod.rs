@@ -90,11 +90,16 @@ pub fn open_with(
     device: Option<i32>,
     cfg: &NetConfig,
 ) -> Result<Box<dyn Endpoint>> {
-    if let (Some(d), false) = (domain, shm) {
-        if d.contains('+') {
-            let names: Vec<&str> = d.split('+').map(str::trim).collect();
-            return Ok(Box::new(Rails::open(&names, device, cfg)?));
-        }
+    // Rails named: by ibDev (or its MSCCLPP_IBDEV_MAP target), else by MSCCLPP_NET_IFACE.
+    let named = match (domain, &cfg.iface) {
+        _ if shm => None,
+        (Some(d), _) => d.contains('+').then_some(d),
+        (None, Some(i)) => i.contains('+').then_some(i.as_str()),
+        (None, None) => None,
+    };
+    if let Some(list) = named {
+        let names: Vec<&str> = list.split('+').map(str::trim).collect();
+        return Ok(Box::new(Rails::open(&names, device, cfg)?));
     }
     let ep = NetEndpoint::open(domain, shm, device, cfg)?;
     if shm || cfg.rails < 2 {

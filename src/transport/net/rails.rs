@@ -1,7 +1,8 @@
 //! One endpoint striped over several NICs ("rails"): a `NetEndpoint` per NIC, rail 0 first.
 //!
 //! Where the rails come from (`net::open`): the domains an `ibDev` (or its `MSCCLPP_IBDEV_MAP`
-//! target) names joined by `+` (`mlx5_0+mlx5_1`), all of them; or, when the library chose
+//! target), or else `MSCCLPP_NET_IFACE`, names joined by `+` (`mlx5_0+mlx5_1`, `eth1+eth2`),
+//! all of them; or, when the library chose
 //! the NIC by locality (`locality.rs`), the NICs as near to the rank's GPU as the chosen one,
 //! at most `MSCCLPP_NET_RAILS`.
 //!
@@ -92,6 +93,12 @@ impl Rails {
                 crate::config::MAX_RAILS
             )));
         }
+        // Each rail is opened by its name, which MSCCLPP_NET_IFACE (maybe the list itself)
+        // must not narrow further.
+        let cfg = &NetConfig {
+            iface: None,
+            ..cfg.clone()
+        };
         let mut eps = Vec::with_capacity(names.len());
         for (r, n) in names.iter().enumerate() {
             let ep = NetEndpoint::open(Some(n), false, device, cfg)
@@ -176,9 +183,8 @@ impl Rails {
             chunk: cfg.stripe_chunk.max(crate::config::MIN_STRIPE_CHUNK),
         };
         crate::info!(
-            "net: {} stripes puts over {} bytes in chunks of {} bytes over {} rails",
+            "net: {} stripes puts of more than {} bytes over its {} rails, in chunks of that size (MSCCLPP_NET_STRIPE_CHUNK)",
             rails.describe(),
-            rails.chunk,
             rails.chunk,
             rails.rails.len()
         );
@@ -224,19 +230,18 @@ impl Rails {
         let timeout = self.rails[0].ep.ops.timeout;
         let mut wait = None;
         // Ends when no write to the peer is outstanding on any rail of `which`, on an error
-        // completion, or when the bound passes.
+        // completion, or when the bound passes. Every rail is polled, not only those waited
+        // for: data still queued on the others moves meanwhile.
         loop {
-            let mut busy = None;
-            for &r in which {
-                let ep = &mut self.rails[r].ep;
-                let polled = ep.poll_once();
-                if let Err(e) = polled {
+            for r in 0..self.rails.len() {
+                if let Err(e) = self.rails[r].ep.poll_once() {
                     return Err(e.within(&self.label(r)));
                 }
-                if ep.outstanding_to(ids[r]) > 0 && busy.is_none() {
-                    busy = Some(r);
-                }
             }
+            let busy = which
+                .iter()
+                .copied()
+                .find(|&r| self.rails[r].ep.outstanding_to(ids[r]) > 0);
             let Some(r) = busy else {
                 break;
             };
