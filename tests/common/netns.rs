@@ -61,11 +61,11 @@ impl Hosts {
             ip(&[
                 "link", "add", &pair[0], "type", "veth", "peer", "name", &pair[1],
             ])?;
-            for i in 0..2 {
-                ip(&["link", "set", &pair[i], "netns", &h.ns[i]])?;
+            for (i, (dev, ns)) in pair.iter().zip(&h.ns).enumerate() {
+                ip(&["link", "set", dev, "netns", ns])?;
                 let addr = format!("{subnet}.{}/24", i + 1);
-                ip(&["-n", &h.ns[i], "addr", "add", &addr, "dev", &pair[i]])?;
-                ip(&["-n", &h.ns[i], "link", "set", &pair[i], "up"])?;
+                ip(&["-n", ns, "addr", "add", &addr, "dev", dev])?;
+                ip(&["-n", ns, "link", "set", dev, "up"])?;
             }
         }
         Ok(h)
