@@ -55,7 +55,7 @@ for ((k = 1; k <= rounds; k++)); do
     # shellcheck disable=SC2086
     ip netns exec $a env "${env[@]}" MSCCLPP_RANK=0 MSCCLPP_LOCAL_RANK=0 MSCCLPP_NET_IFACE="$(rails $n a)" \
       MSCCLPP_SOCKET_IFNAME=veth0a timeout 300 "$bin/sendrecv_perf" -G 0 -T ib $sizes $iters |
-      tee -a "$file" | tail -3
+      tee -a "$file" | tail -3 || { echo "rank 0 failed (rails=$n)" >&2; exit 1; }
     wait $p1 || { echo "rank 1 failed (rails=$n)" >&2; exit 1; }
   done
 done

@@ -23,7 +23,8 @@
 #      graph timing; also with the copy engines only), and a profile (time in put/flush/wait
 #      inside the kernel; the proxy's driver calls and SM engine waits, MSCCLPP_P2P_STATS=1),
 #   5. runs NCCL's all-gather through PyTorch (2 processes, same sizes and timing), while the
-#      examples build,
+#      examples build; GPU memory between two network namespaces; striping over 1, 2 and 4
+#      veth rails on host memory (bench/rails.sh, $OUT/rails.txt),
 #   6. prints the table: size | ours | NCCL | 2023 anchor | target.
 # Everything is bounded by `timeout`, the whole by GPU_CHECK_BUDGET seconds (default 470).
 # GPU_CHECK_QUICK=1: while tuning, only the 2-rank test and the P2P benchmarks (no NCCL, no
@@ -501,6 +502,17 @@ if [[ -x $BIN/allgather ]] && ((!QUICK)); then
   run_step "test allgather between two network namespaces, GPU memory over tcp" 150 bash -c two_hosts
   grep -h "region 0 .*staged\|net: opened" "$LAST_OUT" | head -4
   mps_down
+fi
+
+# 5d. Striping over rails (issue 16) on this machine's cores: host memory between two network
+#     namespaces joined by four veth pairs, sendrecv_perf over 1, 2 and 4 rails, alternated
+#     twice, every byte checked (bench/rails.sh); rows in $OUT/rails.txt.
+if [[ -x $BIN/sendrecv_perf ]] && ((!QUICK)); then
+  run_step "striping over 1, 2 and 4 veth rails between namespaces (host memory)" 120 \
+    env PERF_BIN="$BIN" PERF_OUT="$WORK/rails" PERF_SIZES="-b 1M -e 64M -f 4" \
+    bash "$ROOT/bench/rails.sh" 2
+  cp "$WORK"/rails/*-rails.txt "$OUT/rails.txt" 2>/dev/null
+  grep -E "^## run|^ +(4194304|67108864) " "$OUT/rails.txt" 2>/dev/null
 fi
 
 # 5b. While tuning: GPU_CHECK_EXTRA, a bash command line run as one more step (bounded by the

@@ -355,6 +355,30 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn rails_roundtrip_and_rejections() {
+        let parts = vec![b"abc".to_vec(), Vec::new(), vec![7; 40]];
+        let b = encode_rails(&parts);
+        let got: Vec<Vec<u8>> = decode_rails(&b)
+            .unwrap()
+            .into_iter()
+            .map(<[u8]>::to_vec)
+            .collect();
+        assert_eq!(got, parts);
+        assert_eq!(first_rail(&b).unwrap(), b"abc");
+        // A plain blob is one rail.
+        let m = MrBlob::direct(true, 4096, 8, 1).encode();
+        assert_eq!(decode_rails(&m).unwrap(), vec![&m[..]]);
+        // Truncated, trailing bytes, zero or too many rails, another version.
+        assert!(decode_rails(&b[..b.len() - 1]).is_err());
+        assert!(decode_rails(&[b.clone(), vec![0]].concat()).is_err());
+        assert!(decode_rails(&encode_rails(&[])).is_err());
+        assert!(decode_rails(&encode_rails(&vec![Vec::new(); 17])).is_err());
+        let mut v = b.clone();
+        v[4] ^= 1;
+        assert!(decode_rails(&v).is_err());
+    }
+
+    #[test]
     fn mr_roundtrip_and_rejections() {
         let m = MrBlob::direct(true, 0x7000_0000, 4096, 42);
         let b = m.encode();
