@@ -340,6 +340,23 @@ impl NetEndpoint {
             .is_some_and(|l| l.backing != regions::Backing::Staged)
     }
 
+    /// The checks `write` makes before anything moves (peer, both ranges), for a write that
+    /// `rails.rs` then splits over several endpoints.
+    fn check_write(
+        &self,
+        peer: PeerId,
+        src: MrId,
+        src_off: u64,
+        dst: RemoteId,
+        dst_off: u64,
+        size: u64,
+    ) -> Result<()> {
+        self.check_peer(peer)?;
+        let remote = self.remote(peer, dst)?;
+        self.regions
+            .check_write(&self.peers, peer, src, src_off, &remote, dst_off, size)
+    }
+
     /// The first half of a flush of the direct writes to `peer` (`rails.rs` waits on several
     /// endpoints at once): posts the delivery marker where one is needed.
     fn begin_flush(&mut self, peer: PeerId) -> Result<()> {
@@ -465,10 +482,8 @@ impl Endpoint for NetEndpoint {
         dst_off: u64,
         size: u64,
     ) -> Result<()> {
-        self.check_peer(peer)?;
+        self.check_write(peer, src, src_off, dst, dst_off, size)?;
         let remote = self.remote(peer, dst)?;
-        self.regions
-            .check_write(&self.peers, peer, src, src_off, &remote, dst_off, size)?;
         let (st, mut net) = self.parts();
         let dest = if remote.mode == Mode::Staged {
             staging::Dest::Staged { remote, dst_off }

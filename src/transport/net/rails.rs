@@ -428,6 +428,10 @@ impl Endpoint for Rails {
             rail.writes += 1;
             return Ok(());
         }
+        // The whole range, before any chunk moves: a bad one changes nothing.
+        self.rails[0]
+            .ep
+            .check_write(pids[0], srcs[0], src_off, dsts[0], dst_off, size)?;
         let mut off = 0;
         let mut i = 0;
         // Ends after the last chunk: `off` grows by at least one byte per step up to `size`.

@@ -285,6 +285,14 @@ fn bad_rails_and_ids_are_refused() {
         Err(Error::InvalidArgument(_))
     ));
     assert!(a.flush(7).is_err());
+    // A striped put whose end lies outside the peer's region: refused before any chunk moves.
+    let big = vec![0u64; (4 * CHUNK / 8) as usize];
+    let dst = vec![0u64; (4 * CHUNK / 8) as usize];
+    let (_, db) = b.register(region(&dst)).unwrap();
+    let d = a.import(pa, &db).unwrap();
+    let s2 = a.register(region(&big)).unwrap().0;
+    let e = a.write(pa, s2, 0, d, 8, 4 * CHUNK).unwrap_err();
+    assert!(e.to_string().contains("destination range"), "{e}");
     assert_eq!(a.peers.len(), 1);
     // The same region twice: one id, one blob.
     assert_eq!(
