@@ -364,6 +364,31 @@ impl NetEndpoint {
         self.peers.post_marker(&mut self.ops, peer)
     }
 
+    /// Whether an imported region takes data and values as plain writes on this endpoint
+    /// (not through a staging channel): what a rail other than 0 can carry.
+    fn remote_is_direct(&self, peer: PeerId, remote: RemoteId) -> bool {
+        self.remote(peer, remote)
+            .is_ok_and(|b| b.mode != Mode::Staged)
+    }
+
+    /// Whether `n` more writes can be posted without waiting for an op slot (at most all of
+    /// them: a write larger than the provider's largest message takes several).
+    fn has_room(&self, n: usize) -> bool {
+        let (free, depth) = self.ops.free_slots();
+        free >= n.clamp(1, depth)
+    }
+
+    /// The op slots one direct write of `size` bytes takes (`max_chunk` each).
+    fn slots_for(&self, size: u64) -> usize {
+        usize::try_from(size.div_ceil(self.ops.max_chunk.max(1))).unwrap_or(usize::MAX)
+    }
+
+    /// Whether staging records sent to `peer` are still unacknowledged (`flush` waits for
+    /// them).
+    fn records_unacked(&self, peer: PeerId) -> bool {
+        self.peers.get(peer).is_some() && self.staging.records_pending(&self.peers, peer).is_some()
+    }
+
     /// Writes to `peer` whose completion has not been read yet.
     fn outstanding_to(&self, peer: PeerId) -> usize {
         self.peers.get(peer).map_or(0, |p| p.outstanding)

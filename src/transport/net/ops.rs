@@ -221,6 +221,11 @@ impl Ops {
         }
     }
 
+    /// Op slots free now, and how many there are.
+    pub fn free_slots(&self) -> (usize, usize) {
+        (self.free.len(), self.slots.len())
+    }
+
     pub fn release_bounce(&mut self, slot: usize) {
         self.bounce_busy[slot] = false;
     }

@@ -18,8 +18,11 @@
 //! that peer since its last flush is flushed to delivery (its marker write with
 //! FI_DELIVERY_COMPLETE completes only once everything before it on that rail arrived).
 //! Striping therefore needs FI_DELIVERY_COMPLETE on every rail; named rails without it are
-//! refused, NICs chosen by locality stay one rail and say why. `flush` waits on every rail.
-//! Waits progress every rail they wait on, since most providers move data only when polled.
+//! refused, NICs chosen by locality without it are left out (said at INFO). `flush` waits on
+//! every rail. Every wait here progresses every rail and applies incoming records
+//! (`wait_until`), and op slots are taken before a child endpoint would wait for one
+//! (`reserve`): a child's own waits move only its rail, so two ranks each waiting on a
+//! different rail of the other would wait for each other.
 //!
 //! A rail that fails fails the call with the rail named; nothing is moved to the other rails
 //! (a put split over a dead rail has lost bytes, and the connection's error says so).
@@ -93,6 +96,12 @@ impl Rails {
                 crate::config::MAX_RAILS
             )));
         }
+        if let Some(a) = &cfg.addr {
+            return Err(Error::invalid_arg(format!(
+                "rails {}: MSCCLPP_NET_ADDR={a} names one local address, but each rail binds its own interface's: leave MSCCLPP_NET_ADDR unset and name the interfaces",
+                names.join("+")
+            )));
+        }
         // Each rail is opened by its name, which MSCCLPP_NET_IFACE (maybe the list itself)
         // must not narrow further.
         let cfg = &NetConfig {
@@ -106,6 +115,7 @@ impl Rails {
             eps.push(ep);
         }
         if let Some(bad) = eps.iter().find(|e| !e.ops.delivery_complete) {
+            // (`widen` leaves such NICs out instead.)
             return Err(Error::invalid_arg(format!(
                 "striping over rails {} needs FI_DELIVERY_COMPLETE (a signal on rail 0 waits for the other rails' data to be delivered), which {} does not grant{}",
                 names.join("+"),
@@ -145,15 +155,32 @@ impl Rails {
             return Ok(Box::new(first));
         }
         let n = more.len() + 1;
+        // The further rails on the first one's provider, each by its domain name.
+        let cfg = &NetConfig {
+            providers: Some(vec![first.provider().to_string()]),
+            ..cfg.clone()
+        };
         let mut eps = vec![first];
         for (r, name) in more.iter().enumerate() {
-            let ep = NetEndpoint::open(Some(name), false, device, cfg).map_err(|e| {
-                e.within(&format!(
-                    "{} (MSCCLPP_NET_RAILS=1 uses one NIC)",
-                    rail_label(r + 1, n, name)
-                ))
-            })?;
-            eps.push(ep);
+            // A NIC that cannot join leaves the rails opened so far (said, not silent): the
+            // library chose these NICs, and one fewer rail still works where an error would not.
+            let why = match NetEndpoint::open(Some(name), false, device, cfg) {
+                Ok(ep) if ep.ops.delivery_complete => {
+                    eps.push(ep);
+                    continue;
+                }
+                Ok(ep) => format!("{} does not grant FI_DELIVERY_COMPLETE", ep.describe()),
+                Err(e) => e.to_string(),
+            };
+            crate::info!(
+                "net: striping over {} of the {n} NICs chosen: {} cannot be added: {why}",
+                eps.len(),
+                rail_label(r + 1, n, name)
+            );
+            break;
+        }
+        if eps.len() == 1 {
+            return Ok(Box::new(eps.pop().expect("one endpoint")));
         }
         Ok(Box::new(Self::from_endpoints(eps, cfg)?))
     }
@@ -214,47 +241,76 @@ impl Rails {
         })
     }
 
-    /// Flushes the rails `which` of `peer` to delivery, progressing all of them while it waits
-    /// (bounded by the wait timeout; the error names the rail still waited for).
+    /// One step of every rail: completions, and the incoming work (staged records, relayed
+    /// values) a peer's own wait may need from us. Every wait of this endpoint takes it, so that
+    /// two ranks waiting on different rails of each other both move.
+    fn progress_all(&mut self) -> Result<()> {
+        for r in 0..self.rails.len() {
+            let ep = &mut self.rails[r].ep;
+            if let Err(e) = ep.poll_once().and_then(|_| ep.poll_incoming()) {
+                return Err(e.within(&self.label(r)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits, progressing every rail, until `pending` says nothing is (it names the rail and
+    /// what is waited for otherwise). Bounded by the wait timeout; the error names the rail.
+    fn wait_until(
+        &mut self,
+        mut pending: impl FnMut(&Self) -> Option<(usize, String)>,
+    ) -> Result<()> {
+        let timeout = self.rails[0].ep.ops.timeout;
+        let mut wait = None;
+        // Ends when `pending` is satisfied, on a rail's error, or when the bound passes.
+        loop {
+            if pending(self).is_none() {
+                return Ok(());
+            }
+            self.progress_all()?;
+            let Some((r, what)) = pending(self) else {
+                return Ok(());
+            };
+            let label = self.label(r);
+            let w = wait.get_or_insert_with(|| provider_wait(timeout));
+            self.rails[r]
+                .ep
+                .pause(w, || what)
+                .map_err(|e| e.within(&label))?;
+        }
+    }
+
+    /// Waits (as `wait_until`) until rail `r` has op slots for `n` writes, so that the child
+    /// endpoint never waits for one itself: its own wait would progress that rail alone, and a
+    /// peer waiting on another rail for us would wait for it in turn.
+    fn reserve(&mut self, r: usize, n: usize, rank: usize) -> Result<()> {
+        self.wait_until(|s| {
+            (!s.rails[r].ep.has_room(n))
+                .then(|| (r, format!("waiting for an op slot to write to rank {rank}")))
+        })
+    }
+
+    /// Flushes the rails `which` of `peer` to delivery: a marker where one is needed, then a
+    /// wait for every write to the peer on those rails (`wait_until`).
     fn flush_rails(&mut self, peer: PeerId, which: &[usize]) -> Result<()> {
         let (rank, ids) = {
             let p = self.peer(peer)?;
             (p.rank, p.ids.clone())
         };
         for &r in which {
-            let ep = &mut self.rails[r].ep;
-            if let Err(e) = ep.begin_flush(ids[r]) {
+            self.reserve(r, 1, rank)?;
+            if let Err(e) = self.rails[r].ep.begin_flush(ids[r]) {
                 return Err(e.within(&self.label(r)));
             }
         }
-        let timeout = self.rails[0].ep.ops.timeout;
-        let mut wait = None;
-        // Ends when no write to the peer is outstanding on any rail of `which`, on an error
-        // completion, or when the bound passes. Every rail is polled, not only those waited
-        // for: data still queued on the others moves meanwhile.
-        loop {
-            for r in 0..self.rails.len() {
-                if let Err(e) = self.rails[r].ep.poll_once() {
-                    return Err(e.within(&self.label(r)));
-                }
-            }
-            let busy = which
-                .iter()
-                .copied()
-                .find(|&r| self.rails[r].ep.outstanding_to(ids[r]) > 0);
-            let Some(r) = busy else {
-                break;
-            };
-            let label = self.label(r);
-            let n = self.rails[r].ep.outstanding_to(ids[r]);
-            let w = wait.get_or_insert_with(|| provider_wait(timeout));
-            self.rails[r]
-                .ep
-                .pause(w, || {
-                    format!("flushing {n} writes to rank {rank}: no completion (is the peer's proxy running? is the link up?)")
+        self.wait_until(|s| {
+            which.iter().find_map(|&r| {
+                let n = s.rails[r].ep.outstanding_to(ids[r]);
+                (n > 0).then(|| {
+                    (r, format!("flushing {n} writes to rank {rank}: no completion (is the peer's proxy running? is the link up?)"))
                 })
-                .map_err(|e| e.within(&label))?;
-        }
+            })
+        })?;
         let p = &mut self.peers[peer];
         for &r in which {
             p.dirty[r] = false;
@@ -267,6 +323,20 @@ impl Rails {
         let p = self.peer(peer)?;
         Ok((1..p.ids.len()).filter(|&r| p.dirty[r]).collect())
     }
+}
+
+/// The address of every rail in one blob, which must fit a setup field.
+fn rails_blob(parts: &[Vec<u8>]) -> Result<Vec<u8>> {
+    let b = blob::encode_rails(parts);
+    if b.len() > crate::wire::MAX_FIELD {
+        return Err(Error::invalid_arg(format!(
+            "the addresses of {} rails take {} bytes, more than a setup field's {}: use fewer rails (MSCCLPP_NET_RAILS, or fewer names joined by '+')",
+            parts.len(),
+            b.len(),
+            crate::wire::MAX_FIELD
+        )));
+    }
+    Ok(b)
 }
 
 fn rail_label(r: usize, n: usize, domain: &str) -> String {
@@ -297,7 +367,7 @@ impl Endpoint for Rails {
             .iter()
             .map(|r| r.ep.address())
             .collect::<Result<Vec<_>>>()?;
-        Ok(blob::encode_rails(&parts))
+        rails_blob(&parts)
     }
 
     /// Rail 0 carries the staging channel for the rank (staged memory goes on rail 0 only).
@@ -306,7 +376,7 @@ impl Endpoint for Rails {
         for r in &self.rails[1..] {
             parts.push(r.ep.address()?);
         }
-        Ok(blob::encode_rails(&parts))
+        rails_blob(&parts)
     }
 
     fn add_peer(&mut self, remote_rank: usize, address: &[u8]) -> Result<PeerId> {
@@ -347,7 +417,10 @@ impl Endpoint for Rails {
     /// Registers on rail 0, and on every other rail where rail 0 registered the memory itself
     /// (staged GPU memory is reached through rail 0's staging channel only).
     fn register(&mut self, region: Region) -> Result<(MrId, Vec<u8>)> {
-        let (m0, b0) = self.rails[0].ep.register(region)?;
+        let (m0, b0) = self.rails[0]
+            .ep
+            .register(region)
+            .map_err(|e| e.within(&self.label(0)))?;
         if let Some(&id) = self.by_first.get(&m0) {
             return Ok((id, self.regions[id].1.clone()));
         }
@@ -359,6 +432,18 @@ impl Endpoint for Rails {
                     .ep
                     .register(region)
                     .map_err(|e| e.within(&self.label(r)))?;
+                if !self.rails[r].ep.is_direct(m) {
+                    // Staged there (no FI_HMEM on that NIC): rail 0 alone reaches it.
+                    crate::info!(
+                        "net: {}: a region of {} bytes is staged on {} but not on rail 0: it is not striped",
+                        self.describe(),
+                        region.len,
+                        self.label(r)
+                    );
+                    ids.truncate(1);
+                    blobs.truncate(1);
+                    break;
+                }
                 ids.push(m);
                 blobs.push(b);
             }
@@ -380,6 +465,11 @@ impl Endpoint for Rails {
                 .ep
                 .import(ids[r], part)
                 .map_err(|e| e.within(&self.label(r)))?;
+            if r > 0 && !self.rails[r].ep.remote_is_direct(ids[r], id) {
+                // Only rail 0 has the staging channel: the other rails cannot reach it.
+                rids.truncate(1);
+                break;
+            }
             rids.push(id);
         }
         self.remotes.push(RemoteRails { peer, ids: rids });
@@ -420,24 +510,36 @@ impl Endpoint for Rails {
         };
         // Rails over which both regions are registered (all of them, or rail 0 alone).
         let k = srcs.len().min(dsts.len()).min(pids.len());
+        let rank = self.peers[peer].rank;
         if k < 2 || size <= self.chunk {
+            let n = self.rails[0].ep.slots_for(size);
+            self.reserve(0, n, rank)?;
             let rail = &mut self.rails[0];
-            rail.ep
-                .write(pids[0], srcs[0], src_off, dsts[0], dst_off, size)?;
+            if let Err(e) = rail
+                .ep
+                .write(pids[0], srcs[0], src_off, dsts[0], dst_off, size)
+            {
+                return Err(e.within(&self.label(0)));
+            }
             rail.bytes += size;
             rail.writes += 1;
             return Ok(());
         }
         // The whole range, before any chunk moves: a bad one changes nothing.
-        self.rails[0]
+        if let Err(e) = self.rails[0]
             .ep
-            .check_write(pids[0], srcs[0], src_off, dsts[0], dst_off, size)?;
+            .check_write(pids[0], srcs[0], src_off, dsts[0], dst_off, size)
+        {
+            return Err(e.within(&self.label(0)));
+        }
         let mut off = 0;
         let mut i = 0;
         // Ends after the last chunk: `off` grows by at least one byte per step up to `size`.
         while off < size {
             let n = self.chunk.min(size - off);
             let r = i % k;
+            let slots = self.rails[r].ep.slots_for(n);
+            self.reserve(r, slots, rank)?;
             let rail = &mut self.rails[r];
             if let Err(e) =
                 rail.ep
@@ -457,31 +559,58 @@ impl Endpoint for Rails {
     }
 
     fn write_value(&mut self, peer: PeerId, dst: RemoteId, dst_off: u64, value: u64) -> Result<()> {
+        let rank = self.peer(peer)?.rank;
+        let d = match self.remotes.get(dst) {
+            Some(d) if d.peer == peer => d.ids[0],
+            _ => {
+                return Err(Error::invalid_arg(format!(
+                    "remote region {dst} is not one of rank {rank}'s on {}",
+                    self.describe()
+                )))
+            }
+        };
         let dirty = self.dirty_rails(peer)?;
         if !dirty.is_empty() {
             // The value must not arrive before the data other rails still carry.
             self.flush_rails(peer, &dirty)?;
         }
-        let d = match self.remotes.get(dst) {
-            Some(d) if d.peer == peer => d.ids[0],
-            _ => {
-                return Err(Error::invalid_arg(format!(
-                    "remote region {dst} is not one of rank {}'s on {}",
-                    self.peers[peer].rank,
-                    self.describe()
-                )))
-            }
-        };
         let p0 = self.peers[peer].ids[0];
-        self.rails[0].ep.write_value(p0, d, dst_off, value)
+        // A value into staged memory may wait for the peer to take earlier records: do that
+        // here, progressing every rail, rather than in rail 0's own wait.
+        self.wait_until(|s| {
+            s.rails[0].ep.records_unacked(p0).then(|| {
+                (
+                    0,
+                    format!("waiting for rank {rank} to apply staged writes before a value"),
+                )
+            })
+        })?;
+        self.reserve(0, 1, rank)?;
+        self.rails[0]
+            .ep
+            .write_value(p0, d, dst_off, value)
+            .map_err(|e| e.within(&self.label(0)))
     }
 
     fn flush(&mut self, peer: PeerId) -> Result<()> {
         let all: Vec<usize> = (0..self.peer(peer)?.ids.len()).collect();
+        let rank = self.peers[peer].rank;
         self.flush_rails(peer, &all)?;
-        // Rail 0's staging acknowledgements, if any (its writes are already delivered).
+        // Rail 0's staging acknowledgements, waited for progressing every rail; its writes
+        // are delivered already, so its own flush then returns at once.
         let p0 = self.peers[peer].ids[0];
-        self.rails[0].ep.flush(p0)
+        self.wait_until(|s| {
+            s.rails[0].ep.records_unacked(p0).then(|| {
+                (
+                    0,
+                    format!("flushing: waiting for rank {rank} to apply staged writes"),
+                )
+            })
+        })?;
+        self.rails[0]
+            .ep
+            .flush(p0)
+            .map_err(|e| e.within(&self.label(0)))
     }
 
     fn progress(&mut self) -> Result<()> {

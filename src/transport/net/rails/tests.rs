@@ -301,3 +301,139 @@ fn bad_rails_and_ids_are_refused() {
     );
     assert!(a.rail_stats().iter().all(|r| r.writes == 0));
 }
+
+/// Both ranks stripe 32 MiB to each other at once with 16 op slots per rail: a rank waiting
+/// for a slot on one rail must keep the other rails moving, or each waits for the other (both
+/// failed after the wait timeout before `reserve`). Every byte is checked.
+#[test]
+fn both_ways_at_once_with_few_op_slots() {
+    let c = NetConfig {
+        tx_depth: Some(16),
+        stripe_chunk: 256 << 10,
+        ..Default::default()
+    };
+    let mut a = Rails::open(&["lo", "lo"], None, &c).unwrap();
+    let mut b = Rails::open(&["lo", "lo"], None, &c).unwrap();
+    let pa = connect(&mut a, &mut b);
+    let pb = b.peers.iter().position(|p| p.rank == 0).unwrap();
+    let words = (32usize << 20) / 8;
+    let ends: Vec<(Vec<u64>, Vec<u64>, Vec<u64>)> = (0..2u64)
+        .map(|k| {
+            let src = (0..words).map(|i| pattern(10 + k, i)).collect();
+            (src, vec![0u64; words], vec![0u64; 1])
+        })
+        .collect();
+    let (sa, da, fa) = &ends[0];
+    let (sb, db, fb) = &ends[1];
+    let (_, dab) = a.register(region(da)).unwrap();
+    let (_, fab) = a.register(region(fa)).unwrap();
+    let (_, dbb) = b.register(region(db)).unwrap();
+    let (_, fbb) = b.register(region(fb)).unwrap();
+    let s_a = a.register(region(sa)).unwrap().0;
+    let s_b = b.register(region(sb)).unwrap().0;
+    let (d_b, f_b) = (a.import(pa, &dbb).unwrap(), a.import(pa, &fbb).unwrap());
+    let (d_a, f_a) = (b.import(pb, &dab).unwrap(), b.import(pb, &fab).unwrap());
+    let bytes = (words * 8) as u64;
+    #[allow(clippy::too_many_arguments)] // one side: its endpoint, ids and buffer
+    fn side(
+        ep: &mut Rails,
+        p: PeerId,
+        s: MrId,
+        d: RemoteId,
+        f: RemoteId,
+        mine: &[u64],
+        bytes: u64,
+    ) {
+        ep.write(p, s, 0, d, 0, bytes).unwrap();
+        ep.write_value(p, f, 0, 1).unwrap();
+        ep.flush(p).unwrap();
+        let t0 = Instant::now();
+        // Ends when the other side's value has arrived here, or fails after 30 s.
+        while word(mine, 0) == 0 {
+            ep.progress().unwrap();
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no value from the peer"
+            );
+        }
+        // The peer's flush may still need us: keep going a moment.
+        let t1 = Instant::now();
+        while t1.elapsed() < Duration::from_millis(200) {
+            ep.progress().unwrap();
+        }
+    }
+    std::thread::scope(|sc| {
+        sc.spawn(|| side(&mut a, pa, s_a, d_b, f_b, fa, bytes));
+        sc.spawn(|| side(&mut b, pb, s_b, d_a, f_a, fb, bytes));
+    });
+    for i in 0..words {
+        assert_eq!(word(da, i), pattern(11, i), "at rank 0, word {i}");
+        assert_eq!(word(db, i), pattern(10, i), "at rank 1, word {i}");
+    }
+}
+
+/// A value relayed into memory that stands for FI_HMEM (the owner applies it after a
+/// GPUDirect flush, here a no-op) while the owner stripes to the sender and signals: the
+/// owner's wait for its other rail must also apply the sender's record, and the sender's flush
+/// must keep the owner's rails moving. Both complete; every byte and value is checked.
+#[test]
+fn relayed_value_while_the_peer_stripes() {
+    // The switch that makes endpoints keep staging channels, which relayed values use.
+    let c = NetConfig {
+        force_staging: true,
+        ..cfg()
+    };
+    let mk = || {
+        let mut x = Rails::open(&["lo", "lo"], None, &c).unwrap();
+        for r in &mut x.rails {
+            r.ep.regions.host_as_hmem = Some(0);
+            r.ep.staging.gdr_flush = Box::new(|_| Ok(()));
+        }
+        x
+    };
+    let (mut a, mut b) = (mk(), mk());
+    let pa = connect(&mut a, &mut b);
+    let pb = b.peers.iter().position(|p| p.rank == 0).unwrap();
+    let words = (8 * CHUNK / 8) as usize;
+    let src: Vec<u64> = (0..words).map(|i| pattern(21, i)).collect();
+    let (flag_a, dst_b, flag_b) = (vec![0u64; 1], vec![0u64; words], vec![0u64; 1]);
+    let (_, fab) = a.register(region(&flag_a)).unwrap();
+    let (_, dbb) = b.register(region(&dst_b)).unwrap();
+    let (_, fbb) = b.register(region(&flag_b)).unwrap();
+    let s = a.register(region(&src)).unwrap().0;
+    let (d_b, f_b) = (a.import(pa, &dbb).unwrap(), a.import(pa, &fbb).unwrap());
+    let f_a = b.import(pb, &fab).unwrap();
+    // Each side, once done, keeps progressing (as its proxy would) until both are done.
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let linger = |ep: &mut Rails| {
+        done.fetch_add(1, AtOrd::AcqRel);
+        let t0 = Instant::now();
+        // Ends when both sides are done (AcqRel above, Acquire here), or fails after 30 s.
+        while done.load(AtOrd::Acquire) < 2 {
+            ep.progress().unwrap();
+            ep.poll_incoming().unwrap();
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "the other side never finished"
+            );
+        }
+    };
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            b.write_value(pb, f_a, 0, 7).unwrap();
+            b.flush(pb).unwrap();
+            linger(&mut b);
+        });
+        sc.spawn(|| {
+            a.write(pa, s, 0, d_b, 0, 8 * CHUNK).unwrap();
+            a.write_value(pa, f_b, 0, 1).unwrap();
+            a.flush(pa).unwrap();
+            linger(&mut a);
+        });
+    });
+    assert_eq!(word(&flag_b, 0), 1);
+    assert_eq!(word(&flag_a, 0), 7);
+    for i in 0..words {
+        assert_eq!(word(&dst_b, i), pattern(21, i), "word {i}");
+    }
+}
