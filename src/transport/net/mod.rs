@@ -340,8 +340,8 @@ impl NetEndpoint {
             .is_some_and(|l| l.backing != regions::Backing::Staged)
     }
 
-    /// The checks `write` makes before anything moves (peer, both ranges), for a write that
-    /// `rails.rs` then splits over several endpoints.
+    /// The checks `write` makes before anything moves (peer, both ranges), also for a write
+    /// that `rails.rs` then splits over several endpoints; returns the destination's blob.
     fn check_write(
         &self,
         peer: PeerId,
@@ -350,11 +350,12 @@ impl NetEndpoint {
         dst: RemoteId,
         dst_off: u64,
         size: u64,
-    ) -> Result<()> {
+    ) -> Result<MrBlob> {
         self.check_peer(peer)?;
         let remote = self.remote(peer, dst)?;
         self.regions
-            .check_write(&self.peers, peer, src, src_off, &remote, dst_off, size)
+            .check_write(&self.peers, peer, src, src_off, &remote, dst_off, size)?;
+        Ok(remote)
     }
 
     /// The first half of a flush of the direct writes to `peer` (`rails.rs` waits on several
@@ -364,11 +365,11 @@ impl NetEndpoint {
         self.peers.post_marker(&mut self.ops, peer)
     }
 
-    /// Whether an imported region takes data and values as plain writes on this endpoint
-    /// (not through a staging channel): what a rail other than 0 can carry.
-    fn remote_is_direct(&self, peer: PeerId, remote: RemoteId) -> bool {
-        self.remote(peer, remote)
-            .is_ok_and(|b| b.mode != Mode::Staged)
+    /// How writers reach an imported region (None: not `peer`'s region). A rail other than 0
+    /// carries data only into one that is not staged; a value waits for earlier staging
+    /// records only into a direct one (`write_value`).
+    fn remote_mode(&self, peer: PeerId, remote: RemoteId) -> Option<Mode> {
+        self.remote(peer, remote).ok().map(|b| b.mode)
     }
 
     /// Whether `n` more writes can be posted without waiting for an op slot (at most all of
@@ -507,8 +508,7 @@ impl Endpoint for NetEndpoint {
         dst_off: u64,
         size: u64,
     ) -> Result<()> {
-        self.check_write(peer, src, src_off, dst, dst_off, size)?;
-        let remote = self.remote(peer, dst)?;
+        let remote = self.check_write(peer, src, src_off, dst, dst_off, size)?;
         let (st, mut net) = self.parts();
         let dest = if remote.mode == Mode::Staged {
             staging::Dest::Staged { remote, dst_off }

@@ -27,7 +27,7 @@
 //! A rail that fails fails the call with the rail named; nothing is moved to the other rails
 //! (a put split over a dead rail has lost bytes, and the connection's error says so).
 
-use super::blob;
+use super::blob::{self, Mode};
 use super::ops::provider_wait;
 use super::NetEndpoint;
 use crate::config::NetConfig;
@@ -241,17 +241,21 @@ impl Rails {
         })
     }
 
-    /// One step of every rail: completions, and the incoming work (staged records, relayed
-    /// values) a peer's own wait may need from us. Every wait of this endpoint takes it, so that
-    /// two ranks waiting on different rails of each other both move.
-    fn progress_all(&mut self) -> Result<()> {
+    /// `f` on every rail in turn; the first error, naming its rail.
+    fn each_rail(&mut self, mut f: impl FnMut(&mut NetEndpoint) -> Result<()>) -> Result<()> {
         for r in 0..self.rails.len() {
-            let ep = &mut self.rails[r].ep;
-            if let Err(e) = ep.poll_once().and_then(|_| ep.poll_incoming()) {
+            if let Err(e) = f(&mut self.rails[r].ep) {
                 return Err(e.within(&self.label(r)));
             }
         }
         Ok(())
+    }
+
+    /// One step of every rail: completions, and the incoming work (staged records, relayed
+    /// values) a peer's own wait may need from us. Every wait of this endpoint takes it, so that
+    /// two ranks waiting on different rails of each other both move.
+    fn progress_all(&mut self) -> Result<()> {
+        self.each_rail(|ep| ep.poll_once().and_then(|_| ep.poll_incoming()))
     }
 
     /// Waits, progressing every rail, until `pending` says nothing is (it names the rail and
@@ -318,6 +322,34 @@ impl Rails {
         Ok(())
     }
 
+    /// `peer`'s imported region `dst`, or an error saying it is not one.
+    fn remote_of(&self, peer: PeerId, dst: RemoteId) -> Result<&RemoteRails> {
+        let rank = self.peer(peer)?.rank;
+        match self.remotes.get(dst) {
+            Some(d) if d.peer == peer => Ok(d),
+            _ => Err(Error::invalid_arg(format!(
+                "remote region {dst} is not one of rank {rank}'s on {}",
+                self.describe()
+            ))),
+        }
+    }
+
+    /// Waits (`wait_until`) until `peer` has applied every staging record rail 0 sent it.
+    fn wait_records_taken(&mut self, peer: PeerId, why: &str) -> Result<()> {
+        let (rank, p0) = {
+            let p = self.peer(peer)?;
+            (p.rank, p.ids[0])
+        };
+        self.wait_until(|s| {
+            s.rails[0].ep.records_unacked(p0).then(|| {
+                (
+                    0,
+                    format!("waiting for rank {rank} to apply staged writes {why}"),
+                )
+            })
+        })
+    }
+
     /// The rails other than 0 that carried data to `peer` since their last flush.
     fn dirty_rails(&self, peer: PeerId) -> Result<Vec<usize>> {
         let p = self.peer(peer)?;
@@ -340,7 +372,7 @@ fn rails_blob(parts: &[Vec<u8>]) -> Result<Vec<u8>> {
 }
 
 fn rail_label(r: usize, n: usize, domain: &str) -> String {
-    format!("rail {} of {n} ({domain})", r)
+    format!("rail {r} of {n} ({domain})")
 }
 
 impl Endpoint for Rails {
@@ -465,7 +497,7 @@ impl Endpoint for Rails {
                 .ep
                 .import(ids[r], part)
                 .map_err(|e| e.within(&self.label(r)))?;
-            if r > 0 && !self.rails[r].ep.remote_is_direct(ids[r], id) {
+            if r > 0 && self.rails[r].ep.remote_mode(ids[r], id) == Some(Mode::Staged) {
                 // Only rail 0 has the staging channel: the other rails cannot reach it.
                 rids.truncate(1);
                 break;
@@ -492,51 +524,38 @@ impl Endpoint for Rails {
         size: u64,
     ) -> Result<()> {
         let pids = self.peer(peer)?.ids.clone();
-        let (srcs, dsts) = match (self.regions.get(src), self.remotes.get(dst)) {
-            (Some((s, _)), Some(d)) if d.peer == peer => (s.clone(), d.ids.clone()),
-            (None, _) => {
+        let dsts = self.remote_of(peer, dst)?.ids.clone();
+        let srcs = match self.regions.get(src) {
+            Some((s, _)) => s.clone(),
+            None => {
                 return Err(Error::invalid_arg(format!(
                     "unknown region {src} on {}",
                     self.describe()
                 )))
             }
-            _ => {
-                return Err(Error::invalid_arg(format!(
-                    "remote region {dst} is not one of rank {}'s on {}",
-                    self.peers[peer].rank,
-                    self.describe()
-                )))
-            }
         };
-        // Rails over which both regions are registered (all of them, or rail 0 alone).
-        let k = srcs.len().min(dsts.len()).min(pids.len());
         let rank = self.peers[peer].rank;
-        if k < 2 || size <= self.chunk {
-            let n = self.rails[0].ep.slots_for(size);
-            self.reserve(0, n, rank)?;
-            let rail = &mut self.rails[0];
-            if let Err(e) = rail
+        // Rails over which both regions are registered (all of them, or rail 0 alone), and
+        // the size of each piece: the whole put where it goes on rail 0 alone.
+        let k = srcs.len().min(dsts.len()).min(pids.len());
+        let (k, chunk) = if k < 2 || size <= self.chunk {
+            (1, size)
+        } else {
+            // The whole range, before any chunk moves: a bad one changes nothing (a put on
+            // one rail is checked by that rail).
+            if let Err(e) = self.rails[0]
                 .ep
-                .write(pids[0], srcs[0], src_off, dsts[0], dst_off, size)
+                .check_write(pids[0], srcs[0], src_off, dsts[0], dst_off, size)
             {
                 return Err(e.within(&self.label(0)));
             }
-            rail.bytes += size;
-            rail.writes += 1;
-            return Ok(());
-        }
-        // The whole range, before any chunk moves: a bad one changes nothing.
-        if let Err(e) = self.rails[0]
-            .ep
-            .check_write(pids[0], srcs[0], src_off, dsts[0], dst_off, size)
-        {
-            return Err(e.within(&self.label(0)));
-        }
-        let mut off = 0;
-        let mut i = 0;
-        // Ends after the last chunk: `off` grows by at least one byte per step up to `size`.
-        while off < size {
-            let n = self.chunk.min(size - off);
+            (k, self.chunk)
+        };
+        let (mut off, mut i) = (0, 0);
+        // Ends after the last piece: `off` grows by `chunk` (or what is left) per step. One
+        // step even for an empty put, which the rail refuses.
+        loop {
+            let n = chunk.min(size - off);
             let r = i % k;
             let slots = self.rails[r].ep.slots_for(n);
             self.reserve(r, slots, rank)?;
@@ -554,37 +573,26 @@ impl Endpoint for Rails {
             }
             off += n;
             i += 1;
+            if off >= size {
+                return Ok(());
+            }
         }
-        Ok(())
     }
 
     fn write_value(&mut self, peer: PeerId, dst: RemoteId, dst_off: u64, value: u64) -> Result<()> {
-        let rank = self.peer(peer)?.rank;
-        let d = match self.remotes.get(dst) {
-            Some(d) if d.peer == peer => d.ids[0],
-            _ => {
-                return Err(Error::invalid_arg(format!(
-                    "remote region {dst} is not one of rank {rank}'s on {}",
-                    self.describe()
-                )))
-            }
-        };
+        let d = self.remote_of(peer, dst)?.ids[0];
         let dirty = self.dirty_rails(peer)?;
         if !dirty.is_empty() {
             // The value must not arrive before the data other rails still carry.
             self.flush_rails(peer, &dirty)?;
         }
-        let p0 = self.peers[peer].ids[0];
-        // A value into staged memory may wait for the peer to take earlier records: do that
-        // here, progressing every rail, rather than in rail 0's own wait.
-        self.wait_until(|s| {
-            s.rails[0].ep.records_unacked(p0).then(|| {
-                (
-                    0,
-                    format!("waiting for rank {rank} to apply staged writes before a value"),
-                )
-            })
-        })?;
+        let (rank, p0) = (self.peers[peer].rank, self.peers[peer].ids[0]);
+        if self.rails[0].ep.remote_mode(p0, d) == Some(Mode::Direct) {
+            // A plain value must not overtake staged writes the peer has yet to apply: wait
+            // here, progressing every rail, rather than in rail 0's own wait. (Values into
+            // staged or relayed memory are records, ordered behind the others.)
+            self.wait_records_taken(peer, "before a value")?;
+        }
         self.reserve(0, 1, rank)?;
         self.rails[0]
             .ep
@@ -594,19 +602,11 @@ impl Endpoint for Rails {
 
     fn flush(&mut self, peer: PeerId) -> Result<()> {
         let all: Vec<usize> = (0..self.peer(peer)?.ids.len()).collect();
-        let rank = self.peers[peer].rank;
         self.flush_rails(peer, &all)?;
         // Rail 0's staging acknowledgements, waited for progressing every rail; its writes
         // are delivered already, so its own flush then returns at once.
+        self.wait_records_taken(peer, "(flush)")?;
         let p0 = self.peers[peer].ids[0];
-        self.wait_until(|s| {
-            s.rails[0].ep.records_unacked(p0).then(|| {
-                (
-                    0,
-                    format!("flushing: waiting for rank {rank} to apply staged writes"),
-                )
-            })
-        })?;
         self.rails[0]
             .ep
             .flush(p0)
@@ -614,21 +614,11 @@ impl Endpoint for Rails {
     }
 
     fn progress(&mut self) -> Result<()> {
-        for r in 0..self.rails.len() {
-            if let Err(e) = self.rails[r].ep.progress() {
-                return Err(e.within(&self.label(r)));
-            }
-        }
-        Ok(())
+        self.each_rail(|ep| ep.progress())
     }
 
     fn poll_incoming(&mut self) -> Result<()> {
-        for r in 0..self.rails.len() {
-            if let Err(e) = self.rails[r].ep.poll_incoming() {
-                return Err(e.within(&self.label(r)));
-            }
-        }
-        Ok(())
+        self.each_rail(|ep| ep.poll_incoming())
     }
 
     fn set_abort_check(&mut self, check: AbortCheck) {
