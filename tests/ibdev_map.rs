@@ -11,9 +11,6 @@ use common::api::*;
 use common::*;
 use mscclpp::abi::mscclppResult_t::*;
 use mscclpp::capi::conn::*;
-use mscclpp::capi::log::mscclppSetLogHandler;
-use std::ffi::{c_char, CStr};
-use std::sync::Mutex;
 use std::time::Duration;
 
 const CHUNK: usize = 100_003;
@@ -108,16 +105,6 @@ fn map_to_missing_domain_fails_naming_it() {
     );
 }
 
-static LOGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-unsafe extern "C" fn keep_log(msg: *const c_char) {
-    // SAFETY: the library passes a NUL-terminated line.
-    let s = unsafe { CStr::from_ptr(msg) }
-        .to_string_lossy()
-        .into_owned();
-    LOGS.lock().unwrap_or_else(|p| p.into_inner()).push(s);
-}
-
 /// `mlx5_ib0=lo+lo`: two rails (two endpoints on loopback) through the whole C API; with
 /// 16 KiB stripes the 100003-byte put is 7 chunks, 4 on rail 0 and 3 on rail 1, which the
 /// endpoint's closing log line counts. Every byte is checked.
@@ -131,9 +118,9 @@ fn name_to_two_rails_stripes_a_2023_program() {
             ("MSCCLPP_DEBUG", "INFO"),
         ],
         |e| {
-            ok(mscclppSetLogHandler(Some(keep_log)));
+            capture_logs();
             runs(e);
-            let logs = LOGS.lock().unwrap_or_else(|p| p.into_inner());
+            let logs = logged();
             let carried = logs
                 .iter()
                 .find(|l| l.contains("/lo+lo carried: "))

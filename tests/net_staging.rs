@@ -14,9 +14,6 @@ use mscclpp::capi::buffer::*;
 use mscclpp::capi::comm::*;
 use mscclpp::capi::conn::*;
 use mscclpp::capi::devconn::*;
-use mscclpp::capi::log::mscclppSetLogHandler;
-use std::ffi::{c_char, CStr};
-use std::sync::Mutex;
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -56,22 +53,8 @@ fn ranks(name: &str, n: usize, provider: &str, body: fn(Env)) {
 
 // ---- log capture: proof that the staging path (not the direct one) ran -------------------
 
-static LOGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-unsafe extern "C" fn keep_log(msg: *const c_char) {
-    // SAFETY: the library passes a NUL-terminated line.
-    let s = unsafe { CStr::from_ptr(msg) }
-        .to_string_lossy()
-        .into_owned();
-    LOGS.lock().unwrap_or_else(|p| p.into_inner()).push(s);
-}
-
-fn capture_logs() {
-    ok(mscclppSetLogHandler(Some(keep_log)));
-}
-
 fn assert_staged() {
-    let logs = LOGS.lock().unwrap_or_else(|p| p.into_inner());
+    let logs = logged();
     assert!(
         logs.iter()
             .any(|l| l.contains("host memory, staged (MSCCLPP_TEST_FORCE_STAGING=1)")),

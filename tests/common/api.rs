@@ -8,7 +8,8 @@ use mscclpp::capi::comm::*;
 use mscclpp::capi::conn::*;
 use mscclpp::capi::devconn::*;
 use mscclpp::capi::mscclppComm_t;
-use std::ffi::{CStr, CString};
+use std::ffi::{c_char, CStr, CString};
+use std::sync::Mutex;
 
 pub fn last_error() -> String {
     unsafe { CStr::from_ptr(mscclppGetLastError()) }
@@ -19,6 +20,28 @@ pub fn last_error() -> String {
 #[track_caller]
 pub fn ok(r: mscclppResult_t) {
     assert_eq!(r, mscclppSuccess, "call failed: {}", last_error());
+}
+
+/// The library's log lines since `capture_logs` (a process-wide handler).
+static LOGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn keep_log(msg: *const c_char) {
+    // SAFETY: the library passes a NUL-terminated line.
+    let s = unsafe { CStr::from_ptr(msg) }
+        .to_string_lossy()
+        .into_owned();
+    LOGS.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+}
+
+/// From now on, keeps every line the library logs (`logged`), through
+/// `mscclppSetLogHandler`, as a program would.
+pub fn capture_logs() {
+    ok(mscclpp::capi::log::mscclppSetLogHandler(Some(keep_log)));
+}
+
+/// The lines kept since `capture_logs`.
+pub fn logged() -> Vec<String> {
+    LOGS.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 pub fn init(root: &str, rank: usize, n: usize) -> mscclppComm_t {

@@ -48,6 +48,33 @@ fn connect(a: &mut dyn Endpoint, b: &mut dyn Endpoint) -> PeerId {
     pa
 }
 
+/// What a put lands in: `words` words and a flag word registered by the target, imported
+/// by the initiator.
+struct Target {
+    dst: Vec<u64>,
+    flag: Vec<u64>,
+    /// The destination's region blob, as the target handed it out.
+    dst_blob: Vec<u8>,
+    d: RemoteId,
+    f: RemoteId,
+}
+
+/// Registers a `Target` on `b` and imports it into `a` (whose peer `pa` is `b`).
+fn target(a: &mut dyn Endpoint, b: &mut dyn Endpoint, pa: PeerId, words: usize) -> Target {
+    let (dst, flag) = (vec![0u64; words], vec![0u64; 1]);
+    let (_, dst_blob) = b.register(region(&dst)).unwrap();
+    let (_, fb) = b.register(region(&flag)).unwrap();
+    let d = a.import(pa, &dst_blob).unwrap();
+    let f = a.import(pa, &fb).unwrap();
+    Target {
+        dst,
+        flag,
+        dst_blob,
+        d,
+        f,
+    }
+}
+
 /// Progresses `b` on a thread until `body` returns (the target's proxy).
 fn with_target<B: Endpoint + 'static, R>(b: B, body: impl FnOnce() -> R) -> (R, B) {
     let stop = std::sync::Arc::new(AtomicBool::new(false));
@@ -84,12 +111,9 @@ fn large_puts_stripe_over_both_rails_and_small_ones_stay_on_rail_0() {
     let (mut a, mut b) = pair();
     let pa = connect(&mut a, &mut b);
     let words = (1usize << 20) / 8;
-    let dst = vec![0u64; words];
-    let flag = vec![0u64; 1];
-    let (_, db) = b.register(region(&dst)).unwrap();
-    let (_, fb) = b.register(region(&flag)).unwrap();
-    let d = a.import(pa, &db).unwrap();
-    let f = a.import(pa, &fb).unwrap();
+    let Target {
+        dst, flag, d, f, ..
+    } = target(&mut a, &mut b, pa, words);
     let mut src = vec![0u64; words];
     let s = a.register(region(&src)).unwrap().0;
     let ((), b) = with_target(b, || {
@@ -120,20 +144,26 @@ fn large_puts_stripe_over_both_rails_and_small_ones_stay_on_rail_0() {
 /// The value waits for the other rail's data: while the target progresses rail 0 only, rail
 /// 1's data cannot be confirmed delivered, so the value (on rail 0) must not arrive; once it
 /// progresses both, value and data arrive. Without the delivery flush before the value this
-/// fails (the value would arrive over rail 0 at once).
+/// fails (the value would arrive over rail 0 at once). Both rails' connections are made first,
+/// while the target progresses both: a rail whose connection is still being made holds the
+/// sender up by itself, and the test would then pass without the flush.
 #[test]
 fn value_waits_for_the_other_rails_data() {
     let (mut a, mut b) = pair();
     let pa = connect(&mut a, &mut b);
     let words = (512usize << 10) / 8;
-    let dst = vec![0u64; words];
-    let flag = vec![0u64; 1];
-    let (_, db) = b.register(region(&dst)).unwrap();
-    let (_, fb) = b.register(region(&flag)).unwrap();
-    let d = a.import(pa, &db).unwrap();
-    let f = a.import(pa, &fb).unwrap();
+    let Target {
+        dst, flag, d, f, ..
+    } = target(&mut a, &mut b, pa, words);
     let src: Vec<u64> = (0..words).map(|i| pattern(7, i)).collect();
     let s = a.register(region(&src)).unwrap().0;
+    let zeros = vec![0u64; words];
+    let z = a.register(region(&zeros)).unwrap().0;
+    let ((), mut b) = with_target(b, || {
+        a.write(pa, z, 0, d, 0, (words * 8) as u64).unwrap();
+        a.flush(pa).unwrap();
+    });
+    assert_eq!(a.rail_stats()[1].writes, 4, "the warm-up used both rails");
     let sender = std::thread::spawn(move || {
         a.write(pa, s, 0, d, 0, (words * 8) as u64).unwrap();
         a.write_value(pa, f, 0, 1).unwrap();
@@ -180,12 +210,9 @@ fn one_rail_and_two_rails_talk_over_rail_0() {
     let mut b = NetEndpoint::open(Some("lo"), false, None, &cfg()).unwrap();
     let pa = connect(&mut a, &mut b);
     let words = (1usize << 20) / 8;
-    let dst = vec![0u64; words];
-    let flag = vec![0u64; 1];
-    let (_, db) = b.register(region(&dst)).unwrap();
-    let (_, fb) = b.register(region(&flag)).unwrap();
-    let d = a.import(pa, &db).unwrap();
-    let f = a.import(pa, &fb).unwrap();
+    let Target {
+        dst, flag, d, f, ..
+    } = target(&mut a, &mut b, pa, words);
     let src: Vec<u64> = (0..words).map(|i| pattern(3, i)).collect();
     let s = a.register(region(&src)).unwrap().0;
     // Our region blob lists two rails; the one-rail side imports rail 0's.
@@ -227,13 +254,14 @@ fn staged_regions_use_rail_0_only() {
     let mut b = Rails::open(&["lo", "lo"], None, &c).unwrap();
     let pa = connect(&mut a, &mut b);
     let words = (1usize << 20) / 8;
-    let dst = vec![0u64; words];
-    let flag = vec![0u64; 1];
-    let (_, db) = b.register(region(&dst)).unwrap();
-    assert_eq!(blob::decode_rails(&db).unwrap().len(), 1);
-    let (_, fb) = b.register(region(&flag)).unwrap();
-    let d = a.import(pa, &db).unwrap();
-    let f = a.import(pa, &fb).unwrap();
+    let Target {
+        dst,
+        flag,
+        dst_blob,
+        d,
+        f,
+    } = target(&mut a, &mut b, pa, words);
+    assert_eq!(blob::decode_rails(&dst_blob).unwrap().len(), 1);
     let src: Vec<u64> = (0..words).map(|i| pattern(5, i)).collect();
     let s = a.register(region(&src)).unwrap().0;
     let (_, _b) = with_target(b, || {
