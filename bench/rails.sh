@@ -44,25 +44,21 @@ cleanup
 if [[ -z ${RAILS_LOOPBACK:-} ]] && netns 2>/dev/null; then
   where="tcp over veth pairs between two namespaces"
   in_a=(ip netns exec $a) in_b=(ip netns exec $b) root=10.97.0.1
-  rails() { # N SIDE: veth0SIDE+veth1SIDE+...
-    local out="veth0$2" k
-    for ((k = 1; k < $1; k++)); do out+="+veth$k$2"; done
-    echo "$out"
-  }
-  boot() { echo "veth0$1"; }
+  rail() { echo "veth$1$2"; } # K SIDE: rail K's interface on side a or b
 else
   cleanup
   why=$([[ -n ${RAILS_LOOPBACK:-} ]] && echo "RAILS_LOOPBACK=1" ||
     { command -v ip >/dev/null && echo "no network namespaces here: not root?" || echo "no network namespaces here: no iproute2"; })
   where="tcp on loopback, one endpoint per rail ($why)"
   in_a=() in_b=() root=127.0.0.1
-  rails() {
-    local out=lo k
-    for ((k = 1; k < $1; k++)); do out+="+lo"; done
-    echo "$out"
-  }
-  boot() { echo lo; }
+  rail() { echo lo; }
 fi
+rails() { # N SIDE: the interfaces of N rails joined by '+'
+  local out k
+  out=$(rail 0 "$2")
+  for ((k = 1; k < $1; k++)); do out+="+$(rail $k "$2")"; done
+  echo "$out"
+}
 file=$outdir/$machine-rails.txt
 : >"$file"
 echo "# $(date -u +%F) $machine, $(nproc) cores, libfabric $(pkg-config --modversion libfabric 2>/dev/null || echo '(no pkg-config)'), $where" | tee -a "$file"
@@ -73,11 +69,11 @@ for ((k = 1; k <= rounds; k++)); do
     env=(MSCCLPP_NRANKS=2 MSCCLPP_ROOT="$root:$port" MSCCLPP_NET_PROVIDER=tcp MSCCLPP_RUN_TIMEOUT=120)
     # shellcheck disable=SC2086
     "${in_b[@]}" env "${env[@]}" MSCCLPP_RANK=1 MSCCLPP_LOCAL_RANK=1 MSCCLPP_NET_IFACE="$(rails $n b)" \
-      MSCCLPP_SOCKET_IFNAME="$(boot b)" timeout 300 "$bin/sendrecv_perf" -G 0 -T ib $sizes $iters >/dev/null &
+      MSCCLPP_SOCKET_IFNAME="$(rail 0 b)" timeout 300 "$bin/sendrecv_perf" -G 0 -T ib $sizes $iters >/dev/null &
     p1=$!
     # shellcheck disable=SC2086
     "${in_a[@]}" env "${env[@]}" MSCCLPP_RANK=0 MSCCLPP_LOCAL_RANK=0 MSCCLPP_NET_IFACE="$(rails $n a)" \
-      MSCCLPP_SOCKET_IFNAME="$(boot a)" timeout 300 "$bin/sendrecv_perf" -G 0 -T ib $sizes $iters |
+      MSCCLPP_SOCKET_IFNAME="$(rail 0 a)" timeout 300 "$bin/sendrecv_perf" -G 0 -T ib $sizes $iters |
       tee -a "$file" | tail -3 || { echo "rank 0 failed (rails=$n)" >&2; exit 1; }
     wait $p1 || { echo "rank 1 failed (rails=$n)" >&2; exit 1; }
   done
