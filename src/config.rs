@@ -102,6 +102,10 @@ pub struct NetConfig {
     pub staging_bytes: Option<u64>,
     /// `MSCCLPP_NET_STAGING_SLOTS`: records in each staging inbox.
     pub staging_slots: Option<u64>,
+    /// `MSCCLPP_NET_STAGING_CHUNK`: bytes per staged chunk (default: a quarter of the ring).
+    pub staging_chunk: Option<u64>,
+    /// `MSCCLPP_NET_STAGING_BOUNCE`: pinned bounce slots (one chunk each) for staged sources.
+    pub staging_bounce: Option<u64>,
     /// `MSCCLPP_TEST_FORCE_STAGING=1` (tests): host regions staged as GPU memory is.
     pub force_staging: bool,
     /// `MSCCLPP_TEST_FORCE_MR_ENDPOINT=1` (tests): the FI_MR_ENDPOINT registration sequence.
@@ -126,6 +130,8 @@ impl Default for NetConfig {
             hmem: Hmem::Auto,
             staging_bytes: None,
             staging_slots: None,
+            staging_chunk: None,
+            staging_bounce: None,
             force_staging: false,
             force_mr_endpoint: false,
             sysfs_root: "/sys".into(),
@@ -469,6 +475,8 @@ impl Config {
             },
             staging_bytes: r.num("MSCCLPP_NET_STAGING_BYTES", "the default"),
             staging_slots: r.num("MSCCLPP_NET_STAGING_SLOTS", "the default"),
+            staging_chunk: r.num("MSCCLPP_NET_STAGING_CHUNK", "the default"),
+            staging_bounce: r.num("MSCCLPP_NET_STAGING_BOUNCE", "the default"),
             force_staging: r.flag("MSCCLPP_TEST_FORCE_STAGING", net_default.force_staging),
             force_mr_endpoint: r.flag(
                 "MSCCLPP_TEST_FORCE_MR_ENDPOINT",

@@ -28,6 +28,10 @@
 //! the baseline for libmscclpp's FI_HMEM path. `--pinned`: the bulk writes go from and to
 //! host memory that the CUDA driver allocated pinned (`cuMemHostAlloc`, as libmscclpp's staging
 //! rings and bounce slots are), registered as plain host memory: the provider's speed on them.
+//! `--spread`: successive bulk writes of a size go to successive offsets across the whole
+//! 64 MiB buffer (instead of alternating between its first two slots), so that every write
+//! reads and writes memory that is no longer in the CPU's caches, as fresh data would be; by
+//! default a 4 MiB run keeps rewriting 16 MiB that the caches hold.
 
 use libfabric_sys::*;
 use std::ffi::{c_void, CStr};
@@ -55,6 +59,8 @@ struct Opts {
     cuda: bool,
     /// Bulk writes between pinned host buffers from cuMemHostAlloc.
     pinned: bool,
+    /// Bulk writes cycle over the whole buffer (cache-cold data) instead of two slots.
+    spread: bool,
     /// `--exchange`: bytes from, to, and the factor between sizes.
     exchange: Option<(usize, usize, usize)>,
     exchange_iters: usize,
@@ -83,6 +89,7 @@ fn opts() -> Opts {
         volume_mib: 256,
         cuda: false,
         pinned: false,
+        spread: false,
         exchange: None,
         exchange_iters: 20,
         child: false,
@@ -128,9 +135,10 @@ fn opts() -> Opts {
             }
             "--cuda" => o.cuda = true,
             "--pinned" => o.pinned = true,
+            "--spread" => o.spread = true,
             "--child" => o.child = true,
             "-h" | "--help" => {
-                println!("raw_rma [--provider NAME] [--domain NAME] [--dc] [--data-first] [--cuda | --pinned] [--iters N] [--min-kib K] [--max-mib M] [--volume-mib V] [--exchange MIN:MAX:FACTOR [--exchange-iters N]]");
+                println!("raw_rma [--provider NAME] [--domain NAME] [--dc] [--data-first] [--cuda | --pinned] [--spread] [--iters N] [--min-kib K] [--max-mib M] [--volume-mib V] [--exchange MIN:MAX:FACTOR [--exchange-iters N]]");
                 std::process::exit(0);
             }
             other => panic!("unknown argument {other}"),
@@ -739,7 +747,7 @@ fn main() {
     }
 
     println!(
-        "raw libfabric RMA baseline: {}, 2 processes, delivery-complete {}, {} buffers",
+        "raw libfabric RMA baseline: {}, 2 processes, delivery-complete {}, {} buffers{}",
         s.describe(),
         if o.dc { "on" } else { "off" },
         if o.cuda {
@@ -748,6 +756,11 @@ fn main() {
             "pinned host (cuMemHostAlloc)"
         } else {
             "host"
+        },
+        if o.spread {
+            ", writes spread over 64 MiB"
+        } else {
+            ""
         }
     );
     let mut v = 0u64;
@@ -785,8 +798,9 @@ fn main() {
                 while s.outstanding >= WINDOW {
                     s.poll();
                 }
+                let slots = if o.spread { MAX_SIZE / size } else { 2 };
                 let off = if size * 2 <= MAX_SIZE {
-                    (k % 2) * size
+                    (k % slots) * size
                 } else {
                     0
                 };

@@ -6,7 +6,7 @@ use super::fabric::{self, fab_err, strerror, InfoList, Objects, EAGAIN, EAVAIL, 
 use super::mr;
 use super::peers::Peers;
 use super::select::Ordering;
-use super::staging::{BOUNCE_SLOTS, RECORD_BYTES};
+use super::staging::RECORD_BYTES;
 use crate::error::{Error, Result};
 use crate::mem::HostBlock;
 use crate::sync::{Backoff, Nap, Policy};
@@ -142,8 +142,9 @@ pub(super) struct Ops {
     free: Vec<usize>,
     pub outstanding: usize,
     /// Bounce slots (`staging::Bounce`) in use: taken by `Staging::bounce_slot`, freed at the
-    /// completion of the write that reads the slot (or when that write is not posted).
-    pub bounce_busy: [bool; BOUNCE_SLOTS],
+    /// completion of the write that reads the slot (or when that write is not posted). Sized
+    /// when the slots are made.
+    pub bounce_busy: Vec<bool>,
     pub max_chunk: u64,
     pub timeout: Duration,
     pub stats: Stats,
@@ -184,7 +185,7 @@ impl Ops {
             slots: (0..depth).map(|_| OpSlot::default()).collect(),
             free: (0..depth).rev().collect(),
             outstanding: 0,
-            bounce_busy: [false; BOUNCE_SLOTS],
+            bounce_busy: Vec::new(),
             max_chunk,
             timeout: crate::config::wait_timeout(),
             stats: Stats::default(),

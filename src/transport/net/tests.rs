@@ -377,8 +377,16 @@ fn with_staged_pair(
     kind: Kind,
     body: impl FnOnce(&mut NetEndpoint, &Mutex<NetEndpoint>, PeerId),
 ) -> (NetEndpoint, NetEndpoint) {
-    let mut a = open(kind, &staged_tuning());
-    let mut b = open(kind, &staged_tuning());
+    with_staged_pair_tuned(kind, &staged_tuning(), body)
+}
+
+fn with_staged_pair_tuned(
+    kind: Kind,
+    cfg: &NetConfig,
+    body: impl FnOnce(&mut NetEndpoint, &Mutex<NetEndpoint>, PeerId),
+) -> (NetEndpoint, NetEndpoint) {
+    let mut a = open(kind, cfg);
+    let mut b = open(kind, cfg);
     let (addr_a, addr_b) = (a.address_for(1).unwrap(), b.address_for(0).unwrap());
     let pa = a.add_peer(1, &addr_b).unwrap();
     b.add_peer(0, &addr_a).unwrap();
@@ -482,6 +490,49 @@ fn staged_writes_apply_only_on_the_receiver_in_order() {
             a.staging.chans[ci].out.sent > 16,
             "ring and inbox wrapped several times"
         );
+    }
+}
+
+/// `MSCCLPP_NET_STAGING_CHUNK` and `_BOUNCE`: the writer cuts staged writes into chunks of
+/// its own size (at most half the peer's ring) and copies staged sources out through that many
+/// bounce slots; every byte arrives either way.
+#[test]
+fn staging_chunk_and_bounce_slots_follow_the_tuning() {
+    let n = 8 << 10; // words: 64 KiB, twice the 32 KiB ring
+    let src: Vec<u64> = (0..n as u64).map(|i| i.wrapping_mul(0x51ed) ^ 7).collect();
+    // (chunk asked for, bounce slots, chunks expected): 4 KiB as asked; 1 MiB is cut down to
+    // half the ring. (The default would be 8 KiB chunks, a quarter of the ring, and 4 slots.)
+    for (chunk, bounce, chunks) in [(4096, 2, 16), (1 << 20, 3, 4)] {
+        let dst = vec![0u64; n];
+        let cfg = NetConfig {
+            staging_bytes: Some(32 << 10),
+            staging_chunk: Some(chunk),
+            staging_bounce: Some(bounce),
+            ..staged_tuning()
+        };
+        let (a, _b) = with_staged_pair_tuned(Kind::Tcp, &cfg, |a, b, pa| {
+            let d = b.lock().unwrap().register(region(&dst)).unwrap().1;
+            let d = a.import(pa, &d).unwrap();
+            let s = a.register(region(&src)).unwrap().0;
+            let stop = AtomicBool::new(false);
+            std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    // Ends when the writer is done (Release below, Acquire here).
+                    while !stop.load(AtOrd::Acquire) {
+                        b.lock().unwrap().poll_incoming().unwrap();
+                        std::thread::yield_now();
+                    }
+                });
+                a.write(pa, s, 0, d, 0, (n * 8) as u64).unwrap();
+                a.flush(pa).unwrap();
+                stop.store(true, AtOrd::Release);
+            });
+        });
+        for (i, want) in src.iter().enumerate() {
+            assert_eq!(word(&dst, i), *want, "chunk {chunk}: word {i}");
+        }
+        assert_eq!(a.stats().staged_chunks, chunks, "chunk {chunk}");
+        assert_eq!(a.ops.bounce_busy.len(), bounce as usize);
     }
 }
 

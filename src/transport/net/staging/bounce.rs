@@ -14,9 +14,6 @@ use libfabric_sys as fi;
 use std::ffi::c_void;
 use std::time::Duration;
 
-/// Bounce slots for staged sources (each one chunk).
-pub(crate) const BOUNCE_SLOTS: usize = 4;
-
 /// Waiting for a copy out: spin (a chunk's copy takes tens of microseconds and the wire waits
 /// for it), then yield; never nap.
 const COPY_OUT_WAIT: Policy = Policy {
@@ -82,7 +79,7 @@ impl Staging {
                 let slot = self.bounce_slot(net)?;
                 let b = self.bounce(net)?;
                 let (mr, slot_len) = (b.mr, b.slot_len);
-                // SAFETY: slot < BOUNCE_SLOTS and the bounce memory holds that many slots.
+                // SAFETY: slot < `sizes.bounce` and the bounce memory holds that many slots.
                 let dst = unsafe { b.mem.ptr().add(slot * slot_len as usize) };
                 // SAFETY: `addr..addr+n` lies in the registered source region (the caller checked
                 // the range against it), of the kind this endpoint's copier serves; `dst` is a
@@ -179,10 +176,10 @@ impl Staging {
     /// The bounce slots, made and registered on first use.
     fn bounce(&mut self, net: &mut Net<'_>) -> Result<&mut Bounce> {
         if self.bounce.is_none() {
-            let slot_len = (self.sizes.ring / 4).clamp(4096, net.ops.max_chunk.max(4096));
-            let mem = self
-                .copier(net.ops)?
-                .alloc(slot_len as usize * BOUNCE_SLOTS)?;
+            let chunk = self.sizes.chunk.unwrap_or(self.sizes.ring / 4);
+            let slot_len = chunk.clamp(4096, net.ops.max_chunk.max(4096));
+            let slots = self.sizes.bounce;
+            let mem = self.copier(net.ops)?.alloc(slot_len as usize * slots)?;
             let req = mr::Request {
                 addr: mem.ptr() as u64,
                 len: mem.len() as u64,
@@ -193,6 +190,7 @@ impl Staging {
             let policy = net.regions.policy;
             let m = mr::register(&mut net.ops.mr_ops(), &policy, &req)?;
             let mr = net.regions.add_mr(m);
+            net.ops.bounce_busy = vec![false; slots];
             self.bounce = Some(Bounce {
                 mem,
                 mr,
@@ -211,13 +209,14 @@ impl Staging {
         let since = std::time::Instant::now();
         // Ends when a write that read a bounce slot completes, on an error, or at the deadline.
         loop {
+            let slots = self.sizes.bounce;
             let b = self.bounce(net)?;
             let start = b.next;
-            for k in 0..BOUNCE_SLOTS {
-                let i = (start + k) % BOUNCE_SLOTS;
+            for k in 0..slots {
+                let i = (start + k) % slots;
                 if !net.ops.bounce_busy[i] {
                     net.ops.bounce_busy[i] = true;
-                    b.next = (i + 1) % BOUNCE_SLOTS;
+                    b.next = (i + 1) % slots;
                     if wait.is_some() {
                         net.ops.stats.bounce_waits.add(since);
                     }

@@ -13,8 +13,8 @@
 //! - on endpoints that stage, an `inbox` of [`RECORD_BYTES`]-byte records and a data `ring`
 //!   (pinned host memory for CUDA) that the peer writes into.
 //!
-//! Writing `size` bytes to a staged region of the peer: per chunk (a quarter of the ring at
-//! most), `fi_write` the bytes into free ring space, then `fi_write` a record `{seq, Data,
+//! Writing `size` bytes to a staged region of the peer: per chunk (the writer's
+//! `MSCCLPP_NET_STAGING_CHUNK`, at most half the peer's ring; default a quarter), `fi_write` the bytes into free ring space, then `fi_write` a record `{seq, Data,
 //! region, offset, size, ring position}` into the inbox slot `(seq - 1) % slots`; the record is
 //! ordered after its data like a flag (WAW ordering, else FI_FENCE, else the data is drained
 //! first). A value (the signal count, `write_value`) is a record `{seq, Value, region, offset,
@@ -48,7 +48,6 @@ mod record;
 mod send;
 
 use bounce::Bounce;
-pub(crate) use bounce::BOUNCE_SLOTS;
 pub(crate) use chan::Chan;
 use chan::{Incoming, Outgoing};
 pub(crate) use record::{Kind, Record, RECORD_BYTES};
@@ -71,12 +70,19 @@ const MAX_RING: u64 = 1 << 30;
 const DEFAULT_SLOTS: u64 = 256;
 const MIN_SLOTS: u64 = 2;
 const MAX_SLOTS: u64 = 1 << 16;
+const MIN_CHUNK: u64 = 4 << 10;
+const DEFAULT_BOUNCE: usize = 4;
+const MAX_BOUNCE: u64 = 64;
 
-/// The sizes of channels this endpoint creates.
+/// The sizes of channels this endpoint creates, and of its staged writes.
 #[derive(Clone, Copy, Debug)]
 struct Sizes {
     ring: u64,
     slots: u64,
+    /// Bytes per chunk written (and per bounce slot); None: a quarter of the peer's ring.
+    chunk: Option<u64>,
+    /// Bounce slots for staged sources.
+    bounce: usize,
 }
 
 /// The staging state of one endpoint (module doc): its channels, one per peer rank, the copier
@@ -115,6 +121,12 @@ impl Staging {
                 slots: cfg
                     .staging_slots
                     .map_or(DEFAULT_SLOTS, |n| n.clamp(MIN_SLOTS, MAX_SLOTS)),
+                chunk: cfg
+                    .staging_chunk
+                    .map(|c| c.clamp(MIN_CHUNK, MAX_RING).next_multiple_of(4096)),
+                bounce: cfg
+                    .staging_bounce
+                    .map_or(DEFAULT_BOUNCE, |n| n.clamp(1, MAX_BOUNCE) as usize),
             },
             copier: None,
             chans: Vec::new(),

@@ -115,7 +115,13 @@ impl Staging {
             Dest::Direct { .. } => u64::MAX,
             Dest::Staged { .. } => {
                 let (_, _, ring) = self.out_chan(net.peers, peer)?;
-                (ring.len / 4).max(1)
+                // Our chunk size, but never more than half the peer's ring (one chunk on the
+                // wire while the peer copies the other out).
+                match self.sizes.chunk {
+                    Some(c) => c.min(ring.len / 2),
+                    None => ring.len / 4,
+                }
+                .max(1)
             }
         };
         let max = self.source_chunk(net, src, limit)?;
