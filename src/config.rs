@@ -36,12 +36,15 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_NET_HMEM",
     "MSCCLPP_NET_STAGING_BYTES",
     "MSCCLPP_NET_STAGING_SLOTS",
+    "MSCCLPP_NET_STAGING_CHUNK",
+    "MSCCLPP_NET_STAGING_BOUNCE",
     "MSCCLPP_SHM_INLINE_BYTES",
     "MSCCLPP_P2P_ENGINE",
     "MSCCLPP_P2P_SM_MAX_BYTES",
     "MSCCLPP_P2P_SM_BLOCKS",
     "MSCCLPP_P2P_SM_LINGER_US",
     "MSCCLPP_P2P_SM_SOLO_BYTES",
+    "MSCCLPP_P2P_SM_SHARED",
     "MSCCLPP_P2P_SM_POLL_NS",
     "MSCCLPP_P2P_SM_SELFTEST",
     "MSCCLPP_P2P_DONE_WORD",
@@ -238,6 +241,11 @@ pub struct P2pConfig {
     pub flag_by_copy: bool,
     /// `MSCCLPP_P2P_STATS=1`: log driver call times and engine timings at close.
     pub stats: bool,
+    /// `MSCCLPP_P2P_SM_SHARED=1`: the SM engine also carries work to a peer on this process's
+    /// own GPU when an MPS daemon serves it (their kernels then run at once). Off by default:
+    /// measured 1.55x faster at a 1 MiB all-gather, but the copy engines' work could then stop
+    /// completing (bench/RESULTS.md, session 12). Without MPS it stays off for such peers.
+    pub sm_shared: bool,
     /// `CUDA_MPS_PIPE_DIRECTORY` (CUDA's own variable; default `/tmp/nvidia-mps`): where an MPS
     /// daemon that this process's CUDA would use keeps its control socket.
     pub mps_pipe_dir: String,
@@ -257,6 +265,7 @@ impl Default for P2pConfig {
             host_signal: true,
             flag_by_copy: false,
             stats: false,
+            sm_shared: false,
             mps_pipe_dir: "/tmp/nvidia-mps".to_string(),
         }
     }
@@ -516,6 +525,7 @@ impl Config {
                 .as_deref()
                 == Some("copy"),
             stats: r.flag("MSCCLPP_P2P_STATS", d.stats),
+            sm_shared: r.flag("MSCCLPP_P2P_SM_SHARED", d.sm_shared),
             mps_pipe_dir: r.text("CUDA_MPS_PIPE_DIRECTORY").unwrap_or(d.mps_pipe_dir),
         };
         Config {
@@ -634,8 +644,16 @@ mod tests {
             ("MSCCLPP_P2P_SM_BLOCKS", "1000"),
             ("MSCCLPP_P2P_FLAG", "copy"),
             ("MSCCLPP_P2P_HOST_SIGNAL", "0"),
+            ("MSCCLPP_P2P_SM_SHARED", "1"),
+            ("MSCCLPP_NET_STAGING_CHUNK", "1000"),
+            ("MSCCLPP_NET_STAGING_BOUNCE", "8"),
         ]);
         assert!(c.problems.is_empty(), "{:?}", c.problems);
+        assert!(c.p2p.sm_shared);
+        assert_eq!(
+            (c.net.staging_chunk, c.net.staging_bounce),
+            (Some(1000), Some(8))
+        );
         assert_eq!(c.log_level, LogLevel::Info);
         assert_eq!(c.bootstrap_timeout, Some(Duration::from_millis(2500)));
         assert_eq!(c.wait_timeout, Some(MAX_TIMEOUT));

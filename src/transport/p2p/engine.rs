@@ -355,6 +355,11 @@ impl Engine {
         Ok(())
     }
 
+    /// Times the kernel was launched.
+    pub fn launches(&self) -> u64 {
+        self.launches
+    }
+
     /// Every posted job is done.
     pub fn idle(&self) -> bool {
         self.done() + 1 >= self.next

@@ -93,9 +93,10 @@ struct Peer {
     /// An SM-engine job for this peer stored a flag that may still be in flight (the kernel
     /// does not fence after flags): a flag by the copy engine must wait for it.
     sm_flag: bool,
-    /// The peer's GPU is ours (ranks sharing a GPU): no SM engine, whose resident kernel would
-    /// hold the GPU while the processes time-slice it.
-    same_device: bool,
+    /// The SM engine may carry this peer's work: its GPU is another one, or ours with an MPS
+    /// daemon serving it (`MSCCLPP_P2P_SM_SHARED`). Without MPS, ranks sharing a GPU
+    /// time-slice it, and a resident engine kernel would hold it.
+    sm_ok: bool,
 }
 
 /// `peers[p]` (a function of the vector alone, so that other fields stay borrowable).
@@ -125,18 +126,23 @@ struct P2p {
 impl P2p {
     /// Rank `rank` uses this process's GPU too: without MPS the two processes' kernels
     /// time-slice it, and every wait across them lasts a context switch (~2 ms measured on an
-    /// H100). Says so at INFO, once per process, where no MPS daemon's control socket is found.
-    fn note_shared_gpu(&self, rank: usize) {
+    /// H100). Returns whether an MPS daemon serves this process (its control socket exists);
+    /// says so at INFO, once per process, where none does.
+    fn note_shared_gpu(&self, rank: usize) -> bool {
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         let control = std::path::Path::new(&self.cfg.mps_pipe_dir).join("control");
-        if control.exists() || SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            return;
+        if control.exists() {
+            return true;
+        }
+        if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return false;
         }
         crate::info!(
             "p2p:cuda{}: rank {rank} uses this GPU too and no MPS daemon answers here ({} is missing): the ranks' kernels time-slice the GPU, ~2 ms per wait across them; run an MPS daemon for several ranks per GPU (README)",
             self.device,
             control.display()
         );
+        false
     }
 
     fn peer(&mut self, p: PeerId) -> Result<&mut Peer> {
@@ -193,10 +199,8 @@ impl Endpoint for P2p {
             )));
         }
         let ce = PeerStream::new(self.device)?;
-        let same_device = addr.device == self.device;
-        if same_device {
-            self.note_shared_gpu(remote_rank);
-        }
+        let sm_ok =
+            addr.device != self.device || (self.note_shared_gpu(remote_rank) && self.cfg.sm_shared);
         crate::trace!(
             "p2p:cuda{}: peer rank {remote_rank} on its device {}",
             self.device,
@@ -208,7 +212,7 @@ impl Endpoint for P2p {
             ce,
             sm_last: 0,
             sm_flag: false,
-            same_device,
+            sm_ok,
         });
         Ok(self.peers.len() - 1)
     }
@@ -361,6 +365,7 @@ impl Drop for P2p {
             if let Some(e) = self.engine.take() {
                 self.stats.sm_jobs = e.jobs;
                 self.stats.sm_timing = e.timing();
+                self.stats.sm_launches = e.launches();
                 drop(e);
             }
             for p in &self.peers {

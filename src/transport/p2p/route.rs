@@ -15,11 +15,11 @@ impl P2p {
     /// engine when it is off (this operation then goes by the copy engines; later ones by the
     /// SMs once every block is resident).
     pub(super) fn sm_route(&mut self, peer: PeerId, mapped: bool) -> Result<bool> {
-        let same_device = self.peer(peer)?.same_device;
+        let sm_ok = self.peer(peer)?.sm_ok;
         let Some(e) = self.engine.as_mut() else {
             return Ok(false);
         };
-        if !mapped || same_device {
+        if !mapped || !sm_ok {
             return Ok(false);
         }
         if e.ready()? {

@@ -13,6 +13,8 @@ pub(super) struct Stats {
     pub(super) flushes: Timed,
     pub(super) sm_waits: Timed,
     pub(super) sm_jobs: u64,
+    /// Launches of the SM engine's kernel (it stops after its linger without work).
+    pub(super) sm_launches: u64,
     /// The SM engine's own timing sums (`Engine::timing`).
     pub(super) sm_timing: [u64; 7],
 }
@@ -39,11 +41,12 @@ impl Stats {
             })
         };
         crate::info!(
-            "p2p:cuda{device} stats: copy calls {}, flag and done-word calls {}, stream waits {}; SM engine jobs {}, waits {}; in the kernel, read to DONE: grid jobs {} (block 0's share copied {}, workers joined {}, fenced {}), others {}",
+            "p2p:cuda{device} stats: copy calls {}, flag and done-word calls {}, stream waits {}; SM engine jobs {}, launches {}, waits {}; in the kernel, read to DONE: grid jobs {} (block 0's share copied {}, workers joined {}, fenced {}), others {}",
             f(self.copies),
             f(self.values),
             f(self.flushes),
             self.sm_jobs,
+            self.sm_launches,
             f(self.sm_waits),
             g(t[0], t[1]),
             g(t[4], t[1]),
