@@ -410,6 +410,31 @@ fn apply_until(b: &Mutex<NetEndpoint>, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Runs `body` (the writer) while another thread applies and acknowledges `b`'s incoming
+/// records, as the receiver's proxy would.
+fn while_applying(b: &Mutex<NetEndpoint>, body: impl FnOnce()) {
+    /// Stops the applying thread when `body` returns or panics (else a failed assertion would
+    /// leave the scope waiting for that thread forever).
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, AtOrd::Release);
+        }
+    }
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            // Ends when the writer is done (Release in `Stop::drop`, Acquire here).
+            while !stop.load(AtOrd::Acquire) {
+                b.lock().unwrap().poll_incoming().unwrap();
+                std::thread::yield_now();
+            }
+        });
+        let _stop = Stop(&stop);
+        body();
+    });
+}
+
 /// Data lands in the staging ring and reaches the region only when the receiver applies the
 /// records; the value is stored after it; the bytes between the written ranges stay as they
 /// were; flush returns once the receiver has acknowledged.
@@ -450,21 +475,12 @@ fn staged_writes_apply_only_on_the_receiver_in_order() {
             a.flush(pa).unwrap();
             // Larger than the ring: the writer waits for acknowledgements, applying and
             // acknowledging happens on another thread here (as the receiver's proxy would).
-            let stop = AtomicBool::new(false);
-            std::thread::scope(|sc| {
-                sc.spawn(|| {
-                    // Ends when the writer is done (Release below, Acquire here).
-                    while !stop.load(AtOrd::Acquire) {
-                        b.lock().unwrap().poll_incoming().unwrap();
-                        std::thread::yield_now();
-                    }
-                });
+            while_applying(b, || {
                 a.write(pa, s, 0, d, 0, (n * 8) as u64).unwrap();
                 a.write_value(pa, e, 8, 2).unwrap();
                 a.flush(pa).unwrap();
                 // Flushed = applied on the receiver: no waiting for the value here.
                 assert_eq!(word(&epoch, 1), 2);
-                stop.store(true, AtOrd::Release);
             });
             for (i, want) in src.iter().enumerate() {
                 assert_eq!(word(&dst, i), *want, "{kind:?} word {i}");
@@ -514,18 +530,9 @@ fn staging_chunk_and_bounce_slots_follow_the_tuning() {
             let d = b.lock().unwrap().register(region(&dst)).unwrap().1;
             let d = a.import(pa, &d).unwrap();
             let s = a.register(region(&src)).unwrap().0;
-            let stop = AtomicBool::new(false);
-            std::thread::scope(|sc| {
-                sc.spawn(|| {
-                    // Ends when the writer is done (Release below, Acquire here).
-                    while !stop.load(AtOrd::Acquire) {
-                        b.lock().unwrap().poll_incoming().unwrap();
-                        std::thread::yield_now();
-                    }
-                });
+            while_applying(b, || {
                 a.write(pa, s, 0, d, 0, (n * 8) as u64).unwrap();
                 a.flush(pa).unwrap();
-                stop.store(true, AtOrd::Release);
             });
         });
         for (i, want) in src.iter().enumerate() {
