@@ -2,29 +2,19 @@
 //! and flags over tcp;ofi_rxm (loopback), and an out-of-range trigger is refused by the proxy
 //! before it reaches the transport, as a sticky error.
 
+mod common;
+
+use common::raw::{region, word};
 use mscclpp::abi::{mscclppData, mscclppFlag, mscclppResult_t, mscclppSync, trigger_encode};
 use mscclpp::bootstrap::Bootstrap;
 use mscclpp::fifo::Fifo;
 use mscclpp::host::{host_push, host_wait_retired};
 use mscclpp::proxy::{self, ProxyConn, ProxyWork, SharedEndpoint, Sticky};
 use mscclpp::transport::net;
-use mscclpp::transport::{Endpoint, MemKind, Region};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use mscclpp::transport::Endpoint;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-fn region(v: &[u64]) -> Region {
-    Region {
-        addr: v.as_ptr() as u64,
-        len: (v.len() * 8) as u64,
-        kind: MemKind::Host,
-    }
-}
-
-fn word(v: &[u64], i: usize) -> u64 {
-    // SAFETY: in bounds and aligned; written by the peer, hence atomic.
-    unsafe { AtomicU64::from_ptr(v.as_ptr().add(i) as *mut u64) }.load(Ordering::Acquire)
-}
 
 #[test]
 fn proxy_moves_data_and_refuses_out_of_range_triggers() {

@@ -23,7 +23,8 @@ fn open(kind: Kind, t: &NetConfig) -> NetEndpoint {
     .unwrap_or_else(|e| panic!("opening {kind:?}: {e}"))
 }
 
-fn region(v: &[u64]) -> Region {
+/// A host region over `v` (also for `rails/tests.rs`).
+pub(super) fn region(v: &[u64]) -> Region {
     Region {
         addr: v.as_ptr() as u64,
         len: (v.len() * 8) as u64,
@@ -31,7 +32,8 @@ fn region(v: &[u64]) -> Region {
     }
 }
 
-fn word(v: &[u64], i: usize) -> u64 {
+/// Word `i` of `v`, which a peer writes (also for `rails/tests.rs`).
+pub(super) fn word(v: &[u64], i: usize) -> u64 {
     // SAFETY: in bounds and aligned; the peer writes this memory, hence an atomic load.
     unsafe { AtomicU64::from_ptr(v.as_ptr().add(i) as *mut u64) }.load(AtOrd::Acquire)
 }

@@ -4,8 +4,8 @@
 //! `tests/net_rails_netns.rs`.
 
 use super::*;
-use crate::transport::MemKind;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtOrd};
+use crate::transport::net::tests::{region, word};
+use std::sync::atomic::{AtomicBool, Ordering as AtOrd};
 use std::time::{Duration, Instant};
 
 const CHUNK: u64 = 64 << 10;
@@ -22,19 +22,6 @@ fn pair() -> (Rails, Rails) {
     let a = Rails::open(&["lo", "lo"], None, &c).unwrap();
     let b = Rails::open(&["lo", "lo"], None, &c).unwrap();
     (a, b)
-}
-
-fn region(v: &[u64]) -> Region {
-    Region {
-        addr: v.as_ptr() as u64,
-        len: (v.len() * 8) as u64,
-        kind: MemKind::Host,
-    }
-}
-
-fn word(v: &[u64], i: usize) -> u64 {
-    // SAFETY: in bounds and aligned; the peer writes this memory, hence an atomic load.
-    unsafe { AtomicU64::from_ptr(v.as_ptr().add(i) as *mut u64) }.load(AtOrd::Acquire)
 }
 
 fn pattern(round: u64, i: usize) -> u64 {
