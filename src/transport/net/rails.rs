@@ -523,29 +523,39 @@ impl Endpoint for Rails {
         dst_off: u64,
         size: u64,
     ) -> Result<()> {
-        let pids = self.peer(peer)?.ids.clone();
-        let dsts = self.remote_of(peer, dst)?.ids.clone();
-        let srcs = match self.regions.get(src) {
-            Some((s, _)) => s.clone(),
-            None => {
-                return Err(Error::invalid_arg(format!(
-                    "unknown region {src} on {}",
-                    self.describe()
-                )))
-            }
+        let (rank, peer_rails) = {
+            let p = self.peer(peer)?;
+            (p.rank, p.ids.len())
         };
-        let rank = self.peers[peer].rank;
+        let dst_rails = self.remote_of(peer, dst)?.ids.len();
+        let Some(src_rails) = self.regions.get(src).map(|(s, _)| s.len()) else {
+            return Err(Error::invalid_arg(format!(
+                "unknown region {src} on {}",
+                self.describe()
+            )));
+        };
+        // The ids of the peer and both regions on rail `r` (all three checked above, `r`
+        // below each one's rail count); looked up per piece rather than copied out, which
+        // would allocate on every put.
+        let ids = |s: &Self, r: usize| {
+            (
+                s.peers[peer].ids[r],
+                s.regions[src].0[r],
+                s.remotes[dst].ids[r],
+            )
+        };
         // Rails over which both regions are registered (all of them, or rail 0 alone), and
         // the size of each piece: the whole put where it goes on rail 0 alone.
-        let k = srcs.len().min(dsts.len()).min(pids.len());
+        let k = src_rails.min(dst_rails).min(peer_rails);
         let (k, chunk) = if k < 2 || size <= self.chunk {
             (1, size)
         } else {
             // The whole range, before any chunk moves: a bad one changes nothing (a put on
             // one rail is checked by that rail).
+            let (p0, s0, d0) = ids(self, 0);
             if let Err(e) = self.rails[0]
                 .ep
-                .check_write(pids[0], srcs[0], src_off, dsts[0], dst_off, size)
+                .check_write(p0, s0, src_off, d0, dst_off, size)
             {
                 return Err(e.within(&self.label(0)));
             }
@@ -559,11 +569,9 @@ impl Endpoint for Rails {
             let r = i % k;
             let slots = self.rails[r].ep.slots_for(n);
             self.reserve(r, slots, rank)?;
+            let (p, s, d) = ids(self, r);
             let rail = &mut self.rails[r];
-            if let Err(e) =
-                rail.ep
-                    .write(pids[r], srcs[r], src_off + off, dsts[r], dst_off + off, n)
-            {
+            if let Err(e) = rail.ep.write(p, s, src_off + off, d, dst_off + off, n) {
                 return Err(e.within(&self.label(r)));
             }
             rail.bytes += n;
