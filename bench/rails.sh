@@ -64,7 +64,7 @@ file=$outdir/$machine-rails.txt
 echo "# $(date -u +%F) $machine, $(nproc) cores, libfabric $(pkg-config --modversion libfabric 2>/dev/null || echo '(no pkg-config)'), $where" | tee -a "$file"
 for ((k = 1; k <= rounds; k++)); do
   for n in 1 2 4; do
-    port=$((20000 + RANDOM % 20000))
+    port=$(scripts/free-port.sh) || exit 1
     echo "## run rails=$n $k $machine" >>"$file"
     env=(MSCCLPP_NRANKS=2 MSCCLPP_ROOT="$root:$port" MSCCLPP_NET_PROVIDER=tcp MSCCLPP_RUN_TIMEOUT=120)
     # shellcheck disable=SC2086

@@ -87,7 +87,8 @@ run_step() {
 ranks() {
   local np=$1
   shift
-  local port=$((20000 + RANDOM % 20000)) pids=() rc=0 r
+  local port pids=() rc=0 r
+  port=$("$ROOT/scripts/free-port.sh") || return 1
   # Two ranks per GPU: their kernels run at once only under MPS (without it they time-slice
   # the GPU, ~2 ms per switch); one rank per GPU runs without it, as users run. More than two
   # per GPU time-slice: under MPS, 8 ranks on one H100 deadlocked in the all-gather benchmark
@@ -323,7 +324,7 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 run_step "test allgather under mpirun" 60 \
       mpirun --allow-run-as-root -np 2 --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE \
       -x LD_LIBRARY_PATH -x MSCCLPP_BOOTSTRAP_TIMEOUT -x MSCCLPP_WAIT_TIMEOUT \
-      "$BIN/allgather" -a "127.0.0.1:$((20000 + RANDOM % 20000))"
+      "$BIN/allgather" -a "127.0.0.1:$("$ROOT/scripts/free-port.sh")"
 
     # GPU memory over libfabric (no CUDA FI_HMEM here: staged through pinned host memory), and
     # communicators that mix P2P and network connections.
@@ -461,7 +462,7 @@ fi
 #     and the step says so.
 if [[ -x $BIN/allgather ]] && ((!QUICK)); then
   two_hosts() {
-    local a=mscclpp-gpu-a b=mscclpp-gpu-b port=$((20000 + RANDOM % 20000)) rc=0 p0 p1
+    local a=mscclpp-gpu-a b=mscclpp-gpu-b port=$("$ROOT/scripts/free-port.sh") rc=0 p0 p1
     local env=(MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp MSCCLPP_DEBUG=INFO)
     cleanup() { ip netns del $a 2>/dev/null; ip netns del $b 2>/dev/null; true; }
     cleanup

@@ -19,23 +19,9 @@ n=$1
 shift
 timeout=${MSCCLPP_RUN_TIMEOUT:-120}
 
-# A TCP port nobody listens on now, from /proc/net/tcp{,6} (no extra tools needed).
-free_port() {
-  local used port i
-  used=$(cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk 'NR > 1 { split($2, a, ":"); print a[2] }')
-  for ((i = 0; i < 100; i++)); do
-    port=$((20000 + (RANDOM * 32768 + RANDOM) % 30000))
-    if ! grep -qix "$(printf '%04X' "$port")" <<<"$used"; then
-      echo "$port"
-      return 0
-    fi
-  done
-  return 1
-}
-
 root=${MSCCLPP_ROOT:-}
 if [[ -z $root ]]; then
-  port=$(free_port) || { echo "$0: no free port found" >&2; exit 1; }
+  port=$("$(dirname "${BASH_SOURCE[0]}")/free-port.sh") || exit 1
   root=127.0.0.1:$port
 fi
 echo "run-local-ranks: $n ranks of $*, root $root, timeout ${timeout}s"

@@ -30,6 +30,8 @@ prefix=$build/install
 skip=" ${MSCCLPP_TEST_SKIP:-} "
 
 names=() results=() times=()
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
 
 # step NAME [needs=OTHER_STEP] -- COMMAND...: runs COMMAND, records PASS/FAIL and its seconds;
 # SKIP when listed in MSCCLPP_TEST_SKIP or when the step it needs did not pass.
@@ -53,9 +55,15 @@ step() {
   fi
   printf '\n=== %s: %s\n' "$name" "$*"
   start=$SECONDS
-  "$@"
-  rc=$?
-  if ((rc == 0)); then result=PASS; else result=FAIL; fi
+  # The output also goes to a file, so that a failed step's last lines can be repeated under
+  # the summary: a CI log is often read from its end only. (The step runs in a subshell of the
+  # pipe; no step sets variables for later ones.)
+  "$@" 2>&1 | tee "$logs/step.out"
+  rc=${PIPESTATUS[0]}
+  if ((rc == 0)); then result=PASS; else
+    result=FAIL
+    tail -n 25 "$logs/step.out" >"$logs/failed.$((${#names[@]} - 1))"
+  fi
   results+=("$result") times+=($((SECONDS - start)))
   printf '=== %s: %s (%ss)\n' "$name" "$result" "$((SECONDS - start))"
 }
@@ -110,7 +118,13 @@ scale_runs() {
   for t in ib shm; do
     for k in 1 2; do
       out=$(MSCCLPP_RUN_TIMEOUT=300 scripts/run-local-ranks.sh 32 "$build/c_examples/allgather_host" \
-        -t "$t" -s 4096 -i 1 -p 0 2>&1) || { echo "$out" | tail -20; return 1; }
+        -t "$t" -s 4096 -i 1 -p 0 2>&1) || {
+        # The first errors (the other ranks' later ones follow from them), then the end.
+        echo "scale: 32 ranks over $t, run $k failed:"
+        grep -iE 'error|fail|timed out|exited with' <<<"$out" | head -12
+        tail -8 <<<"$out"
+        return 1
+      }
       grep -o 'RESULT phases.*' <<<"$out"
     done
   done
@@ -178,5 +192,11 @@ for i in "${!names[@]}"; do
   esac
 done
 printf '%-20s %-28s %8s\n\n' total "" "$((SECONDS - total_start))"
+for i in "${!names[@]}"; do
+  [[ -f $logs/failed.$i ]] || continue
+  echo "--- ${names[$i]} failed; its last lines:"
+  sed 's/^/  | /' "$logs/failed.$i"
+  echo
+done
 echo "$passed passed, $failed failed"
 ((failed == 0))

@@ -45,9 +45,26 @@ fn retryable_connect(e: &io::Error) -> bool {
     )
 }
 
-/// Connects once, within the deadline.
+/// Whether `s` is connected to its own address. TCP allows it: a connect to a local port that
+/// nobody listens on can be handed that very port as its ephemeral source port, and the two
+/// halves of the handshake then meet (a "simultaneous open" with itself). A rank retrying
+/// towards a root that has not bound its port yet would take its own hello for the root's
+/// answer, and hold the port the root is about to bind (seen in CI: 32 ranks on one host, the
+/// root's port inside the ephemeral range).
+pub(crate) fn connected_to_itself(s: &TcpStream) -> bool {
+    matches!((s.local_addr(), s.peer_addr()), (Ok(l), Ok(p)) if l == p)
+}
+
+/// Connects once, within the deadline. A connection to itself is refused, as the port's owner
+/// would have refused it: nobody listens there.
 pub(crate) fn connect(addr: &SocketAddr, deadline: Instant) -> io::Result<TcpStream> {
     let s = TcpStream::connect_timeout(addr, left(deadline)?)?;
+    if connected_to_itself(&s) {
+        return Err(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            format!("{addr}: connected to itself (nobody listens there)"),
+        ));
+    }
     s.set_nodelay(true)?;
     Ok(s)
 }
@@ -63,6 +80,13 @@ pub(crate) fn connect_retry(addrs: &[SocketAddr], deadline: Instant) -> io::Resu
         for a in addrs {
             let per_try = left(deadline)?.min(Duration::from_secs(5));
             match TcpStream::connect_timeout(a, per_try) {
+                Ok(s) if connected_to_itself(&s) => {
+                    // Dropping it frees the port for the root that is about to bind it.
+                    last = io::Error::new(
+                        io::ErrorKind::ConnectionRefused,
+                        format!("{a}: connected to itself (nobody listens there yet)"),
+                    );
+                }
                 Ok(s) => {
                     s.set_nodelay(true)?;
                     return Ok(s);

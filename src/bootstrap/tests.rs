@@ -385,3 +385,38 @@ fn losses_of_unwatched_peers_are_kept_until_watched() {
     let (p, why) = wait_lost(&b1).expect("the earlier loss is reported once watched");
     assert_eq!(p, 0, "{why}");
 }
+
+/// A socket bound to a port and then connected to that same port is connected to itself
+/// (Linux completes the handshake with itself); the check tells it from a real connection.
+#[test]
+fn a_connection_to_itself_is_told_apart() {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor this test owns; `sa` outlives every call that
+    // reads it, and the descriptor is handed to exactly one TcpStream.
+    let me = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        let mut sa: libc::sockaddr_in = std::mem::zeroed();
+        sa.sin_family = libc::AF_INET as libc::sa_family_t;
+        sa.sin_addr.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let p = &mut sa as *mut libc::sockaddr_in as *mut libc::sockaddr;
+        assert_eq!(libc::bind(fd, p, len), 0);
+        let mut got = len;
+        assert_eq!(libc::getsockname(fd, p, &mut got), 0);
+        assert_eq!(
+            libc::connect(fd, p, len),
+            0,
+            "{}",
+            std::io::Error::last_os_error()
+        );
+        TcpStream::from_raw_fd(fd)
+    };
+    assert!(net::connected_to_itself(&me));
+
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let real = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    assert!(!net::connected_to_itself(&real));
+    let (accepted, _) = l.accept().unwrap();
+    assert!(!net::connected_to_itself(&accepted));
+}
