@@ -307,6 +307,15 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
     "test destroy waits for the CUDA IPC peer to unmap" 60 bash -c \
     'ranks 2 "$BIN/allgather" 2>&1 | tee /dev/stderr |
        grep -E "rank 0: 1 CUDA IPC peers closed their mappings of our memory in (1\.[4-9]|[2-9]\.)[0-9]*s \(0 did not\)"'
+  # One hardware work queue (CUDA_DEVICE_MAX_CONNECTIONS=1, as some training frameworks set):
+  # rank 0's kernel waits in flush() for copies that queue behind that very kernel, so the run
+  # must fail at the wait timeout, with a WARN when the endpoint opens and the variable named
+  # in the error (bench/RESULTS.md, session 13: every such run stalled, measured under MPS).
+  CUDA_DEVICE_MAX_CONNECTIONS=1 MSCCLPP_WAIT_TIMEOUT=3 run_step \
+    "test one hardware queue: the stall is reported and named" 60 bash -c \
+    'ranks 2 "$BIN/bandwidth" --max 64K >"$WORK/one-queue.out" 2>&1; rc=$?; cat "$WORK/one-queue.out"
+     ((rc != 0)) && grep -q "CUDA_DEVICE_MAX_CONNECTIONS=1 gives this process one" "$WORK/one-queue.out" &&
+       grep -q "to complete (CUDA_DEVICE_MAX_CONNECTIONS=1 is set" "$WORK/one-queue.out"'
   if ((QUICK)); then
     MSCCLPP_P2P_ENGINE=ce run_step "test allgather 2 ranks, copy engines only" 90 \
       bash -c 'ranks 2 "$BIN/allgather"'

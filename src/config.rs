@@ -52,6 +52,7 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_P2P_FLAG",
     "MSCCLPP_P2P_STATS",
     "CUDA_MPS_PIPE_DIRECTORY",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
     "MSCCLPP_TEST_FORCE_STAGING",
     "MSCCLPP_TEST_FORCE_MR_ENDPOINT",
     "MSCCLPP_TEST_SYSFS_ROOT",
@@ -249,6 +250,11 @@ pub struct P2pConfig {
     /// `CUDA_MPS_PIPE_DIRECTORY` (CUDA's own variable; default `/tmp/nvidia-mps`): where an MPS
     /// daemon that this process's CUDA would use keeps its control socket.
     pub mps_pipe_dir: String,
+    /// `CUDA_DEVICE_MAX_CONNECTIONS` (CUDA's own variable; unset: CUDA's default of 8): how many
+    /// hardware work queues this process's streams share. At 1, the proxy's copies and the
+    /// SM engine queue behind the program's own running kernel (measured: bench/RESULTS.md,
+    /// session 13), so a kernel that waits for a P2P transfer stalls it; read to say so.
+    pub cuda_max_connections: Option<u32>,
 }
 
 impl Default for P2pConfig {
@@ -267,6 +273,7 @@ impl Default for P2pConfig {
             stats: false,
             sm_shared: false,
             mps_pipe_dir: "/tmp/nvidia-mps".to_string(),
+            cuda_max_connections: None,
         }
     }
 }
@@ -527,6 +534,7 @@ impl Config {
             stats: r.flag("MSCCLPP_P2P_STATS", d.stats),
             sm_shared: r.flag("MSCCLPP_P2P_SM_SHARED", d.sm_shared),
             mps_pipe_dir: r.text("CUDA_MPS_PIPE_DIRECTORY").unwrap_or(d.mps_pipe_dir),
+            cuda_max_connections: r.num("CUDA_DEVICE_MAX_CONNECTIONS", "CUDA's default"),
         };
         Config {
             log_level,
@@ -647,9 +655,11 @@ mod tests {
             ("MSCCLPP_P2P_SM_SHARED", "1"),
             ("MSCCLPP_NET_STAGING_CHUNK", "1000"),
             ("MSCCLPP_NET_STAGING_BOUNCE", "8"),
+            ("CUDA_DEVICE_MAX_CONNECTIONS", "1"),
         ]);
         assert!(c.problems.is_empty(), "{:?}", c.problems);
         assert!(c.p2p.sm_shared);
+        assert_eq!(c.p2p.cuda_max_connections, Some(1));
         assert_eq!(
             (c.net.staging_chunk, c.net.staging_bounce),
             (Some(1000), Some(8))
@@ -683,7 +693,9 @@ mod tests {
             ("MSCCLPP_NET_HMEM", "yes"),
             ("MSCCLPP_DEBUG", "LOUD"),
             ("MSCCLPP_P2P_ENGINE", "gpu"),
+            ("CUDA_DEVICE_MAX_CONNECTIONS", "one"),
         ]);
+        assert_eq!(c.p2p.cuda_max_connections, None);
         assert_eq!(c.bootstrap_timeout, None);
         assert_eq!(c.wait_timeout, None);
         assert_eq!(c.net.tx_depth, None);
@@ -691,7 +703,7 @@ mod tests {
         assert_eq!(c.net.hmem, Hmem::Auto, "a bad choice keeps its default");
         assert_eq!(c.log_level, LogLevel::Warn);
         assert!(c.p2p.sm_engine);
-        assert_eq!(c.problems.len(), 7, "{:#?}", c.problems);
+        assert_eq!(c.problems.len(), 8, "{:#?}", c.problems);
         for (name, value, instead) in [
             ("MSCCLPP_BOOTSTRAP_TIMEOUT", "\"-3\"", "using 30s"),
             (
@@ -708,6 +720,11 @@ mod tests {
             ("MSCCLPP_NET_HMEM", "\"yes\"", "using auto"),
             ("MSCCLPP_DEBUG", "\"LOUD\"", "using WARN"),
             ("MSCCLPP_P2P_ENGINE", "\"gpu\"", "using sm"),
+            (
+                "CUDA_DEVICE_MAX_CONNECTIONS",
+                "\"one\"",
+                "using CUDA's default",
+            ),
         ] {
             assert!(
                 c.problems

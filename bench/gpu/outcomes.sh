@@ -21,7 +21,7 @@ outcomes() {
       timeout -k 5 90 env $vars bash -c "ranks 2 \"\$BIN/$ex\" $args" >"$out" 2>&1
       rc=$?
       ((rc != 0)) && failed[$label]=$((${failed[$label]:-0} + 1))
-      echo "OUTCOME $ex $label run $r rc=$rc $(grep -m1 -iE 'error|timed out' "$out" | cut -c1-200)" |
+      echo "OUTCOME $ex $label run $r rc=$rc $(grep -m1 -iE 'error|timed out' "$out" | cut -c1-400)" |
         tee -a "$RES"
     done
   done

@@ -138,7 +138,11 @@ pub(crate) fn wait_raw(s: sys::CUstream, what: impl FnOnce() -> String) -> Resul
     let mut b = Backoff::new(STREAM_POLL, crate::config::wait_timeout());
     while !query_raw(s)? {
         if b.expired() {
-            return Err(b.timeout(format!("waiting for {} to complete", what())));
+            return Err(b.timeout(format!(
+                "waiting for {} to complete{}",
+                what(),
+                super::one_queue_hint()
+            )));
         }
         b.pause();
     }

@@ -257,7 +257,13 @@ impl CudaCopier {
         let mut b = Backoff::new(COPY_POLL, crate::config::wait_timeout());
         // Ends when the ticket's event has completed, on a CUDA error, or at the deadline.
         while !self.done(t)? {
-            b.check(|| format!("staging copies on CUDA device {}", self.device))?;
+            b.check(|| {
+                format!(
+                    "staging copies on CUDA device {}{}",
+                    self.device,
+                    cuda::one_queue_hint()
+                )
+            })?;
             b.pause();
         }
         Ok(())
