@@ -49,8 +49,8 @@ fn retryable_connect(e: &io::Error) -> bool {
 /// nobody listens on can be handed that very port as its ephemeral source port, and the two
 /// halves of the handshake then meet (a "simultaneous open" with itself). A rank retrying
 /// towards a root that has not bound its port yet would take its own hello for the root's
-/// answer, and hold the port the root is about to bind (seen in CI: 32 ranks on one host, the
-/// root's port inside the ephemeral range).
+/// answer, and hold the port the root is about to bind (the likely cause of a CI run of 32
+/// ranks on one host that failed within a second, its root's port inside the ephemeral range).
 pub(crate) fn connected_to_itself(s: &TcpStream) -> bool {
     matches!((s.local_addr(), s.peer_addr()), (Ok(l), Ok(p)) if l == p)
 }

@@ -65,11 +65,6 @@ pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
     let mode = FlagMode::choose(&cfg);
     let stats = cfg.stats;
     crate::info!("p2p endpoint on CUDA device {device}: flags by {mode:?}");
-    if cfg.cuda_max_connections == Some(1) {
-        crate::warn!(
-            "p2p endpoint on CUDA device {device}: CUDA_DEVICE_MAX_CONNECTIONS=1 gives this process one hardware work queue, so the proxy's copies and the SM engine run only when the program's kernel before them has ended: a kernel that waits for a put, signal or flush stalls until the wait timeout. Unset it or set it to 2 or more"
-        );
-    }
     Ok(Box::new(P2p {
         device,
         ctx,
