@@ -206,22 +206,14 @@ pub struct Inbox {
     len: u64,
     /// The rank that writes the records, for errors.
     peer: usize,
-    /// One consumer at a time (waiters and the proxy thread), and what only consumers may
-    /// change, kept in our own memory (the shared words are the peer's to read, and it could
-    /// write them too: a tail it moved made the consumer read past the ring).
-    lock: Mutex<Consumer>,
-    /// The tail as of the last drain, for waiters that find the lock taken. Release/Acquire:
-    /// pairs a drain's copies with a waiter that sees it.
+    /// One consumer at a time (waiters and the proxy thread); true once closed at destroy:
+    /// nothing is applied any more (the user may free the buffer).
+    lock: Mutex<bool>,
+    /// Bytes of records applied, ever: the authoritative tail, in our own memory (the shared
+    /// word is a copy for the sender, which could write it too: a tail it moved made the
+    /// consumer read past the ring). Stored only by a drain, under `lock`; read without it by
+    /// waiters, whose Acquire pairs with the drain's Release (its copies are visible).
     applied: AtomicU64,
-}
-
-/// The consumer's own state (`Inbox::lock`).
-#[derive(Default)]
-struct Consumer {
-    /// Bytes of records applied, ever: the authoritative tail (the shared word is a copy).
-    tail: u64,
-    /// Closed at destroy: nothing is applied any more (the user may free the buffer).
-    closed: bool,
 }
 
 impl std::fmt::Debug for Inbox {
@@ -247,7 +239,7 @@ impl Inbox {
             buff,
             len,
             peer,
-            lock: Mutex::new(Consumer::default()),
+            lock: Mutex::new(false),
             applied: AtomicU64::new(0),
         })
     }
@@ -272,13 +264,9 @@ impl Inbox {
             if self.applied.load(Ordering::Acquire) >= head {
                 return Ok(());
             }
-            if let Some(mut c) = try_lock(&self.lock) {
+            if let Some(closed) = try_lock(&self.lock) {
                 // Closed: the user may have freed the buffer.
-                return if c.closed {
-                    Ok(())
-                } else {
-                    self.drain_locked(&mut c)
-                };
+                return if *closed { Ok(()) } else { self.drain_locked() };
             }
             spins += 1;
             if spins < 64 {
@@ -298,15 +286,16 @@ impl Inbox {
             return Ok(());
         }
         match try_lock(&self.lock) {
-            Some(mut c) if !c.closed => self.drain_locked(&mut c),
+            Some(closed) if !*closed => self.drain_locked(),
             _ => Ok(()),
         }
     }
 
-    /// `drain`, by the holder of `lock` (`c`).
-    fn drain_locked(&self, c: &mut Consumer) -> Result<()> {
+    /// `drain`, by the holder of `lock`.
+    fn drain_locked(&self) -> Result<()> {
         let base = self.block.ptr();
-        let mut tail = c.tail;
+        // Relaxed: only drains store it, and they hold the lock (which orders them).
+        let mut tail = self.applied.load(Ordering::Relaxed);
         let head = word(&self.block, HEAD_AT).load(Ordering::Acquire);
         if head < tail || head - tail > RING_BYTES {
             return Err(self.bad(format!("its ring says head {head}, tail {tail}")));
@@ -344,7 +333,6 @@ impl Inbox {
             };
             tail += step;
         }
-        c.tail = tail;
         // Release, both: pairs with the producer's Acquire of the tail (room) and a flush's
         // (`Outbox::taken`), and with waiters' Acquire of `applied`: the copies come first.
         self.applied.store(tail, Ordering::Release);
@@ -356,12 +344,12 @@ impl Inbox {
     /// nothing more will be taken; later drains do nothing (the user may free the buffer once
     /// destroy returns).
     pub fn close(&self) -> Result<()> {
-        let mut c = lock(&self.lock);
-        if c.closed {
+        let mut closed = lock(&self.lock);
+        if *closed {
             return Ok(());
         }
-        let r = self.drain_locked(&mut c);
-        c.closed = true;
+        let r = self.drain_locked();
+        *closed = true;
         // Release pairs with the sender's Acquire in `Outbox::taken`.
         word(&self.block, CLOSED_AT).store(1, Ordering::Release);
         r
