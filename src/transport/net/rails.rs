@@ -297,19 +297,19 @@ impl Rails {
     /// Flushes the rails `which` of `peer` to delivery: a marker where one is needed, then a
     /// wait for every write to the peer on those rails (`wait_until`).
     fn flush_rails(&mut self, peer: PeerId, which: &[usize]) -> Result<()> {
-        let (rank, ids) = {
-            let p = self.peer(peer)?;
-            (p.rank, p.ids.clone())
-        };
+        // The peer's id on each rail is looked up where it is used (as `write` does), not
+        // copied out: a signal after striped data comes here.
+        let rank = self.peer(peer)?.rank;
         for &r in which {
             self.reserve(r, 1, rank)?;
-            if let Err(e) = self.rails[r].ep.begin_flush(ids[r]) {
+            let id = self.peers[peer].ids[r];
+            if let Err(e) = self.rails[r].ep.begin_flush(id) {
                 return Err(e.within(&self.label(r)));
             }
         }
         self.wait_until(|s| {
             which.iter().find_map(|&r| {
-                let n = s.rails[r].ep.outstanding_to(ids[r]);
+                let n = s.rails[r].ep.outstanding_to(s.peers[peer].ids[r]);
                 (n > 0).then(|| {
                     (r, format!("flushing {n} writes to rank {rank}: no completion (is the peer's proxy running? is the link up?)"))
                 })
