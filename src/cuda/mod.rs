@@ -178,13 +178,18 @@ pub fn has_flush_gpudirect_rdma() -> bool {
     driver().is_some_and(|d| d.flush_rdma)
 }
 
+/// `CUDA_DEVICE_MAX_CONNECTIONS=1`: this process's streams share one hardware work queue.
+pub(crate) fn one_queue() -> bool {
+    crate::config::get().p2p.cuda_max_connections == Some(1)
+}
+
 /// What to add to a timeout of this library's GPU work when the process has one hardware work
 /// queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`): every stream then feeds that queue in order, so the
 /// proxy's copies and the SM engine wait behind the program's running kernel, and a kernel
 /// that waits for them never lets them run (measured: bench/RESULTS.md, session 13). Empty
 /// otherwise.
 pub(crate) fn one_queue_hint() -> &'static str {
-    if crate::config::get().p2p.cuda_max_connections == Some(1) {
+    if one_queue() {
         " (CUDA_DEVICE_MAX_CONNECTIONS=1 is set: this library's GPU work queues behind the program's running kernel, so a kernel that waits for it stalls it; unset it or set 2 or more)"
     } else {
         ""

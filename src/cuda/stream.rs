@@ -28,7 +28,7 @@ impl Stream {
         // Said once per process, when the library first needs a stream: from then on its GPU
         // work can stall behind the program's kernels (`super::one_queue_hint`).
         static ONE_QUEUE_TOLD: std::sync::Once = std::sync::Once::new();
-        if !super::one_queue_hint().is_empty() {
+        if super::one_queue() {
             ONE_QUEUE_TOLD.call_once(|| {
                 crate::warn!(
                     "CUDA_DEVICE_MAX_CONNECTIONS=1 gives this process one hardware work queue, so this library's GPU work (P2P copies and flags, the SM copy engine, staging copies of the network transport) runs only once the program's kernel launched before it has ended: a kernel that waits for a put, signal or flush stalls until the wait timeout. Unset it or set it to 2 or more"
