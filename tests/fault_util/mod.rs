@@ -151,6 +151,37 @@ pub fn send_signal(pid: u32, sig: i32) {
     );
 }
 
+/// Stops the calling process (every thread of it, as SIGSTOP from outside would) until a
+/// SIGCONT.
+pub fn stop_self() {
+    // SAFETY: plain syscall; SIGSTOP cannot be caught, so no handler of ours runs.
+    let rc = unsafe { libc::raise(libc::SIGSTOP) };
+    assert_eq!(rc, 0, "raise(SIGSTOP): {}", std::io::Error::last_os_error());
+}
+
+/// Waits until process `pid` (a child of this test) is stopped: its state in `/proc/PID/stat`
+/// is `T`. False if it is not within `bound`, or is gone.
+pub fn wait_stopped(pid: u32, bound: Duration) -> bool {
+    let t0 = Instant::now();
+    // Ends: the process is stopped, is gone, or the bound passes (polling every millisecond).
+    loop {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        // "PID (COMM) STATE ...": COMM may hold spaces and parentheses, so the state is the
+        // first field after the last ')'.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next());
+        match state {
+            Some("T") => return true,
+            Some("Z") | Some("X") => return false,
+            _ if t0.elapsed() > bound => return false,
+            _ => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}
+
 /// One rank of a fresh 2-rank communicator at `root`: connects to the other rank over the
 /// transport of `MSCCLPP_TEST_TRANSPORT`, sends it 64 KiB, receives its 64 KiB, checks every
 /// byte, and tears down cleanly.
