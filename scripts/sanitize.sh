@@ -10,7 +10,8 @@
 #      after mscclppCommDestroy;
 #   3. the Rust tests that run in one process under valgrind, same criteria: the unit tests,
 #      tests/leaks.rs (create/connect/exchange/destroy cycles over tcp and shm, ranks as
-#      threads), tests/threads.rs and tests/capi_basics.rs.
+#      threads), tests/threads.rs (each test's body runs in a child process, traced too) and
+#      tests/capi_basics.rs.
 # Exit status non-zero on the first failure.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -59,6 +60,9 @@ for args in "--lib" "--test leaks" "--test threads" "--test capi_basics"; do
   bin=$(rust_bin $args)
   [[ -x $bin ]] || { echo "sanitize: cannot find the test binary for $args" >&2; exit 1; }
   echo "-- $args"
-  MSCCLPP_TEST_CYCLES=10 timeout 600 "${vg[@]}" "$bin" --test-threads=2
+  # threads.rs runs each body in a child process (its own environment): valgrind follows it.
+  trace=()
+  [[ $args == "--test threads" ]] && trace=(--trace-children=yes)
+  MSCCLPP_TEST_CYCLES=10 timeout 600 "${vg[@]}" "${trace[@]}" "$bin" --test-threads=2
 done
 echo "sanitize: all checks passed"

@@ -10,6 +10,8 @@ use common::boot::{check_all_gather, child_done, local_addr, run_child, with_ran
 use common::child_role;
 use mscclpp::bootstrap::{self, Bootstrap};
 use mscclpp::error::Error;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What this file's children do (their role, from `common::child_role`).
@@ -165,13 +167,17 @@ fn role_timeouts() {
 
     // A peer that never sends: recv and all-gather time out instead of hanging.
     let addr = local_addr();
+    let gave_up = Arc::new(AtomicBool::new(false));
+    let g = gave_up.clone();
     let res = with_ranks(&addr, 2, move |b| {
         let t = Instant::now();
         let r = if b.rank() == 0 {
-            b.recv(1, 42).map(|_| ())
+            let r = b.recv(1, 42).map(|_| ());
+            g.store(true, Ordering::Release);
+            r
         } else {
             // Stay alive, silent, until rank 0 has given up.
-            std::thread::sleep(Duration::from_millis(2500));
+            until_set(&g);
             Ok(())
         };
         (r.map_err(|e| e.to_string()), t.elapsed())
@@ -182,15 +188,18 @@ fn role_timeouts() {
     assert!(*el < limit);
 
     let addr = local_addr();
+    gave_up.store(false, Ordering::Relaxed);
+    let g = gave_up.clone();
     let res = with_ranks(&addr, 2, move |b| {
         if b.rank() == 0 {
             let mut d = [0u8; 2];
             let r = b.all_gather(&mut d).map_err(|e| e.to_string());
             // Sticky: the bootstrap stays failed.
             assert!(b.barrier().is_err());
+            g.store(true, Ordering::Release);
             r
         } else {
-            std::thread::sleep(Duration::from_millis(2500));
+            until_set(&g);
             Ok(())
         }
     });
@@ -198,12 +207,16 @@ fn role_timeouts() {
 
     // A peer that never calls watch_peers: bounded by the timeout, naming the peer.
     let addr = local_addr();
+    gave_up.store(false, Ordering::Relaxed);
+    let g = gave_up.clone();
     let res = with_ranks(&addr, 2, move |b| {
         let t = Instant::now();
         let r = if b.rank() == 0 {
-            b.watch_peers(&[1]).map_err(|e| e.to_string())
+            let r = b.watch_peers(&[1]).map_err(|e| e.to_string());
+            g.store(true, Ordering::Release);
+            r
         } else {
-            std::thread::sleep(Duration::from_millis(2500));
+            until_set(&g);
             Ok(())
         };
         (r, t.elapsed())
@@ -213,6 +226,17 @@ fn role_timeouts() {
     let e = r0.as_ref().unwrap_err();
     assert!(e.contains("rank 1") && e.contains("timed out"), "{e}");
     assert!(*el < limit);
+}
+
+/// Rank 1 of a timeout case: stays alive (and silent) until rank 0 has given up (`set`, which
+/// pairs with the Release store after its call), and at most 20 s. A fixed sleep could end
+/// before a descheduled rank 0 gave up, and its goodbye would then be what rank 0 saw.
+fn until_set(set: &AtomicBool) {
+    let t = Instant::now();
+    // Ends: rank 0 gave up, or 20 s passed.
+    while !set.load(Ordering::Acquire) && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 fn role_env_timeout() {

@@ -12,7 +12,10 @@ use mscclpp::capi::conn::*;
 use mscclpp::capi::devconn::*;
 use std::time::Duration;
 
+/// How long the ranks of a test may go without progress: from the start, or since a long test's
+/// ranks last reported some (`common::api::progress`), up to `CAP` in all.
 const DEADLINE: Duration = Duration::from_secs(120);
+const CAP: Duration = Duration::from_secs(900);
 
 /// Transport settings for a provider name: `shm` is mscclppTransportSHM, anything else is
 /// mscclppTransportIB over that libfabric provider.
@@ -48,7 +51,12 @@ fn ranks(name: &str, n: usize, provider: &str, body: fn(Env)) {
         body(env());
         return;
     }
-    spawn(name, n, &transport_env(provider)).expect_success(DEADLINE);
+    let progress =
+        std::env::temp_dir().join(format!("mscclpp-{name}-{}.progress", std::process::id()));
+    let mut env = transport_env(provider);
+    env.push(("MSCCLPP_TEST_PROGRESS", progress.display().to_string()));
+    spawn(name, n, &env).expect_success_progressing(&progress, DEADLINE, CAP);
+    let _ = std::fs::remove_file(&progress);
 }
 
 // ---- all-to-all exchange -------------------------------------------------------------------

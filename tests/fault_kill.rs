@@ -97,9 +97,10 @@ fn finish_survivor(c: mscclpp::capi::mscclppComm_t, el: Duration, provider: &str
 
 // ---- (a) during bootstrap ---------------------------------------------------------------------
 
-/// Rank 2 of 4 is killed while it waits inside mscclppCommInitRank for the last rank; rank 3
-/// joins after that. The root hands out the table with the dead rank in it: ranks 0, 1 and 3
-/// fail in the closing barrier at once instead of waiting for the timeout.
+/// Rank 2 of 4 is killed while it waits inside mscclppCommInitRank for the last rank, once the
+/// root has counted it in: ranks 0 and 1 fail at once (the root sees rank 2's connection
+/// close) instead of waiting for the timeout; rank 3, started after they failed, finds no root
+/// and fails at its bootstrap timeout.
 #[test]
 fn rank_killed_during_bootstrap() {
     const NAME: &str = "rank_killed_during_bootstrap";
@@ -112,6 +113,7 @@ fn rank_killed_during_bootstrap() {
         assert!(rank() != 2, "rank 2 must have been killed: {r:?}");
         let e = r.expect_err("bootstrap with a dead rank succeeded");
         println!("rank {}: init failed after {:?}: {e}", rank(), t0.elapsed());
+        mark(&format!("r{}_failed", rank()), "");
         assert!(e.contains("RemoteError"), "{e}");
         // Ranks 0 and 1 hear from the root as soon as rank 2's connection to it closes;
         // rank 3, started after the kill, finds no root and gives up at its timeout.
@@ -132,14 +134,26 @@ fn rank_killed_during_bootstrap() {
     let root = format!("127.0.0.1:{}", free_port());
     let mut env = rank_env("tcp", BOOT_FAST_S, WAIT_S);
     env.push(dir.env());
-    let mut kids: Vec<_> = (0..3)
-        .map(|r| spawn_rank(NAME, r, 4, &root, &env))
-        .collect();
-    wait_mark_in(&dir.0, "r2_init", Duration::from_secs(20)).expect("rank 2 never started");
-    // Rank 2 connects to the root, sends its hello and waits for the table.
-    std::thread::sleep(Duration::from_millis(400));
+    // Rank 2 connects to the root, sends its hello and waits for the table: killed once the
+    // root logged it joined (a fixed sleep could kill it before, and then it is missing, not
+    // disconnected).
+    let (r0, joined) = spawn_rank_watched(NAME, 0, 4, &root, &env, "rank 2 joined from");
+    let mut kids = vec![r0];
+    kids.extend((1..3).map(|r| spawn_rank(NAME, r, 4, &root, &env)));
+    if joined.recv_timeout(Duration::from_secs(20)).is_err() {
+        for k in &mut kids {
+            let _ = k.kill();
+        }
+        panic!("the root never logged that rank 2 joined");
+    }
     let t0 = Instant::now();
     kids[2].kill().unwrap();
+    // Rank 3 only once the root is gone (ranks 0 and 1 failed): before, it could still reach
+    // the failing root and be told so, instead of finding nobody.
+    for r in [0, 1] {
+        wait_mark_in(&dir.0, &format!("r{r}_failed"), DEADLINE)
+            .unwrap_or_else(|| panic!("rank {r} did not fail after rank 2 was killed"));
+    }
     kids.push(spawn_rank(NAME, 3, 4, &root, &env));
     let codes: Vec<_> = kids
         .iter_mut()

@@ -191,8 +191,10 @@ fn slow_peer(name: &str, provider: &str, wait_s: f64, stop: Option<Duration>) {
             mark("r0_gave_up", "");
             assert_eq!(code, mscclppRemoteError as i32);
             assert!(last_error().contains("timed out"), "{}", last_error());
+            // Under the 8 s bootstrap timeout, with room for a loaded host: the wait's own
+            // timeout is what ended it.
             assert!(
-                el >= limit && el < limit + Duration::from_secs(2),
+                el >= limit && el < limit + Duration::from_secs(4),
                 "gave up after {el:?}, timeout {limit:?}"
             );
         }

@@ -8,14 +8,16 @@
 mod common;
 
 use common::netns::Hosts;
-use common::raw::{fetch, initiator_rounds, publish, region, target_rounds};
+use common::raw::{
+    fetch, initiator_rounds, progress_until_published, publish, region, target_rounds,
+};
 use mscclpp::config::NetConfig;
 use mscclpp::error::Error;
 use mscclpp::transport::net::{self, NetEndpoint};
 use mscclpp::transport::Endpoint;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const WORDS: usize = (1 << 20) / 8;
 const ROUNDS: u64 = 10;
@@ -33,6 +35,7 @@ fn target(dir: &Path) {
     let peer = ep.add_peer(0, &ini[0]).unwrap();
     let ack = ep.import(peer, &ini[1]).unwrap();
     target_rounds(&mut *ep, peer, ack, &dst, &epoch, ROUNDS, DEADLINE);
+    publish(dir, "target_done", &[]);
 }
 
 fn initiator(dir: &Path) {
@@ -70,12 +73,8 @@ fn initiator(dir: &Path) {
     let s = ep.register(region(&src)).unwrap().0;
     let per_round = initiator_rounds(&mut *ep, peer, (s, d, e), &mut src, &ackw, ROUNDS, DEADLINE);
     // The target flushes its last ack with a delivery marker that lands here: keep progressing
-    // a moment before closing, as a destroyed communicator does (`comm::LINGER`).
-    let t1 = Instant::now();
-    while t1.elapsed() < Duration::from_millis(200) {
-        ep.progress().unwrap();
-        std::thread::yield_now();
-    }
+    // until it is done.
+    progress_until_published(&mut *ep, dir, "target_done", DEADLINE);
     eprintln!(
         "net across namespaces ({}): {:?} per round of 1 MiB + flag + ack",
         ep.describe(),

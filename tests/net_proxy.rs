@@ -72,11 +72,7 @@ fn proxy_moves_data_and_refuses_out_of_range_triggers() {
     };
     let sticky = Arc::new(Sticky::default());
     // The proxy watches its bootstrap for lost peers: a one-rank communicator on a free port.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let boot = Arc::new(Bootstrap::from_addr(&format!("127.0.0.1:{port}"), 0, 1).unwrap());
     let work = ProxyWork::new(
         fifo,

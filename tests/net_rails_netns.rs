@@ -8,7 +8,10 @@
 mod common;
 
 use common::netns::{ip, Hosts};
-use common::raw::{fetch, initiator_rounds, pattern, publish, region, target_rounds, wait_for};
+use common::raw::{
+    fetch, initiator_rounds, pattern, progress_until_published, publish, region, target_rounds,
+    wait_for,
+};
 use mscclpp::error::Error;
 use mscclpp::transport::net::Rails;
 use mscclpp::transport::Endpoint;
@@ -50,6 +53,7 @@ fn target(dir: &Path, rounds: u64) {
     let peer = ep.add_peer(0, &ini[0]).unwrap();
     let ack = ep.import(peer, &ini[1]).unwrap();
     target_rounds(&mut ep, peer, ack, &dst, &epoch, rounds, DEADLINE);
+    publish(dir, "target_done", &[]);
     // The rail-down run: stay until the initiator has seen its error.
     if rounds == GOOD_ROUNDS {
         fetch(dir, "done", DEADLINE);
@@ -108,13 +112,9 @@ fn initiator(dir: &Path, down: bool) {
         publish(dir, "done", &[]);
         return;
     }
-    // The target's last acks' markers land here: progress a moment before closing.
+    // The target's last acks' markers land here: progress until it is done.
     wait_for(&mut ep, &ackw, 0, rounds, "last ack", DEADLINE);
-    let t1 = Instant::now();
-    while t1.elapsed() < Duration::from_millis(200) {
-        ep.progress().unwrap();
-        std::thread::yield_now();
-    }
+    progress_until_published(&mut ep, dir, "target_done", DEADLINE);
 }
 
 /// Entry point of the re-executed roles; a no-op otherwise.

@@ -183,8 +183,35 @@ pub fn spawn_wrapped(
 impl Ranks {
     /// Waits for every rank; returns each rank's exit status code (None: killed by signal or
     /// by the deadline).
-    pub fn wait(mut self, deadline: Duration) -> Vec<Option<i32>> {
+    pub fn wait(self, deadline: Duration) -> Vec<Option<i32>> {
         let t0 = Instant::now();
+        self.wait_until(|| t0.elapsed() > deadline)
+    }
+
+    /// As [`wait`](Self::wait), with a deadline that moves while the ranks make progress: they
+    /// are killed once file `progress` (which a rank rewrites as it goes, see
+    /// [`api::progress`]) has not changed for `stall`, or after `cap` in all. For long tests
+    /// whose speed depends on the host's load: each hand-off of a 2-rank ping-pong waits for a
+    /// CPU-bound neighbour's time slice on a crowded host.
+    pub fn wait_progressing(
+        self,
+        progress: &std::path::Path,
+        stall: Duration,
+        cap: Duration,
+    ) -> Vec<Option<i32>> {
+        let t0 = Instant::now();
+        let (mut seen, mut moved) = (None, Instant::now());
+        self.wait_until(|| {
+            let now = std::fs::read(progress).ok();
+            if now != seen {
+                (seen, moved) = (now, Instant::now());
+            }
+            moved.elapsed() > stall || t0.elapsed() > cap
+        })
+    }
+
+    /// Polls the ranks until every one has exited or `expired` says so, then kills the rest.
+    fn wait_until(mut self, mut expired: impl FnMut() -> bool) -> Vec<Option<i32>> {
         let mut codes: Vec<Option<Option<i32>>> = vec![None; self.children.len()];
         // Polls until every child has exited or the deadline passes, then kills the rest.
         while codes.iter().any(|c| c.is_none()) {
@@ -195,7 +222,7 @@ impl Ranks {
                     }
                 }
             }
-            if t0.elapsed() > deadline {
+            if expired() {
                 for (i, (_, ch)) in self.children.iter_mut().enumerate() {
                     if codes[i].is_none() {
                         let _ = ch.kill();
@@ -212,12 +239,25 @@ impl Ranks {
 
     /// Waits and asserts every rank exited 0.
     pub fn expect_success(self, deadline: Duration) {
-        let codes = self.wait(deadline);
-        assert!(
-            codes.iter().all(|c| *c == Some(0)),
-            "rank exit codes: {codes:?} (None = killed or timed out)"
-        );
+        assert_exited_0(self.wait(deadline));
     }
+
+    /// As [`expect_success`](Self::expect_success), with [`wait_progressing`](Self::wait_progressing)'s deadline.
+    pub fn expect_success_progressing(
+        self,
+        progress: &std::path::Path,
+        stall: Duration,
+        cap: Duration,
+    ) {
+        assert_exited_0(self.wait_progressing(progress, stall, cap));
+    }
+}
+
+fn assert_exited_0(codes: Vec<Option<i32>>) {
+    assert!(
+        codes.iter().all(|c| *c == Some(0)),
+        "rank exit codes: {codes:?} (None = killed or timed out)"
+    );
 }
 
 /// Whether fi_getinfo lists an RDM endpoint with RMA writes of provider `name`.

@@ -119,6 +119,19 @@ pub fn target_rounds(
     }
 }
 
+/// Keeps `ep` progressing until the other process published `name` (its last flush, whose
+/// delivery marker needs our side, has completed), at most `deadline`: a fixed linger could end
+/// before a descheduled peer got to its flush.
+pub fn progress_until_published(ep: &mut dyn Endpoint, dir: &Path, name: &str, deadline: Duration) {
+    let t0 = Instant::now();
+    // Ends when the peer published `name`, or fails at the deadline.
+    while !dir.join(name).exists() {
+        assert!(t0.elapsed() < deadline, "peer never published {name}");
+        ep.progress().unwrap();
+        std::thread::yield_now();
+    }
+}
+
 /// The initiator's side: per round, fill `src` with the round's pattern, write all of it to
 /// `dst`, the round number to word 1 of `epoch`, flush, and wait for the target's ack (word 0
 /// of `ackw`). Returns the time per round.

@@ -131,6 +131,45 @@ pub fn spawn_rank(
     c.spawn().expect("spawning a rank")
 }
 
+/// As [`spawn_rank`], with the library's INFO log on and the rank's stderr passed through this
+/// process: the receiver hears once, when a line containing `needle` went by (so the parent
+/// can act on what the library did, not on a sleep).
+pub fn spawn_rank_watched(
+    test: &str,
+    rank: usize,
+    n: usize,
+    root: &str,
+    extra: &[(&str, String)],
+    needle: &str,
+) -> (Child, std::sync::mpsc::Receiver<()>) {
+    use std::io::BufRead;
+    let mut c = crate::common::child_command(test, "rank");
+    c.env("MSCCLPP_TEST_RANK", rank.to_string())
+        .env("MSCCLPP_TEST_NRANKS", n.to_string())
+        .env("MSCCLPP_TEST_ROOT", root)
+        .env("MSCCLPP_DEBUG", "INFO")
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in extra {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().expect("spawning a rank");
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let needle = needle.to_string();
+    // Ends when the rank's stderr closes (it exited or was killed).
+    std::thread::spawn(move || {
+        let mut told = false;
+        for line in std::io::BufReader::new(err).lines().map_while(|l| l.ok()) {
+            eprintln!("{line}");
+            if !told && line.contains(&needle) {
+                told = true;
+                let _ = tx.send(());
+            }
+        }
+    });
+    (child, rx)
+}
+
 /// Milliseconds since the Unix epoch: a clock that several processes agree on.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
