@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const TAG: i32 = 5;
-const BOOT_S: f64 = 3.0;
+const BOOT_S: f64 = 5.0;
 /// Bytes the real rank connects; the fake registers the same, inside a larger canary block.
 const BUF: usize = 4096;
 
@@ -628,12 +628,13 @@ fn body() {
         match case.want {
             Want::Refuse => {
                 assert!(!acked, "{msg}");
-                assert!(el < Duration::from_secs(2), "{msg}");
+                // Refused, not timed out: 2 s short of the timeout (room for a loaded host).
+                assert!(el < Duration::from_secs_f64(BOOT_S - 2.0), "{msg}");
             }
             Want::TimeOut => {
                 assert!(!acked, "{msg}");
                 let t = Duration::from_secs_f64(BOOT_S);
-                assert!(el >= t && el < t + Duration::from_secs(2), "{msg}");
+                assert!(el >= t && el < t + Duration::from_secs(3), "{msg}");
             }
             Want::BadAck => assert!(acked, "{msg}"),
         }
