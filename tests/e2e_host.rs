@@ -55,8 +55,9 @@ fn ranks(name: &str, n: usize, provider: &str, body: fn(Env)) {
         std::env::temp_dir().join(format!("mscclpp-{name}-{}.progress", std::process::id()));
     let mut env = transport_env(provider);
     env.push(("MSCCLPP_TEST_PROGRESS", progress.display().to_string()));
-    spawn(name, n, &env).expect_success_progressing(&progress, DEADLINE, CAP);
+    let codes = spawn(name, n, &env).wait_progressing(&progress, DEADLINE, CAP);
     let _ = std::fs::remove_file(&progress);
+    assert_exited_0(codes);
 }
 
 // ---- all-to-all exchange -------------------------------------------------------------------

@@ -241,19 +241,10 @@ impl Ranks {
     pub fn expect_success(self, deadline: Duration) {
         assert_exited_0(self.wait(deadline));
     }
-
-    /// As [`expect_success`](Self::expect_success), with [`wait_progressing`](Self::wait_progressing)'s deadline.
-    pub fn expect_success_progressing(
-        self,
-        progress: &std::path::Path,
-        stall: Duration,
-        cap: Duration,
-    ) {
-        assert_exited_0(self.wait_progressing(progress, stall, cap));
-    }
 }
 
-fn assert_exited_0(codes: Vec<Option<i32>>) {
+/// Asserts that every rank exited 0 (`codes` from [`Ranks::wait`] and its kin).
+pub fn assert_exited_0(codes: Vec<Option<i32>>) {
     assert!(
         codes.iter().all(|c| *c == Some(0)),
         "rank exit codes: {codes:?} (None = killed or timed out)"
