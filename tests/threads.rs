@@ -283,7 +283,9 @@ fn lock_body() {
         r
     });
     assert_eq!(r, mscclppSuccess);
-    assert!(el < Duration::from_millis(100), "async error took {el:?}");
+    // At once, not after setup (which holds the lock ~800 ms more): 1.7 ms measured under
+    // valgrind (scripts/sanitize.sh follows this child), so 400 ms leaves room for a loaded host.
+    assert!(el < Duration::from_millis(400), "async error took {el:?}");
     let mut rank = -1;
     let (r, el_rank) = timed(|| mscclppCommRank(comm.0, &mut rank));
     assert_eq!((r, rank), (mscclppSuccess, 0));
