@@ -7,7 +7,7 @@
 mod common;
 
 use common::boot::{check_all_gather, child_done, local_addr, run_child, with_ranks};
-use common::child_role;
+use common::{child_role, threads_and_fds, threads_and_fds_settled};
 use mscclpp::bootstrap::{self, Bootstrap};
 use mscclpp::error::Error;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -271,10 +271,6 @@ fn role_ifname_none() {
     }
 }
 
-fn count(dir: &str) -> usize {
-    std::fs::read_dir(dir).unwrap().count()
-}
-
 fn role_leaks() {
     let cycle = || {
         with_ranks(&local_addr(), 3, |b| {
@@ -285,17 +281,13 @@ fn role_leaks() {
         });
     };
     cycle();
-    let (threads, fds) = (count("/proc/self/task"), count("/proc/self/fd"));
+    let (threads, fds) = threads_and_fds();
     for _ in 0..20 {
         cycle();
     }
-    // Threads exit a moment after join() returns in some kernels' accounting; give it a bit.
-    let t = Instant::now();
-    while count("/proc/self/task") != threads && t.elapsed() < Duration::from_secs(2) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert_eq!(count("/proc/self/task"), threads, "threads leaked");
-    assert_eq!(count("/proc/self/fd"), fds, "file descriptors leaked");
+    let after = threads_and_fds_settled(Duration::from_secs(2), |(t, _)| t == threads);
+    assert_eq!(after.0, threads, "threads leaked");
+    assert_eq!(after.1, fds, "file descriptors leaked");
 }
 
 /// Rank 0 or 1 of the secret test: joins (and all-gathers) when `MSCCLPP_TEST_JOIN=1`, else

@@ -649,16 +649,8 @@ fn body() {
     lying_size_is_refused(1 << 40);
     lying_size_is_refused(BUF as u64 - 8);
     fresh_exchange_in_process();
-    // A joined thread may still be listed in /proc for a moment (join returns when the kernel
-    // clears its tid, before the task is reaped): a leak is a count that stays up for 5 s.
     let settled = |(t, f): (usize, usize)| t <= before.0 + 1 && f <= before.1 + 2;
-    let t0 = std::time::Instant::now();
-    let mut after = threads_and_fds();
-    // Ends: the counts settle, or 5 s pass.
-    while !settled(after) && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(10));
-        after = threads_and_fds();
-    }
+    let after = threads_and_fds_settled(Duration::from_secs(5), settled);
     println!(
         "{} cases; threads/fds before {before:?}, after {after:?}",
         list.len()

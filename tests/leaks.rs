@@ -13,10 +13,6 @@ use mscclpp::capi::conn::*;
 use mscclpp::capi::devconn::*;
 use std::ffi::CString;
 
-fn count(dir: &str) -> usize {
-    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
-}
-
 /// One communicator lifetime on rank `rank` of 2: connect, exchange 64 KiB each way, destroy.
 fn cycle(root: &str, rank: usize, transport: mscclppTransport_t) {
     let c = init(root, rank, 2);
@@ -69,24 +65,13 @@ fn create_destroy_cycles_leave_no_fds_or_threads() {
     // a few descriptors); that is not a per-communicator leak.
     cycles(2, mscclppTransport_t::mscclppTransportIB);
     cycles(2, mscclppTransport_t::mscclppTransportSHM);
-    let (fds, threads) = (count("/proc/self/fd"), count("/proc/self/task"));
+    let (threads, fds) = common::threads_and_fds();
     cycles(n / 2, mscclppTransport_t::mscclppTransportIB);
     cycles(n - n / 2, mscclppTransport_t::mscclppTransportSHM);
-    // Joined threads disappear from /proc a moment after join returns.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while count("/proc/self/task") > threads && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert_eq!(
-        count("/proc/self/fd"),
-        fds,
-        "file descriptors after {n} cycles"
-    );
-    assert_eq!(
-        count("/proc/self/task"),
-        threads,
-        "threads after {n} cycles"
-    );
+    let after =
+        common::threads_and_fds_settled(std::time::Duration::from_secs(5), |(t, _)| t <= threads);
+    assert_eq!(after.1, fds, "file descriptors after {n} cycles");
+    assert_eq!(after.0, threads, "threads after {n} cycles");
     let bad = CString::new("127.0.0.1:1").unwrap();
     let mut c = std::ptr::null_mut();
     // And the library still answers bad input cleanly afterwards.

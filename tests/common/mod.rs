@@ -306,3 +306,30 @@ pub fn skip_missing_provider(test: &str, provider: &str) -> bool {
         }
     }
 }
+
+/// Live threads and open descriptors of this process (entries of `/proc/self/task`, `fd`).
+pub fn threads_and_fds() -> (usize, usize) {
+    let n = |d: &str| {
+        std::fs::read_dir(d)
+            .unwrap_or_else(|e| panic!("{d}: {e}"))
+            .count()
+    };
+    (n("/proc/self/task"), n("/proc/self/fd"))
+}
+
+/// [`threads_and_fds`] once `settled` accepts it, or as it is after `bound`: a joined thread
+/// stays listed in `/proc` a moment after join returns (the kernel clears its tid before the
+/// task is reaped), so a leak is a count that stays up, not one seen once.
+pub fn threads_and_fds_settled(
+    bound: Duration,
+    settled: impl Fn((usize, usize)) -> bool,
+) -> (usize, usize) {
+    let t0 = Instant::now();
+    let mut now = threads_and_fds();
+    // Ends: the counts settle, or the bound passes (polling every 10 ms).
+    while !settled(now) && t0.elapsed() < bound {
+        std::thread::sleep(Duration::from_millis(10));
+        now = threads_and_fds();
+    }
+    now
+}

@@ -275,9 +275,3 @@ pub fn timed(f: impl FnOnce() -> mscclppResult_t) -> (mscclppResult_t, Duration)
     let r = f();
     (r, t0.elapsed())
 }
-
-/// Live threads and open descriptors of this process.
-pub fn threads_and_fds() -> (usize, usize) {
-    let n = |d: &str| std::fs::read_dir(d).map(|r| r.count()).unwrap_or(0);
-    (n("/proc/self/task"), n("/proc/self/fd"))
-}
