@@ -111,16 +111,15 @@ pub fn read_counter(path: &Path) -> u64 {
     }
 }
 
-/// Starts rank `rank` of `n` of test `test` alone (like `common::spawn`, one rank at a time,
-/// and also for a test marked `#[ignore]`).
-pub fn spawn_rank(
+/// The command of rank `rank` of `n` of test `test`, run alone (like `common::spawn`, one rank
+/// at a time, and also for a test marked `#[ignore]`: `common::child_command`).
+fn rank_command(
     test: &str,
     rank: usize,
     n: usize,
     root: &str,
     extra: &[(&str, String)],
-) -> Child {
-    // The rank runs test `test` alone, ignored or not (`common::child_command`).
+) -> std::process::Command {
     let mut c = crate::common::child_command(test, "rank");
     c.env("MSCCLPP_TEST_RANK", rank.to_string())
         .env("MSCCLPP_TEST_NRANKS", n.to_string())
@@ -128,7 +127,20 @@ pub fn spawn_rank(
     for (k, v) in extra {
         c.env(k, v);
     }
-    c.spawn().expect("spawning a rank")
+    c
+}
+
+/// Starts [`rank_command`].
+pub fn spawn_rank(
+    test: &str,
+    rank: usize,
+    n: usize,
+    root: &str,
+    extra: &[(&str, String)],
+) -> Child {
+    rank_command(test, rank, n, root, extra)
+        .spawn()
+        .expect("spawning a rank")
 }
 
 /// As [`spawn_rank`], with the library's INFO log on and the rank's stderr passed through this
@@ -143,15 +155,9 @@ pub fn spawn_rank_watched(
     needle: &str,
 ) -> (Child, std::sync::mpsc::Receiver<()>) {
     use std::io::BufRead;
-    let mut c = crate::common::child_command(test, "rank");
-    c.env("MSCCLPP_TEST_RANK", rank.to_string())
-        .env("MSCCLPP_TEST_NRANKS", n.to_string())
-        .env("MSCCLPP_TEST_ROOT", root)
-        .env("MSCCLPP_DEBUG", "INFO")
+    let mut c = rank_command(test, rank, n, root, extra);
+    c.env("MSCCLPP_DEBUG", "INFO")
         .stderr(std::process::Stdio::piped());
-    for (k, v) in extra {
-        c.env(k, v);
-    }
     let mut child = c.spawn().expect("spawning a rank");
     let err = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
