@@ -134,17 +134,18 @@ fn rank_killed_during_bootstrap() {
     let root = format!("127.0.0.1:{}", free_port());
     let mut env = rank_env("tcp", BOOT_FAST_S, WAIT_S);
     env.push(dir.env());
-    // Rank 2 connects to the root, sends its hello and waits for the table: killed once the
-    // root logged it joined (a fixed sleep could kill it before, and then it is missing, not
-    // disconnected).
-    let (r0, joined) = spawn_rank_watched(NAME, 0, 4, &root, &env, "rank 2 joined from");
+    // Ranks 0-2 connect to the root, send their hellos and wait for the table: rank 2 is
+    // killed once the root logged the third of them joined (a fixed sleep could kill it
+    // before, and then it is missing, not disconnected; killed as soon as it alone joined,
+    // rank 1 may not have, and finds the root gone).
+    let (r0, joined) = spawn_rank_watched(NAME, 0, 4, &root, &env, "), 3/4");
     let mut kids = vec![r0];
     kids.extend((1..3).map(|r| spawn_rank(NAME, r, 4, &root, &env)));
     if joined.recv_timeout(Duration::from_secs(20)).is_err() {
         for k in &mut kids {
             let _ = k.kill();
         }
-        panic!("the root never logged that rank 2 joined");
+        panic!("the root never logged that ranks 0-2 joined");
     }
     let t0 = Instant::now();
     kids[2].kill().unwrap();
