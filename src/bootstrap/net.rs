@@ -55,10 +55,11 @@ pub(crate) fn connected_to_itself(s: &TcpStream) -> bool {
     matches!((s.local_addr(), s.peer_addr()), (Ok(l), Ok(p)) if l == p)
 }
 
-/// Connects once, within the deadline. A connection to itself is refused, as the port's owner
-/// would have refused it: nobody listens there.
-pub(crate) fn connect(addr: &SocketAddr, deadline: Instant) -> io::Result<TcpStream> {
-    let s = TcpStream::connect_timeout(addr, left(deadline)?)?;
+/// Connects once, within `timeout`. A connection to itself is refused, as the port's owner
+/// would have refused it: nobody listens there (dropping it frees the port for a root that is
+/// about to bind it).
+fn connect_within(addr: &SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let s = TcpStream::connect_timeout(addr, timeout)?;
     if connected_to_itself(&s) {
         return Err(io::Error::new(
             io::ErrorKind::ConnectionRefused,
@@ -67,6 +68,11 @@ pub(crate) fn connect(addr: &SocketAddr, deadline: Instant) -> io::Result<TcpStr
     }
     s.set_nodelay(true)?;
     Ok(s)
+}
+
+/// Connects once, within the deadline (`connect_within`).
+pub(crate) fn connect(addr: &SocketAddr, deadline: Instant) -> io::Result<TcpStream> {
+    connect_within(addr, left(deadline)?)
 }
 
 /// Connects to the first of `addrs` that answers, retrying with backoff until the deadline
@@ -79,18 +85,8 @@ pub(crate) fn connect_retry(addrs: &[SocketAddr], deadline: Instant) -> io::Resu
     loop {
         for a in addrs {
             let per_try = left(deadline)?.min(Duration::from_secs(5));
-            match TcpStream::connect_timeout(a, per_try) {
-                Ok(s) if connected_to_itself(&s) => {
-                    // Dropping it frees the port for the root that is about to bind it.
-                    last = io::Error::new(
-                        io::ErrorKind::ConnectionRefused,
-                        format!("{a}: connected to itself (nobody listens there yet)"),
-                    );
-                }
-                Ok(s) => {
-                    s.set_nodelay(true)?;
-                    return Ok(s);
-                }
+            match connect_within(a, per_try) {
+                Ok(s) => return Ok(s),
                 Err(e) if retryable_connect(&e) => last = e,
                 Err(e) => return Err(e),
             }
