@@ -11,10 +11,12 @@
 
 mod assist;
 mod conn;
+mod pending;
 mod thread;
 mod work;
 
 pub use conn::{DirectEpoch, ProxyConn};
+pub use pending::{PendingWait, WaitOp};
 pub use thread::{launch, Running};
 pub use work::{ProxyWork, SharedEndpoint, SharedWork};
 

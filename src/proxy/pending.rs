@@ -1,0 +1,33 @@
+//! What a waiter is waiting for, in one shape for every kind of waiter (a kernel's `wait()`,
+//! `flush()` or full-FIFO `push`, read from the record the device methods keep; a host
+//! thread's bounded wait): the hang report (`comm`) combines these across ranks to name a
+//! cycle, and a device wait past its timeout is reported with one.
+
+use std::time::Duration;
+
+/// The operation a waiter is blocked in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitOp {
+    /// `wait()`: for the peer's signal number `wanted`; `seen` is the count that arrived.
+    Wait,
+    /// `flush()`: for ticket `wanted` to complete; `seen` is the FIFO's tail.
+    Flush,
+    /// A push into a full FIFO: for room for ticket `wanted`; `seen` is the FIFO's tail.
+    Push,
+}
+
+/// One pending wait of this rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingWait {
+    /// Index of the connection in the communicator's `mscclppDevConn` array.
+    pub conn: usize,
+    /// The rank at the other end of that connection.
+    pub remote_rank: usize,
+    pub op: WaitOp,
+    pub wanted: u64,
+    pub seen: u64,
+    /// How long it has waited so far.
+    pub waited: Duration,
+    /// True for a kernel's wait (read from device-written memory), false for a host thread.
+    pub device: bool,
+}
