@@ -76,16 +76,34 @@ impl Comm {
         let src_end = src_off
             .checked_add(size)
             .ok_or_else(|| Error::invalid_arg("srcOffset + size overflows"))?;
-        let kind = crate::cuda::mem_kind(src);
-        for &(s, peer, rid, _) in &reg.remotes {
+        let region = Region {
+            addr: src,
+            len: src_end,
+            kind: crate::cuda::mem_kind(src),
+        };
+        // One registration of the source per endpoint and call, released once the flush has
+        // covered every write from it. Nothing is kept: the memory may be freed when the call
+        // returns, and a later source at the same address is other memory (a kept registration
+        // would send the old pages on NICs that pin them, and each range would hold one).
+        let mut slots: Vec<usize> = reg.remotes.iter().map(|r| r.0).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        for s in slots {
             let mut ep = lock(&self.slots[s].ep);
-            let (mr, _): (MrId, _) = ep.register(Region {
-                addr: src,
-                len: src_end,
-                kind,
-            })?;
-            ep.write(peer, mr, src_off, rid, dst_off, size)?;
-            ep.flush(peer)?;
+            let mr: MrId = ep.register_source(region)?;
+            let peers = || reg.remotes.iter().filter(move |r| r.0 == s);
+            let sent = peers()
+                .try_for_each(|&(_, peer, rid, _)| ep.write(peer, mr, src_off, rid, dst_off, size))
+                .and_then(|()| peers().try_for_each(|&(_, peer, _, _)| ep.flush(peer)));
+            // Released only after a flush that succeeded: a write still in flight reads the
+            // registration (the endpoint's teardown closes it after its drain otherwise).
+            sent?;
+            if let Err(e) = ep.release_source(mr) {
+                crate::warn!(
+                    "mscclppRegisteredBufferWrite: the bytes arrived, but releasing the source's registration on {} failed: {e}",
+                    ep.describe()
+                );
+            }
         }
         Ok(())
     }

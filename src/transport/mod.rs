@@ -96,6 +96,15 @@ pub trait Endpoint: Send {
     /// Registers a local region (exactly `region`, never rounded up) and returns a blob that
     /// lets a peer write into it. Registering the same region twice returns the same id.
     fn register(&mut self, region: Region) -> Result<(MrId, Vec<u8>)>;
+    /// Registers `region` as the source of the writes of one synchronous call
+    /// (`mscclppRegisteredBufferWrite`), which releases it with `release_source` once a `flush`
+    /// covered them. Never shared with another registration of the same range (the memory
+    /// may have been freed and its address reused since), never exported.
+    fn register_source(&mut self, region: Region) -> Result<MrId>;
+    /// Releases a `register_source` registration, which no write in flight reads any more
+    /// (every write from it was flushed); its id may be handed out again. A source whose
+    /// flush failed is not released: the endpoint's teardown closes it after its drain.
+    fn release_source(&mut self, src: MrId) -> Result<()>;
     /// Imports a region a peer registered (its blob); validated before use.
     fn import(&mut self, peer: PeerId, blob: &[u8]) -> Result<RemoteId>;
     /// The length in bytes of an imported region, as its blob declares it (None: unknown id).

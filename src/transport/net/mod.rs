@@ -68,6 +68,7 @@ use regions::Regions;
 use staging::Staging;
 use std::sync::atomic::{AtomicBool, Ordering as AtOrd};
 
+pub use mr::live_registrations;
 pub use ops::Stats;
 pub use rails::{RailStats, Rails};
 
@@ -487,6 +488,15 @@ impl Endpoint for NetEndpoint {
     fn register(&mut self, region: Region) -> Result<(MrId, Vec<u8>)> {
         self.regions
             .register(&mut self.ops, &mut self.staging, region)
+    }
+
+    fn register_source(&mut self, region: Region) -> Result<MrId> {
+        self.regions
+            .register_source(&mut self.ops, &mut self.staging, region)
+    }
+
+    fn release_source(&mut self, src: MrId) -> Result<()> {
+        self.regions.release_source(&mut self.ops, src)
     }
 
     fn import(&mut self, peer: PeerId, blob: &[u8]) -> Result<RemoteId> {

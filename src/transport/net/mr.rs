@@ -11,9 +11,8 @@
 use super::fabric::{check, close_fid, fab_err, ENOSYS};
 use crate::error::{Error, Result};
 use libfabric_sys as fi;
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Requested keys must be unique per domain (tcp answers -FI_ENOKEY otherwise). A process-wide
 /// counter is unique for every domain of the process. Relaxed: only uniqueness matters.
@@ -133,43 +132,97 @@ pub(super) fn register<O: FabricOps>(
     }
 }
 
-/// The registrations of one endpoint: exported regions (deduplicated by region) and internal
-/// ones (the staging ring).
-pub(super) struct Table<H, K> {
-    pub mrs: Vec<LocalMr<H>>,
-    pub blobs: Vec<Vec<u8>>,
-    pub by_key: HashMap<K, usize>,
+/// The registrations of one endpoint: its fixed ones (op slots, scratch word), the regions it
+/// exports, bounce slots, and the sources of registered writes, which `close` releases after
+/// their call (a released index is reused, so the table never grows past what is open at
+/// once). Every entry left is closed by `teardown`.
+pub(super) struct Table<H> {
+    mrs: Vec<Option<LocalMr<H>>>,
+    /// Indices of closed entries, reused first.
+    free: Vec<usize>,
 }
 
-impl<H, K: std::hash::Hash + Eq> Table<H, K> {
+impl<H> Table<H> {
     pub fn new() -> Self {
         Table {
             mrs: Vec::new(),
-            blobs: Vec::new(),
-            by_key: HashMap::new(),
+            free: Vec::new(),
         }
     }
+
+    /// Keeps `m` until `close` or `teardown`; returns its index.
+    pub fn insert(&mut self, m: LocalMr<H>) -> usize {
+        match self.free.pop() {
+            Some(i) => {
+                self.mrs[i] = Some(m);
+                i
+            }
+            None => {
+                self.mrs.push(Some(m));
+                self.mrs.len() - 1
+            }
+        }
+    }
+
+    /// The registrations open now.
+    #[cfg(test)]
+    pub fn open(&self) -> usize {
+        self.mrs.len() - self.free.len()
+    }
+}
+
+/// An index the table handed out and has not closed: indexing a closed one is a bug in the
+/// caller (its region was released while still in use), not a recoverable error.
+impl<H> std::ops::Index<usize> for Table<H> {
+    type Output = LocalMr<H>;
+    fn index(&self, i: usize) -> &LocalMr<H> {
+        self.mrs[i]
+            .as_ref()
+            .unwrap_or_else(|| panic!("memory registration {i} used after it was closed"))
+    }
+}
+
+/// Closes registration `i` of `t`, whose memory no write in flight reads any more. Its index is
+/// reused even when the provider fails the close (the MR is then lost either way; the failure
+/// is returned).
+pub(super) fn close<O: FabricOps>(ops: &mut O, t: &mut Table<O::Handle>, i: usize) -> Result<()> {
+    let m = t
+        .mrs
+        .get_mut(i)
+        .and_then(Option::take)
+        .ok_or_else(|| Error::internal(format!("closing memory registration {i}, not open")))?;
+    t.free.push(i);
+    ops.close_mr(m.handle)
 }
 
 /// Closes every registration, then the endpoint: FI_MR_ENDPOINT providers refuse to close an
 /// endpoint that still has MRs bound to it, and domain MRs may go first too. Failures are
 /// logged; the first one is returned after everything was attempted.
-pub(super) fn teardown<O: FabricOps, K>(ops: &mut O, t: &mut Table<O::Handle, K>) -> Result<()> {
+pub(super) fn teardown<O: FabricOps>(ops: &mut O, t: &mut Table<O::Handle>) -> Result<()> {
     let mut first: Option<Error> = None;
-    for m in t.mrs.drain(..) {
+    for m in t.mrs.drain(..).flatten() {
         if let Err(e) = ops.close_mr(m.handle) {
             crate::warn!("net: closing a memory registration: {e}");
             first.get_or_insert(e);
         }
     }
-    t.by_key.clear();
-    t.blobs.clear();
+    t.free.clear();
     if let Err(e) = ops.close_ep() {
         crate::warn!("net: closing the endpoint: {e}");
         first.get_or_insert(e);
     }
     first.map_or(Ok(()), Err)
 }
+
+/// libfabric registrations open now in this process (`RealOps`): a registration that is
+/// never closed shows here. For tests (`tests/e2e_host.rs`) and leak checks.
+pub fn live_registrations() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// See `live_registrations`. Relaxed: a count read by tests after the calls that change it
+/// returned on the same thread, or after a barrier with the thread that made them.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
 
 /// `FabricOps` over real libfabric objects.
 pub(super) struct RealOps<'a> {
@@ -203,6 +256,7 @@ impl FabricOps for RealOps<'_> {
         // provider copies them); mr receives a new object we own.
         let rc = unsafe { fi::fi_mr_regattr(self.domain, &attr, 0, &mut mr) } as i64;
         check("fi_mr_regattr", rc)?;
+        LIVE.fetch_add(1, Ordering::Relaxed);
         Ok(mr)
     }
     fn bind_ep(&mut self, h: Self::Handle) -> Result<()> {
@@ -233,6 +287,8 @@ impl FabricOps for RealOps<'_> {
     fn close_mr(&mut self, h: Self::Handle) -> Result<()> {
         // SAFETY: h is an open MR we own, closed once (the table forgets it).
         let rc = unsafe { fi::fi_close(&mut (*h).fid) } as i64;
+        // Counted closed even when the provider fails the close: nothing can close it again.
+        LIVE.fetch_sub(1, Ordering::Relaxed);
         check("fi_close(mr)", rc)
     }
     fn close_ep(&mut self) -> Result<()> {
@@ -413,12 +469,12 @@ mod tests {
     #[test]
     fn endpoint_mr_lifecycle_on_cxi_rules() {
         let mut f = MockFabric::cxi();
-        let mut t: Table<usize, u64> = Table::new();
+        let mut t: Table<usize> = Table::new();
         for a in [0x1000u64, 0x2000, 0x3000] {
             let m = register(&mut f, &cxi_policy(), &req(a, 0)).unwrap();
             f.use_mr(m.handle).unwrap();
             assert!(!m.desc.is_null());
-            t.mrs.push(m);
+            t.insert(m);
         }
         // The endpoint cannot be closed while MRs are bound to it...
         assert!(f.close_ep().is_err());
@@ -426,6 +482,34 @@ mod tests {
         // ...and teardown closes them first.
         teardown(&mut f, &mut t).unwrap();
         assert!(!f.ep_open);
+        assert!(f.mrs.iter().all(|m| !m.open));
+    }
+
+    #[test]
+    fn closed_registrations_free_their_index() {
+        let mut f = MockFabric::cxi();
+        let mut t: Table<usize> = Table::new();
+        let reg = |f: &mut MockFabric, t: &mut Table<usize>, a| {
+            t.insert(register(f, &cxi_policy(), &req(a, 0)).unwrap())
+        };
+        let (a, b) = (reg(&mut f, &mut t, 0x1000), reg(&mut f, &mut t, 0x2000));
+        // A source registered and released per call: the table stays at its size.
+        for i in 0..100u64 {
+            let s = reg(&mut f, &mut t, 0x10_0000 + i * 0x1000);
+            assert_eq!(s, 2, "a released index is reused");
+            close(&mut f, &mut t, s).unwrap();
+            assert_eq!(t.open(), 2);
+        }
+        assert_eq!(f.mrs.iter().filter(|m| m.open).count(), 2);
+        assert!(
+            close(&mut f, &mut t, 2).is_err(),
+            "closing twice is refused"
+        );
+        close(&mut f, &mut t, a).unwrap();
+        assert_eq!(t[b].addr, 0x2000);
+        assert!(f.close_ep().is_err(), "b is still bound");
+        f.ep_open = true;
+        teardown(&mut f, &mut t).unwrap();
         assert!(f.mrs.iter().all(|m| !m.open));
     }
 

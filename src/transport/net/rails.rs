@@ -62,6 +62,13 @@ struct RemoteRails {
     ids: Vec<RemoteId>,
 }
 
+/// A region of ours: its id on each rail it is registered on (rail 0 first).
+struct RailRegion {
+    ids: Vec<MrId>,
+    /// The blob handed out (`register`); None for a source (`register_source`).
+    blob: Option<Vec<u8>>,
+}
+
 /// Per-rail counters (for tests and the close log).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RailStats {
@@ -74,8 +81,10 @@ pub struct RailStats {
 pub struct Rails {
     rails: Vec<Rail>,
     peers: Vec<RailPeer>,
-    /// Our regions: the id on each rail it is registered on, and the blob handed out.
-    regions: Vec<(Vec<MrId>, Vec<u8>)>,
+    /// Our regions (`MrId` indexes this); a source's id is freed by `release_source` and
+    /// reused (`free_ids`).
+    regions: Vec<Option<RailRegion>>,
+    free_ids: Vec<MrId>,
     /// Rail 0's region id -> ours (registering a region twice returns the same id).
     by_first: HashMap<MrId, MrId>,
     remotes: Vec<RemoteRails>,
@@ -205,6 +214,7 @@ impl Rails {
                 .collect(),
             peers: Vec::new(),
             regions: Vec::new(),
+            free_ids: Vec::new(),
             by_first: HashMap::new(),
             remotes: Vec::new(),
             chunk: cfg.stripe_chunk.max(crate::config::MIN_STRIPE_CHUNK),
@@ -228,6 +238,46 @@ impl Rails {
                 writes: r.writes,
             })
             .collect()
+    }
+
+    /// Our region `id`, if held.
+    fn region(&self, id: MrId) -> Option<&RailRegion> {
+        self.regions.get(id).and_then(Option::as_ref)
+    }
+
+    /// Keeps `g` (in a released id's place if there is one); returns its id.
+    fn hold(&mut self, g: RailRegion) -> MrId {
+        match self.free_ids.pop() {
+            Some(id) => {
+                self.regions[id] = Some(g);
+                id
+            }
+            None => {
+                self.regions.push(Some(g));
+                self.regions.len() - 1
+            }
+        }
+    }
+
+    /// Releases the sources `ids` (rail 0 first) on their rails; every one is attempted, the
+    /// first failure returned.
+    fn release_ids(&mut self, ids: &[MrId]) -> Result<()> {
+        self.release_ids_from(0, ids)
+    }
+
+    /// `release_ids` for ids of rails `first..`.
+    fn release_ids_from(&mut self, first: usize, ids: &[MrId]) -> Result<()> {
+        let mut res = Ok(());
+        for (r, &m) in ids.iter().enumerate().map(|(i, m)| (first + i, m)) {
+            if let Err(e) = self.rails[r].ep.release_source(m) {
+                let e = e.within(&self.label(r));
+                crate::warn!("net: {e}");
+                if res.is_ok() {
+                    res = Err(e);
+                }
+            }
+        }
+        res
     }
 
     /// `rail r of n (domain)`, for errors.
@@ -454,7 +504,9 @@ impl Endpoint for Rails {
             .register(region)
             .map_err(|e| e.within(&self.label(0)))?;
         if let Some(&id) = self.by_first.get(&m0) {
-            return Ok((id, self.regions[id].1.clone()));
+            if let Some(blob) = self.region(id).and_then(|g| g.blob.clone()) {
+                return Ok((id, blob));
+            }
         }
         let mut ids = vec![m0];
         let mut blobs = vec![b0];
@@ -481,10 +533,61 @@ impl Endpoint for Rails {
             }
         }
         let blob = blob::encode_rails(&blobs);
-        let id = self.regions.len();
-        self.regions.push((ids, blob.clone()));
+        let id = self.hold(RailRegion {
+            ids,
+            blob: Some(blob.clone()),
+        });
         self.by_first.insert(m0, id);
         Ok((id, blob))
+    }
+
+    /// On rail 0, and on every other rail where both register it themselves, as `register`
+    /// does; released on every rail it was registered on.
+    fn register_source(&mut self, region: Region) -> Result<MrId> {
+        let m0 = self.rails[0]
+            .ep
+            .register_source(region)
+            .map_err(|e| e.within(&self.label(0)))?;
+        let mut ids = vec![m0];
+        if self.rails[0].ep.is_direct(m0) {
+            for r in 1..self.rails.len() {
+                let m = match self.rails[r].ep.register_source(region) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        // Nothing was written from it: release what was registered so far
+                        // (a failure there is logged; this one is the error to report).
+                        let _ = self.release_ids(&ids);
+                        return Err(e.within(&self.label(r)));
+                    }
+                };
+                ids.push(m);
+                if !self.rails[r].ep.is_direct(m) {
+                    // Staged there: rail 0 alone carries it (as `register` decides).
+                    let rest = ids.split_off(1);
+                    if let Err(e) = self.release_ids_from(1, &rest) {
+                        let _ = self.release_ids(&ids);
+                        return Err(e);
+                    }
+                    break;
+                }
+            }
+        }
+        Ok(self.hold(RailRegion { ids, blob: None }))
+    }
+
+    fn release_source(&mut self, src: MrId) -> Result<()> {
+        let ids = match self.regions.get_mut(src) {
+            Some(slot @ Some(RailRegion { blob: None, .. })) => slot.take().map(|g| g.ids),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            Error::internal(format!(
+                "{}: releasing region {src}, which is not a held source",
+                self.describe()
+            ))
+        })?;
+        self.free_ids.push(src);
+        self.release_ids(&ids)
     }
 
     fn import(&mut self, peer: PeerId, b: &[u8]) -> Result<RemoteId> {
@@ -528,7 +631,7 @@ impl Endpoint for Rails {
             (p.rank, p.ids.len())
         };
         let dst_rails = self.remote_of(peer, dst)?.ids.len();
-        let Some(src_rails) = self.regions.get(src).map(|(s, _)| s.len()) else {
+        let Some(src_rails) = self.region(src).map(|g| g.ids.len()) else {
             return Err(Error::invalid_arg(format!(
                 "unknown region {src} on {}",
                 self.describe()
@@ -540,7 +643,8 @@ impl Endpoint for Rails {
         let ids = |s: &Self, r: usize| {
             (
                 s.peers[peer].ids[r],
-                s.regions[src].0[r],
+                // (Held: checked above; an unknown id would be refused by the rail.)
+                s.region(src).map_or(MrId::MAX, |g| g.ids[r]),
                 s.remotes[dst].ids[r],
             )
         };

@@ -34,7 +34,10 @@ pub(super) enum Backing {
 pub(super) struct LocalRegion {
     pub region: Region,
     pub backing: Backing,
+    /// What peers need to write into it; empty for a source (`register_source`).
     pub blob: Vec<u8>,
+    /// Registered by `register_source`: released after its call, never exported.
+    source: bool,
 }
 
 struct Remote {
@@ -45,13 +48,18 @@ struct Remote {
 /// The registrations and regions of one endpoint (module doc).
 pub(super) struct Regions {
     /// libfabric registrations; entry `STAGING_MR` is the staging ring, `SCRATCH_MR` the
-    /// scratch word, then user regions, channels and bounce slots. Closed before `objs.ep`.
-    pub mrs: mr::Table<*mut fi::fid_mr, Region>,
+    /// scratch word, then user regions, channels, bounce slots and the sources of registered
+    /// writes (closed after their call). Closed before `objs.ep`.
+    pub mrs: mr::Table<*mut fi::fid_mr>,
     pub policy: mr::Policy,
     /// The provider registers GPU memory with FI_HMEM (`try_hmem`), or why not.
     hmem: std::result::Result<(), &'static str>,
-    /// Regions handed out by `register` (`MrId` indexes this), deduplicated by `region_ids`.
-    local: Vec<LocalRegion>,
+    /// Regions handed out by `register` (deduplicated by `region_ids`, kept until the
+    /// endpoint closes) and by `register_source` (until `release_source`). `MrId` indexes
+    /// this; a released id is reused (`free_ids`), so that a registration per call does not
+    /// grow it.
+    local: Vec<Option<LocalRegion>>,
+    free_ids: Vec<MrId>,
     region_ids: HashMap<Region, MrId>,
     remotes: Vec<Remote>,
     /// Unit tests only: host regions registered from now on stand in for FI_HMEM memory of
@@ -62,8 +70,11 @@ pub(super) struct Regions {
 
 impl Index<MrId> for Regions {
     type Output = LocalRegion;
+    /// `id` was handed out and not released: the write paths use only ids the caller holds.
     fn index(&self, id: MrId) -> &LocalRegion {
-        &self.local[id]
+        self.local[id]
+            .as_ref()
+            .unwrap_or_else(|| panic!("local region {id} used after it was released"))
     }
 }
 
@@ -74,6 +85,7 @@ impl Regions {
             policy,
             hmem,
             local: Vec::new(),
+            free_ids: Vec::new(),
             region_ids: HashMap::new(),
             remotes: Vec::new(),
             host_as_hmem: None,
@@ -81,7 +93,20 @@ impl Regions {
     }
 
     pub fn get(&self, id: MrId) -> Option<&LocalRegion> {
-        self.local.get(id)
+        self.local.get(id).and_then(Option::as_ref)
+    }
+
+    /// Region `id` if `register` handed it out: what a peer's staging record may name (a
+    /// source of a registered write was never exported, and its id may be reused).
+    pub fn exported(&self, id: MrId) -> Option<&LocalRegion> {
+        self.get(id).filter(|r| !r.source)
+    }
+
+    /// Local regions held now (exported and sources), and of them libfabric registrations
+    /// (with the fixed ones and bounce slots): what `register_source` must not grow.
+    #[cfg(test)]
+    pub fn held(&self) -> (usize, usize) {
+        (self.local.len() - self.free_ids.len(), self.mrs.open())
     }
 
     /// The registrations every endpoint makes when it opens: the op slots' inline area
@@ -98,10 +123,9 @@ impl Regions {
             cuda_device: None,
         };
         let m = mr::register(&mut ops.mr_ops(), &policy, &staging_req)?;
-        debug_assert_eq!(self.mrs.mrs.len(), STAGING_MR);
         ops.inline_desc = m.desc;
-        self.mrs.mrs.push(m);
-        self.mrs.blobs.push(Vec::new());
+        let i = self.mrs.insert(m);
+        debug_assert_eq!(i, STAGING_MR);
         // The scratch word: peers' flush markers land here.
         let scratch_req = mr::Request {
             addr: ops.scratch.ptr() as u64,
@@ -111,21 +135,18 @@ impl Regions {
             cuda_device: None,
         };
         let m = mr::register(&mut ops.mr_ops(), &policy, &scratch_req)?;
-        debug_assert_eq!(self.mrs.mrs.len(), SCRATCH_MR);
         scratch.key = m.key;
         if policy.virt_addr {
             scratch.base = m.addr;
         }
-        self.mrs.mrs.push(m);
-        self.mrs.blobs.push(Vec::new());
+        let i = self.mrs.insert(m);
+        debug_assert_eq!(i, SCRATCH_MR);
         Ok(())
     }
 
     /// Keeps a registration for teardown; returns its index in `mrs`.
     pub fn add_mr(&mut self, m: mr::LocalMr<*mut fi::fid_mr>) -> usize {
-        self.mrs.mrs.push(m);
-        self.mrs.blobs.push(Vec::new());
-        self.mrs.mrs.len() - 1
+        self.mrs.insert(m)
     }
 
     pub fn request_key(&self) -> Result<u64> {
@@ -144,16 +165,138 @@ impl Regions {
         staging: &mut Staging,
         region: Region,
     ) -> Result<(MrId, Vec<u8>)> {
-        if region.addr == 0 || region.len == 0 || region.addr.checked_add(region.len).is_none() {
-            return Err(Error::invalid_arg(format!(
-                "cannot register {:#x}+{} bytes",
-                region.addr, region.len
-            )));
-        }
+        check_region(region)?;
         if let Some(&id) = self.region_ids.get(&region) {
-            return Ok((id, self.local[id].blob.clone()));
+            return Ok((id, self[id].blob.clone()));
         }
-        let id = self.local.len();
+        let (backing, staged_why) = self.back(ops, staging, region)?;
+        let id = self.hold(LocalRegion {
+            region,
+            backing,
+            blob: Vec::new(),
+            source: false,
+        });
+        let virt = self.policy.virt_addr;
+        let blob = match backing {
+            Backing::Mr(i) | Backing::Hmem(i, _) => MrBlob {
+                virt_addr: virt,
+                base: if virt { region.addr } else { 0 },
+                len: region.len,
+                key: self.mrs[i].key,
+                mode: if matches!(backing, Backing::Hmem(..)) {
+                    Mode::RelayValues
+                } else {
+                    Mode::Direct
+                },
+                id: id as u32,
+            },
+            Backing::Staged => MrBlob {
+                virt_addr: virt,
+                base: 0,
+                len: region.len,
+                key: 0,
+                mode: Mode::Staged,
+                id: id as u32,
+            },
+        }
+        .encode();
+        if let Some(Some(r)) = self.local.get_mut(id) {
+            r.blob = blob.clone();
+        }
+        self.region_ids.insert(region, id);
+        // Which path the region's bytes take, and why: the one place a user can see whether
+        // GPU memory goes by FI_HMEM or is staged.
+        let path = match (backing, region.kind) {
+            (Backing::Mr(_), _) => "host memory, registered with the provider".to_string(),
+            (Backing::Hmem(..), MemKind::Device(d)) => format!(
+                "CUDA device {d} memory, registered with FI_HMEM: the NIC writes it directly; signal values are relayed by this proxy after a GPUDirect RDMA flush"
+            ),
+            (Backing::Staged, MemKind::Host) => {
+                "host memory, staged (MSCCLPP_TEST_FORCE_STAGING=1)".to_string()
+            }
+            (Backing::Staged, MemKind::Device(d)) => format!(
+                "CUDA device {d} memory, staged through pinned host memory ({staged_why})"
+            ),
+            (Backing::Hmem(_, d), MemKind::Host) => format!(
+                "host memory standing in for FI_HMEM memory of CUDA device {d} (tests)"
+            ),
+        };
+        crate::info!(
+            "net: {} region {id} {:#x}+{}: {path}",
+            ops.describe(),
+            region.addr,
+            region.len
+        );
+        Ok((id, blob))
+    }
+
+    /// `Endpoint::register_source`: backed as `register` would back it, but never shared with
+    /// another registration of the same range (a region of that range may have been freed and
+    /// its address reused since) and never exported.
+    pub fn register_source(
+        &mut self,
+        ops: &mut Ops,
+        staging: &mut Staging,
+        region: Region,
+    ) -> Result<MrId> {
+        check_region(region)?;
+        let (backing, _) = self.back(ops, staging, region)?;
+        let id = self.hold(LocalRegion {
+            region,
+            backing,
+            blob: Vec::new(),
+            source: true,
+        });
+        crate::trace!(
+            "net: {} source {id} {:#x}+{}: {backing:?}",
+            ops.describe(),
+            region.addr,
+            region.len
+        );
+        Ok(id)
+    }
+
+    /// `Endpoint::release_source`: closes the source's registration and frees its id.
+    pub fn release_source(&mut self, ops: &mut Ops, id: MrId) -> Result<()> {
+        let r = match self.local.get_mut(id) {
+            Some(slot @ Some(LocalRegion { source: true, .. })) => slot.take(),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            Error::internal(format!(
+                "{}: releasing local region {id}, which is not a held source",
+                ops.describe()
+            ))
+        })?;
+        self.free_ids.push(id);
+        match r.backing {
+            Backing::Mr(i) | Backing::Hmem(i, _) => mr::close(&mut ops.mr_ops(), &mut self.mrs, i),
+            Backing::Staged => Ok(()),
+        }
+    }
+
+    /// Keeps `r` (in a released id's place if there is one); returns its id.
+    fn hold(&mut self, r: LocalRegion) -> MrId {
+        match self.free_ids.pop() {
+            Some(id) => {
+                self.local[id] = Some(r);
+                id
+            }
+            None => {
+                self.local.push(Some(r));
+                self.local.len() - 1
+            }
+        }
+    }
+
+    /// How `region` is backed: registered (host memory, FI_HMEM) or staged, and for staged
+    /// GPU memory why (for the log).
+    fn back(
+        &mut self,
+        ops: &mut Ops,
+        staging: &mut Staging,
+        region: Region,
+    ) -> Result<(Backing, String)> {
         // Why a GPU region is staged rather than registered with FI_HMEM (for the log).
         let mut staged_why = String::new();
         let backing = match region.kind {
@@ -202,60 +345,7 @@ impl Regions {
                 }
             }
         };
-        let virt = self.policy.virt_addr;
-        let blob = match backing {
-            Backing::Mr(i) | Backing::Hmem(i, _) => MrBlob {
-                virt_addr: virt,
-                base: if virt { region.addr } else { 0 },
-                len: region.len,
-                key: self.mrs.mrs[i].key,
-                mode: if matches!(backing, Backing::Hmem(..)) {
-                    Mode::RelayValues
-                } else {
-                    Mode::Direct
-                },
-                id: id as u32,
-            },
-            Backing::Staged => MrBlob {
-                virt_addr: virt,
-                base: 0,
-                len: region.len,
-                key: 0,
-                mode: Mode::Staged,
-                id: id as u32,
-            },
-        }
-        .encode();
-        self.local.push(LocalRegion {
-            region,
-            backing,
-            blob: blob.clone(),
-        });
-        self.region_ids.insert(region, id);
-        // Which path the region's bytes take, and why: the one place a user can see whether
-        // GPU memory goes by FI_HMEM or is staged.
-        let path = match (backing, region.kind) {
-            (Backing::Mr(_), _) => "host memory, registered with the provider".to_string(),
-            (Backing::Hmem(..), MemKind::Device(d)) => format!(
-                "CUDA device {d} memory, registered with FI_HMEM: the NIC writes it directly; signal values are relayed by this proxy after a GPUDirect RDMA flush"
-            ),
-            (Backing::Staged, MemKind::Host) => {
-                "host memory, staged (MSCCLPP_TEST_FORCE_STAGING=1)".to_string()
-            }
-            (Backing::Staged, MemKind::Device(d)) => format!(
-                "CUDA device {d} memory, staged through pinned host memory ({staged_why})"
-            ),
-            (Backing::Hmem(_, d), MemKind::Host) => format!(
-                "host memory standing in for FI_HMEM memory of CUDA device {d} (tests)"
-            ),
-        };
-        crate::info!(
-            "net: {} region {id} {:#x}+{}: {path}",
-            ops.describe(),
-            region.addr,
-            region.len
-        );
-        Ok((id, blob))
+        Ok((backing, staged_why))
     }
 
     /// Registers device memory with FI_HMEM if this endpoint can use it directly: the provider
@@ -347,7 +437,7 @@ impl Regions {
         dst_off: u64,
         size: u64,
     ) -> Result<()> {
-        match self.local.get(src) {
+        match self.get(src) {
             Some(r) if range_ok(src_off, size, r.region.len) => {}
             Some(r) => {
                 return Err(Error::invalid_arg(format!(
@@ -404,6 +494,16 @@ fn log_once(flag: &AtomicBool, msg: &str) {
     if !flag.swap(true, AtOrd::Relaxed) {
         crate::info!("{msg}");
     }
+}
+
+fn check_region(region: Region) -> Result<()> {
+    if region.addr == 0 || region.len == 0 || region.addr.checked_add(region.len).is_none() {
+        return Err(Error::invalid_arg(format!(
+            "cannot register {:#x}+{} bytes",
+            region.addr, region.len
+        )));
+    }
+    Ok(())
 }
 
 pub(super) fn range_ok(off: u64, size: u64, len: u64) -> bool {

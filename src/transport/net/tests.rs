@@ -748,3 +748,96 @@ fn hmem_is_chosen_per_provider_by_measurement() {
         .unwrap_err()
         .contains("does not report FI_HMEM"));
 }
+
+// ---- sources of registered writes ----------------------------------------------------------
+
+/// `n` 8-byte writes from `src`, each from a source registered for it alone (`register_source`,
+/// as mscclppRegisteredBufferWrite does) and released after its flush; the source ranges all
+/// differ. The endpoint's regions and libfabric registrations end as they were after the
+/// first write (which may make lasting ones: bounce slots), and every word arrives.
+fn sources_per_write(a: &mut NetEndpoint, pa: PeerId, d: RemoteId, src: &[u64], n: usize) {
+    let mut first = None;
+    for i in 0..n {
+        let r = Region {
+            len: (i as u64 + 1) * 8,
+            ..region(src)
+        };
+        let s = a.register_source(r).unwrap();
+        a.write(pa, s, i as u64 * 8, d, i as u64 * 8, 8).unwrap();
+        a.flush(pa).unwrap();
+        a.release_source(s).unwrap();
+        assert!(a.release_source(s).is_err(), "released twice");
+        let held = a.regions.held();
+        assert_eq!(held, *first.get_or_insert(held), "after write {i}");
+    }
+}
+
+#[test]
+fn sources_of_registered_writes_are_released_after_their_flush() {
+    const N: usize = 500;
+    let src: Vec<u64> = (0..N as u64).map(|i| i * 7 + 3).collect();
+    for kind in [Kind::Tcp, Kind::Shm] {
+        let dst = vec![0u64; N];
+        let (a, _b) = with_pair(kind, &NetConfig::default(), |a, b, pa| {
+            let (_, blob) = b.lock().unwrap().register(region(&dst)).unwrap();
+            let d = a.import(pa, &blob).unwrap();
+            assert_eq!(a.regions.held().0, 0);
+            sources_per_write(a, pa, d, &src, N);
+            assert_eq!(a.regions.held().0, 0, "{kind:?}: no local region left");
+        });
+        assert_eq!(
+            a.regions.held().1,
+            2,
+            "{kind:?}: the fixed registrations only"
+        );
+        for (i, want) in src.iter().enumerate() {
+            assert_eq!(word(&dst, i), *want, "{kind:?} word {i}");
+        }
+    }
+}
+
+/// The same through staging (the copy out of a staged source into a bounce slot), and a peer's
+/// staging record that names the id of a source is refused: a source is never exported.
+#[test]
+fn staged_sources_are_released_and_never_named_by_peers() {
+    const N: usize = 200;
+    let src: Vec<u64> = (0..N as u64).map(|i| i * 5 + 1).collect();
+    let dst = vec![0u64; N];
+    let spare = vec![0u64; 8];
+    with_staged_pair(Kind::Tcp, |a, b, pa| {
+        let (_, blob) = b.lock().unwrap().register(region(&dst)).unwrap();
+        let d = a.import(pa, &blob).unwrap();
+        while_applying(b, || sources_per_write(a, pa, d, &src, N));
+        // A source held by the receiver, named by a record.
+        let s = b.lock().unwrap().register_source(region(&spare)).unwrap();
+        let (st, mut net) = a.parts();
+        st.post_record(
+            &mut net,
+            pa,
+            staging::Record {
+                seq: 0,
+                kind: staging::Kind::Data,
+                region: s as u32,
+                off: 0,
+                arg: 8,
+                ring_pos: 0,
+            },
+        )
+        .unwrap();
+        drain_writes(a, pa);
+        let t0 = Instant::now();
+        // Ends with the refusal, or fails after 20 s.
+        let e = loop {
+            if let Err(e) = b.lock().unwrap().poll_incoming() {
+                break e;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "never refused");
+            std::thread::yield_now();
+        };
+        assert!(e.to_string().contains("unknown region"), "{e}");
+    });
+    for (i, want) in src.iter().enumerate() {
+        assert_eq!(word(&dst, i), *want, "word {i}");
+    }
+    assert!(spare.iter().all(|w| *w == 0));
+}

@@ -221,6 +221,14 @@ impl Endpoint for P2p {
         self.regions.register(region)
     }
 
+    fn register_source(&mut self, region: Region) -> Result<MrId> {
+        self.regions.register_source(region)
+    }
+
+    fn release_source(&mut self, src: MrId) -> Result<()> {
+        self.regions.release_source(src)
+    }
+
     fn import(&mut self, peer: PeerId, blob: &[u8]) -> Result<RemoteId> {
         let b = RegionBlob::decode(blob)?;
         let (rank, peer_nonce) = {

@@ -10,6 +10,8 @@ use std::collections::HashMap;
 
 struct Local {
     region: Region,
+    /// Registered by `register_source`: released after its call.
+    source: bool,
 }
 
 struct Remote {
@@ -46,7 +48,11 @@ type MapKey = (u64, u64, [u8; IPC_HANDLE_BYTES]);
 pub(super) struct Regions {
     /// The endpoint's device: peers' allocations are mapped there.
     device: i32,
-    locals: Vec<Local>,
+    /// Regions of `register` (deduplicated by `local_ids`, kept) and of `register_source`
+    /// (until `release_source`); `MrId` indexes this, and a released id is reused
+    /// (`free_ids`), so that a registration per call does not grow it.
+    locals: Vec<Option<Local>>,
+    free_ids: Vec<MrId>,
     local_ids: HashMap<Region, MrId>,
     remotes: Vec<Remote>,
     maps: HashMap<MapKey, IpcMapping>,
@@ -57,6 +63,7 @@ impl Regions {
         Regions {
             device,
             locals: Vec::new(),
+            free_ids: Vec::new(),
             local_ids: HashMap::new(),
             remotes: Vec::new(),
             maps: HashMap::new(),
@@ -65,14 +72,6 @@ impl Regions {
 
     /// `Endpoint::register`: the region's id (the same for the same region) and its blob.
     pub(super) fn register(&mut self, region: Region) -> Result<(MrId, Vec<u8>)> {
-        let id = match self.local_ids.get(&region) {
-            Some(id) => *id,
-            None => {
-                self.locals.push(Local { region });
-                self.local_ids.insert(region, self.locals.len() - 1);
-                self.locals.len() - 1
-            }
-        };
         let nonce = process_nonce();
         let blob = match region.kind {
             // Usable as a local source (mscclppRegisteredBufferWrite from host memory), never
@@ -112,7 +111,67 @@ impl Regions {
                 }
             }
         };
+        let id = match self.local_ids.get(&region) {
+            Some(id) => *id,
+            None => {
+                let id = self.hold(Local {
+                    region,
+                    source: false,
+                });
+                self.local_ids.insert(region, id);
+                id
+            }
+        };
         Ok((id, blob.encode()))
+    }
+
+    /// `Endpoint::register_source`: only bookkeeping (the copy reads the source through this
+    /// process's own address; nothing is exported, so no IPC handle is made).
+    pub(super) fn register_source(&mut self, region: Region) -> Result<MrId> {
+        if region.addr == 0 || region.len == 0 || region.addr.checked_add(region.len).is_none() {
+            return Err(Error::invalid_arg(format!(
+                "cannot register {:#x}+{} bytes",
+                region.addr, region.len
+            )));
+        }
+        Ok(self.hold(Local {
+            region,
+            source: true,
+        }))
+    }
+
+    /// `Endpoint::release_source`.
+    pub(super) fn release_source(&mut self, id: MrId) -> Result<()> {
+        match self.locals.get_mut(id) {
+            Some(slot @ Some(Local { source: true, .. })) => {
+                *slot = None;
+                self.free_ids.push(id);
+                Ok(())
+            }
+            _ => Err(Error::internal(format!(
+                "P2P: releasing local region {id}, which is not a held source"
+            ))),
+        }
+    }
+
+    /// Keeps `l` (in a released id's place if there is one); returns its id.
+    fn hold(&mut self, l: Local) -> MrId {
+        match self.free_ids.pop() {
+            Some(id) => {
+                self.locals[id] = Some(l);
+                id
+            }
+            None => {
+                self.locals.push(Some(l));
+                self.locals.len() - 1
+            }
+        }
+    }
+
+    /// Local regions held now (registered and sources).
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.locals.len() - self.free_ids.len()
     }
 
     /// Imports the region of blob `b` (decoded) from `peer`, the rank `rank` whose endpoint's
@@ -202,6 +261,7 @@ impl Regions {
         let l = self
             .locals
             .get(src)
+            .and_then(Option::as_ref)
             .ok_or_else(|| Error::internal(format!("P2P local region {src}")))?
             .region;
         let r = self.remote(dst, peer)?;
@@ -248,5 +308,49 @@ impl Regions {
     pub(super) fn unmap(&mut self) {
         self.maps.clear();
         self.remotes.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(addr: u64, len: u64) -> Region {
+        Region {
+            addr,
+            len,
+            kind: MemKind::Host,
+        }
+    }
+
+    /// mscclppRegisteredBufferWrite's sources, registered and released per call, do not grow
+    /// the table; the connection's regions stay, deduplicated, and cannot be released.
+    #[test]
+    fn sources_released_per_call_do_not_grow_locals() {
+        let mut r = Regions::new(0);
+        let (conn, _) = r.register(host(0x10_0000, 4096)).unwrap();
+        assert_eq!(r.register(host(0x10_0000, 4096)).unwrap().0, conn);
+        for i in 0..10_000u64 {
+            let s = r.register_source(host(0x20_0000, 8 + i)).unwrap();
+            assert_ne!(s, conn);
+            assert_eq!(r.locals[s].as_ref().unwrap().region.len, 8 + i);
+            r.release_source(s).unwrap();
+            assert!(r.release_source(s).is_err(), "released twice");
+            assert_eq!(r.held(), 1);
+        }
+        assert_eq!(r.locals.len(), 2, "one slot for the sources, reused");
+        // The same range as the connection's region is still a registration of its own.
+        let s = r.register_source(host(0x10_0000, 4096)).unwrap();
+        assert_ne!(s, conn);
+        r.release_source(s).unwrap();
+        assert!(
+            r.release_source(conn).is_err(),
+            "a connection region is not a source"
+        );
+        assert_eq!(
+            r.locals[conn].as_ref().unwrap().region,
+            host(0x10_0000, 4096)
+        );
+        assert!(r.register_source(host(0, 8)).is_err());
     }
 }

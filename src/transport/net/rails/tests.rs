@@ -452,3 +452,50 @@ fn relayed_value_while_the_peer_stripes() {
         assert_eq!(word(&dst_b, i), pattern(21, i), "word {i}");
     }
 }
+
+/// Sources of registered writes (`register_source`) are registered on both rails, so a large
+/// put from one stripes; released after the flush, on every rail: 20 calls leave the rails'
+/// registrations and the region table as they were after the first.
+#[test]
+fn sources_stripe_and_are_released_on_every_rail() {
+    let (mut a, mut b) = pair();
+    let pa = connect(&mut a, &mut b);
+    let words = (4 * CHUNK / 8) as usize;
+    let Target { dst, d, .. } = target(&mut a, &mut b, pa, words);
+    let mut src = vec![0u64; words];
+    let held = |a: &Rails| {
+        let rails: Vec<_> = a.rails.iter().map(|r| r.ep.regions.held()).collect();
+        (rails, a.regions.len() - a.free_ids.len(), a.regions.len())
+    };
+    let ((), _b) = with_target(b, || {
+        let mut first = None;
+        for round in 1..=20u64 {
+            for (i, w) in src.iter_mut().enumerate() {
+                *w = pattern(round, i);
+            }
+            // A different source range each call: the last `round` words left out.
+            let len = (words as u64 - round) * 8;
+            let s = a
+                .register_source(Region {
+                    len,
+                    ..region(&src)
+                })
+                .unwrap();
+            assert_eq!(
+                a.region(s).unwrap().ids.len(),
+                2,
+                "registered on both rails"
+            );
+            a.write(pa, s, 0, d, 0, len).unwrap();
+            a.flush(pa).unwrap();
+            a.release_source(s).unwrap();
+            assert!(a.release_source(s).is_err(), "released twice");
+            for i in 0..len as usize / 8 {
+                assert_eq!(word(&dst, i), pattern(round, i), "round {round} word {i}");
+            }
+            let h = held(&a);
+            assert_eq!(h, *first.get_or_insert(h.clone()), "after round {round}");
+        }
+    });
+    assert!(a.rail_stats()[1].bytes > 0, "the sources' puts striped");
+}

@@ -59,7 +59,7 @@ impl Staging {
     fn apply_record(&mut self, net: &mut Net<'_>, ci: usize, rec: &Record) -> Result<()> {
         let rank = self.chans[ci].rank;
         let bad = |why: String| Error::remote(format!("rank {rank}: staged write refused: {why}"));
-        let Some(r) = net.regions.get(rec.region as usize) else {
+        let Some(r) = net.regions.exported(rec.region as usize) else {
             return Err(bad(format!(
                 "record {} names unknown region {}",
                 rec.seq, rec.region

@@ -72,7 +72,7 @@ impl Staging {
             Backing::Mr(i) | Backing::Hmem(i, _) => Ok(Source {
                 local: addr,
                 len: n,
-                desc: net.regions.mrs.mrs[i].desc,
+                desc: net.regions.mrs[i].desc,
                 bounce: None,
             }),
             Backing::Staged => {
@@ -93,7 +93,7 @@ impl Staging {
                     Ok(t) => Ok(Source {
                         local: dst as u64,
                         len: n,
-                        desc: net.regions.mrs.mrs[mr].desc,
+                        desc: net.regions.mrs[mr].desc,
                         bounce: Some((slot, t)),
                     }),
                     Err(e) => {
