@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::sync::{Backoff, Policy};
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Jobs in the ring (the proxy waits for room beyond that).
@@ -89,8 +89,9 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// The engine of `device`, or None (with the reason at INFO) when it is turned off
-    /// (`MSCCLPP_P2P_ENGINE=ce`) or the driver cannot load it.
+    /// The engine of `device`, or None when it is turned off (`MSCCLPP_P2P_ENGINE=ce`, said at
+    /// INFO) or cannot run (said at WARN once per process, then at INFO: a driver older than
+    /// the PTX's ISA, a failed allocation).
     pub fn open(device: i32, cfg: &P2pConfig) -> Option<Engine> {
         if !cfg.sm_engine {
             crate::info!("p2p:cuda{device}: SM copy engine off (MSCCLPP_P2P_ENGINE=ce): every put by the copy engines");
@@ -107,9 +108,16 @@ impl Engine {
                 Some(e)
             }
             Err(e) => {
-                crate::info!(
-                    "p2p:cuda{device}: no SM copy engine ({e}): every put by the copy engines"
+                let msg = format!(
+                    "p2p:cuda{device}: SM copy engine off ({e}; its PTX is ISA {}, which drivers of CUDA 12.0 and newer load): every P2P put and signal goes by the copy engines, which take longer to start each one",
+                    ptx_isa()
                 );
+                // Relaxed: only "once" matters, nothing is published through the flag.
+                if !OFF_WARNED.swap(true, Ordering::Relaxed) {
+                    crate::warn!("{msg}");
+                } else {
+                    crate::info!("{msg}");
+                }
                 None
             }
         }
@@ -419,9 +427,20 @@ impl Drop for Engine {
     }
 }
 
+/// Set once the engine's failure to start was logged at WARN (`Engine::open`).
+static OFF_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// The PTX ISA the embedded engine declares (its `.version` line), for the log.
+fn ptx_isa() -> &'static str {
+    P2P_ENGINE_PTX
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(".version "))
+        .unwrap_or("unknown")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::P2P_ENGINE_PTX;
+    use super::{ptx_isa, P2P_ENGINE_PTX};
 
     /// The kernel `start` launches, with the parameters it passes, in the embedded PTX (a
     /// change to one side without the other would launch with garbage arguments).
@@ -440,9 +459,8 @@ mod tests {
             params,
             ["u64", "u64", "u64", "u32", "u64", "u64", "u64", "u32", "u64", "u32"]
         );
-        assert!(
-            P2P_ENGINE_PTX.contains(".version 9.0"),
-            "PTX of CUDA 13.0 (gen-ptx.sh)"
-        );
+        // ISA 8.0 loads on drivers of CUDA 12.0 and newer; CUDA 13's nvcc writes 9.0, which
+        // drivers older than 13.0 refuse (scripts/gen-ptx.sh sets the line).
+        assert_eq!(ptx_isa(), "8.0", "the PTX's ISA (scripts/gen-ptx.sh)");
     }
 }
