@@ -246,8 +246,14 @@ enum mscclppResult_t mscclppRegisterBuffer(mscclppComm_t comm,
 /**
  * Writes `size` bytes from `srcBuff + srcOffset` to offset `dstOffset` of every connected
  * peer's buffer of the registration `regMem`, and returns once the bytes have arrived. With
- * CUDA memory, work already queued on `stream` (a `cudaStream_t`, 0 for the legacy stream)
- * completes first. The peers' proxies must be running (`mscclppProxyLaunch`): software
+ * CUDA memory, work already queued on `stream` completes first: a `cudaStream_t`, or 0 for
+ * the legacy default stream, `cudaStreamLegacy` (1), `cudaStreamPerThread` (2, the calling
+ * thread's default stream). 0 here always means the legacy stream: a program built with
+ * `nvcc --default-stream per-thread` (or `CUDA_API_PER_THREAD_DEFAULT_STREAM`) whose kernel
+ * filled `srcBuff` on its default stream must pass `(int64_t)cudaStreamPerThread`, or the
+ * write may read the buffer before that kernel ends. A negative `stream` is
+ * `mscclppInvalidArgument`. `srcBuff` may be freed once the call returns: the library keeps
+ * no registration of it. The peers' proxies must be running (`mscclppProxyLaunch`): software
  * libfabric providers move data only while the target progresses its endpoint.
  */
 enum mscclppResult_t mscclppRegisteredBufferWrite(mscclppComm_t comm,

@@ -543,6 +543,23 @@ fn registered_write(e: Env) {
         (e.rank * 1000) as u32,
         0,
     ));
+    // The same write on cudaStreamLegacy (1) and cudaStreamPerThread (2), which a program built
+    // with `--default-stream per-thread` passes; a negative stream is no cudaStream_t.
+    for stream in [1, 2] {
+        ok(mscclppRegisteredBufferWrite(
+            c,
+            &mut reg,
+            src.as_mut_ptr().cast(),
+            1000,
+            100,
+            (e.rank * 1000) as u32,
+            stream,
+        ));
+    }
+    assert_eq!(
+        mscclppRegisteredBufferWrite(c, &mut reg, src.as_mut_ptr().cast(), 1000, 100, 0, -1),
+        mscclppInvalidArgument
+    );
     // Beyond the peer's registration: refused before anything is written.
     assert_eq!(
         mscclppRegisteredBufferWrite(

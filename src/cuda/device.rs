@@ -6,17 +6,31 @@ use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::ffi::CStr;
 
-/// Waits (bounded by `MSCCLPP_WAIT_TIMEOUT`) for the work queued on a user's `cudaStream_t`
-/// (`0`: the legacy default stream, `1`/`2`: `cudaStreamLegacy`/`cudaStreamPerThread`). Host
+/// `cudaStreamLegacy` and `cudaStreamPerThread`: the runtime's special handles, which the
+/// driver takes as `CUstream` values too (`CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`).
+const STREAM_LEGACY: i64 = 1;
+const STREAM_PER_THREAD: i64 = 2;
+
+/// Waits (bounded by `MSCCLPP_WAIT_TIMEOUT`) for the work queued on a user's `cudaStream_t`:
+/// `0`, the legacy default stream (what 0 means to the driver, whatever the caller was compiled
+/// with: a program built with `--default-stream per-thread` passes `cudaStreamPerThread`),
+/// `1` (`cudaStreamLegacy`), `2` (`cudaStreamPerThread`: the calling thread's, which is ours,
+/// the call being synchronous), or a stream handle; a negative value is none of these. Host
 /// mode: nothing can be queued, returns at once.
 pub fn sync_stream(stream: i64) -> Result<()> {
+    if stream < 0 {
+        return Err(Error::invalid_arg(format!(
+            "stream {stream:#x} is not a cudaStream_t (0, cudaStreamLegacy, cudaStreamPerThread or a stream handle)"
+        )));
+    }
     if !available() {
         return Ok(());
     }
     let s = stream as usize as sys::CUstream;
     // The special handles mean "the current context's" stream; with none current, use the
     // first device whose primary context is active (a user thread that never touched CUDA).
-    let _g = if stream <= 2 {
+    let special = matches!(stream, 0 | STREAM_LEGACY | STREAM_PER_THREAD);
+    let _g = if special {
         let mut cur: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: out-pointer valid; driver initialised.
         check(unsafe { sys::cuCtxGetCurrent(&mut cur) }, || {
