@@ -18,7 +18,8 @@
 #      $OUT/perf-results.txt and, where python3 has matplotlib, to $OUT/perf.png,
 #   3. runs the GPU tests: all-gather over P2P with 2 ranks on 2 GPUs, 4 ranks on 2 GPUs (two
 #      processes per GPU), with the SM copy engine (default) and with the copy engines only
-#      (both Flag paths), and once under mpirun (OMPI_* environment),
+#      (both Flag paths), and once under mpirun (OMPI_* environment); registered writes from
+#      GPU memory over P2P (c_examples/cuda/regwrite.cu),
 #   4. runs the benchmarks: signal latency and FIFO costs, put bandwidth, all-gather (CUDA
 #      graph timing; also with the copy engines only), and a profile (time in put/flush/wait
 #      inside the kernel; the proxy's driver calls and SM engine waits, MSCCLPP_P2P_STATS=1),
@@ -210,16 +211,18 @@ build_examples() {
     cmake -S "$ROOT/c_examples" -B "$WORK/ex" -DCMAKE_PREFIX_PATH="$PREFIX" \
       -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_BUILD_TYPE=Release -DMSCCLPP_EXAMPLES_STATIC=OFF &&
-    cmake --build "$WORK/ex" -j 8 --target allgather pingpong bandwidth allgather_perf \
+    cmake --build "$WORK/ex" -j 8 --target allgather pingpong bandwidth regwrite allgather_perf \
       alltoall_perf sendrecv_perf &&
-    cp "$WORK/ex/allgather" "$WORK/ex/pingpong" "$WORK/ex/bandwidth" "$WORK/ex/allgather_perf" \
-      "$WORK/ex/alltoall_perf" "$WORK/ex/sendrecv_perf" "$BIN/"
+    cp "$WORK/ex/allgather" "$WORK/ex/pingpong" "$WORK/ex/bandwidth" "$WORK/ex/regwrite" \
+      "$WORK/ex/allgather_perf" "$WORK/ex/alltoall_perf" "$WORK/ex/sendrecv_perf" "$BIN/"
 }
 build_examples_nvcc() {
-  mkdir -p "$BIN" && for ex in allgather pingpong bandwidth; do
-    "$NVCC" -O2 -std=c++17 -arch=sm_90 -I"$PREFIX/include" -I"$ROOT/c_examples/common" \
-      -o "$BIN/$ex" "$ROOT/c_examples/cuda/$ex.cu" -L"$PREFIX/lib" -lmscclpp \
-      -Xlinker -rpath -Xlinker "$PREFIX/lib" || return 1
+  mkdir -p "$BIN" && for ex in allgather pingpong bandwidth regwrite; do
+    local extra=()
+    [[ $ex == regwrite ]] && extra=(--default-stream=per-thread)
+    "$NVCC" -O2 -std=c++17 -arch=sm_90 "${extra[@]}" -I"$PREFIX/include" \
+      -I"$ROOT/c_examples/common" -o "$BIN/$ex" "$ROOT/c_examples/cuda/$ex.cu" \
+      -L"$PREFIX/lib" -lmscclpp -Xlinker -rpath -Xlinker "$PREFIX/lib" || return 1
   done
   for op in allgather alltoall sendrecv; do
     "$NVCC" -O2 -std=c++17 -arch=sm_90 -DPERF_OP=OP_${op^^} -I"$PREFIX/include" \
@@ -316,6 +319,15 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
     'ranks 2 "$BIN/bandwidth" --max 64K >"$WORK/one-queue.out" 2>&1; rc=$?; cat "$WORK/one-queue.out"
      ((rc != 0)) && grep -q "CUDA_DEVICE_MAX_CONNECTIONS=1 gives this process one" "$WORK/one-queue.out" &&
        grep -q "to complete (CUDA_DEVICE_MAX_CONNECTIONS=1 is set" "$WORK/one-queue.out"'
+  # mscclppRegisteredBufferWrite from GPU memory over P2P: a source at a reused address, 10^4
+  # source ranges, and stream = cudaStreamPerThread under --default-stream per-thread.
+  if [[ -x $BIN/regwrite ]]; then
+    run_step "test registered writes over P2P" 90 bash -c \
+      'ranks 2 "$BIN/regwrite" >"$WORK/regwrite.out" 2>&1; rc=$?; cat "$WORK/regwrite.out"
+       ((rc == 0)) && grep -q "regwrite: ok" "$WORK/regwrite.out"'
+  else
+    FAILED+=("regwrite not built")
+  fi
   if ((QUICK)); then
     MSCCLPP_P2P_ENGINE=ce run_step "test allgather 2 ranks, copy engines only" 90 \
       bash -c 'ranks 2 "$BIN/allgather"'

@@ -1,0 +1,164 @@
+/*
+ * mscclppRegisteredBufferWrite from GPU memory, 2 ranks (P2P unless MSCCLPP_EXAMPLE_TRANSPORT
+ * says otherwise): rank 0 writes into rank 1's registered buffer, rank 1 checks every byte.
+ *
+ *   regwrite [-r R -n 2 -a IP:PORT]
+ *
+ * 1. A source freed with cudaFree and allocated again at the same address delivers its new
+ *    bytes: the library keeps no registration of a source past its call. If CUDA hands out
+ *    another address, the line says SKIPPED for the reuse and the bytes are still checked.
+ * 2. 10^4 writes of 8 bytes, each from a different source range (srcOffset i): every byte
+ *    arrives (the P2P endpoint's source table stays at one entry; unit-tested in the library).
+ * 3. This file is built with --default-stream per-thread. A kernel on that default stream
+ *    spins 20 ms, then fills the source; the write with stream = cudaStreamPerThread must send
+ *    the kernel's bytes. The same with stream = 0 is only reported: 0 is the legacy stream,
+ *    which does not wait for that kernel (the header says so).
+ * Rank 1 prints "regwrite: ok" and every rank exits 0 when everything holds; else exit 1.
+ */
+#include "common.cuh"
+
+static __host__ __device__ inline uint8_t byteOf(uint32_t seed, uint64_t i)
+{
+  return (uint8_t)pattern(0, i, seed);
+}
+
+/* Fills p[0, n) with byteOf(seed, i), each thread first spinning `spinNs` nanoseconds. */
+__global__ void fillBytes(uint8_t* p, uint64_t n, uint32_t seed, uint64_t spinNs)
+{
+  const uint64_t t0 = globalTimerNs();
+  /* Ends after spinNs by the global timer. */
+  while (globalTimerNs() - t0 < spinNs) {
+  }
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+       i += (uint64_t)gridDim.x * blockDim.x)
+    p[i] = byteOf(seed, i);
+}
+
+/* Bytes of target[off, off + n) that are not byteOf(seed, srcOff + i) (rank 1). */
+static uint64_t countBadBytes(const uint8_t* target, uint64_t off, uint64_t n, uint32_t seed,
+                              uint64_t srcOff)
+{
+  std::vector<uint8_t> h(n);
+  CUDACHECK(cudaMemcpy(h.data(), target + off, n, cudaMemcpyDeviceToHost));
+  uint64_t bad = 0;
+  for (uint64_t i = 0; i < n; i++) bad += h[i] != byteOf(seed, srcOff + i);
+  return bad;
+}
+
+static void fill(uint8_t* p, uint64_t n, uint32_t seed)
+{
+  fillBytes<<<64, 256>>>(p, n, seed, 0);
+  KERNELCHECK();
+  CUDACHECK(cudaDeviceSynchronize());
+}
+
+int main(int argc, char** argv)
+{
+  Ctx c;
+  setupRank(c, &argc, argv);
+  if (c.nranks != 2) {
+    fprintf(stderr, "regwrite runs with 2 ranks\n");
+    return 2;
+  }
+  void* connBuf = nullptr;
+  CUDACHECK(cudaMalloc(&connBuf, 4096));
+  connectPeers(c, connBuf, 4096, {1 - c.rank});
+  const uint64_t L = 1 << 20, N = 10000, T = 2 << 20;
+  uint8_t* target = nullptr;
+  CUDACHECK(cudaMalloc(&target, T));
+  CUDACHECK(cudaMemset(target, 0, T));
+  CUDACHECK(cudaDeviceSynchronize());
+  mscclppRegisteredMemory reg;
+  MSCCLPPCHECK(mscclppRegisterBuffer(c.comm, target, T, &reg));
+  int failures = 0;
+  auto expect = [&](const char* what, uint64_t bad) {
+    if (c.rank != 1) return;
+    printf("rank 1: %s: %s (%llu bytes wrong)\n", what, bad ? "FAILED" : "ok",
+           (unsigned long long)bad);
+    failures += bad != 0;
+  };
+
+  /* 1. Freed and allocated again at the same address. */
+  uint8_t* first = nullptr;
+  if (c.rank == 0) {
+    CUDACHECK(cudaMalloc(&first, L));
+    fill(first, L, 1);
+    MSCCLPPCHECK(mscclppRegisteredBufferWrite(c.comm, &reg, first, L, 0, 0, 0));
+  }
+  MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+  expect("first source", c.rank == 1 ? countBadBytes(target, 0, L, 1, 0) : 0);
+  if (c.rank == 0) {
+    CUDACHECK(cudaFree(first));
+    uint8_t* second = nullptr;
+    CUDACHECK(cudaMalloc(&second, L));
+    printf("rank 0: %s: the second source is at %p, the freed one was at %p\n",
+           second == first ? "address reused" : "SKIPPED the reuse case", (void*)second,
+           (void*)first);
+    fill(second, L, 2);
+    MSCCLPPCHECK(mscclppRegisteredBufferWrite(c.comm, &reg, second, L, 0, 0, 0));
+    CUDACHECK(cudaFree(second));
+  }
+  MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+  expect("source at a reused address sends its new bytes",
+         c.rank == 1 ? countBadBytes(target, 0, L, 2, 0) : 0);
+
+  /* 2. 10^4 different source ranges. */
+  if (c.rank == 0) {
+    uint8_t* src = nullptr;
+    CUDACHECK(cudaMalloc(&src, N + 8));
+    fill(src, N + 8, 3);
+    const double t0 = now_sec();
+    for (uint64_t i = 0; i < N; i++)
+      MSCCLPPCHECK(mscclppRegisteredBufferWrite(c.comm, &reg, src, 8, (uint32_t)i,
+                                                (uint32_t)(8 * i), 0));
+    printf("rank 0: %llu writes from different source ranges took %.3f s\n",
+           (unsigned long long)N, now_sec() - t0);
+    CUDACHECK(cudaFree(src));
+  }
+  MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+  if (c.rank == 1) {
+    std::vector<uint8_t> h(8 * N);
+    CUDACHECK(cudaMemcpy(h.data(), target, 8 * N, cudaMemcpyDeviceToHost));
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < N; i++)
+      for (uint64_t k = 0; k < 8; k++) bad += h[8 * i + k] != byteOf(3, i + k);
+    expect("10^4 writes from different source ranges", bad);
+  }
+
+  /* 3. The per-thread default stream: 0 (reported only), then cudaStreamPerThread. */
+  const struct {
+    int64_t stream;
+    uint32_t seed;
+    const char* name;
+  } cases[2] = {{0, 4, "stream 0"},
+                {(int64_t)(uintptr_t)cudaStreamPerThread, 5, "cudaStreamPerThread"}};
+  uint8_t* src = nullptr;
+  if (c.rank == 0) CUDACHECK(cudaMalloc(&src, L));
+  for (const auto& k : cases) {
+    if (c.rank == 0) {
+      CUDACHECK(cudaMemset(src, 0, L));
+      CUDACHECK(cudaDeviceSynchronize());
+      fillBytes<<<64, 256>>>(src, L, k.seed, 20 * 1000 * 1000);
+      KERNELCHECK();
+      MSCCLPPCHECK(mscclppRegisteredBufferWrite(c.comm, &reg, src, L, 0, 0, k.stream));
+      CUDACHECK(cudaDeviceSynchronize());
+    }
+    MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+    if (c.rank == 1) {
+      const uint64_t bad = countBadBytes(target, 0, L, k.seed, 0);
+      if (k.stream == 0)
+        printf("rank 1: per-thread default stream, %s (reported only): %llu of %llu bytes were "
+               "not yet the kernel's\n",
+               k.name, (unsigned long long)bad, (unsigned long long)L);
+      else
+        expect("per-thread default stream, cudaStreamPerThread waits for the kernel", bad);
+    }
+  }
+  if (c.rank == 0) CUDACHECK(cudaFree(src));
+
+  failures += teardown(c);
+  CUDACHECK(cudaFree(target));
+  CUDACHECK(cudaFree(connBuf));
+  if (c.rank == 1 && failures == 0) printf("regwrite: ok\n");
+  return failures ? 1 : 0;
+}
