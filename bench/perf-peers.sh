@@ -12,12 +12,13 @@
 #       example's 8-byte putWithSignal half round trip; 2 ranks), putbw (ours: the bandwidth
 #       example, one way; 2 ranks). Peers: nccl (bench/gpu/nccl_perf.py through PyTorch; needs
 #       one GPU per rank, allgather/alltoall/sendrecv only) and nvshmem (bench/gpu/nvshmem_perf
-#       against the machine's NVSHMEM wheel, built into build/nvshmem: bench/gpu/nvshmem.sh; for allgather
-#       and alltoall both NVSHMEM's collective, "nvshmem", and a put-with-signal kernel like
-#       ours, "nvshmem-sig"). PERF_PEERS defaults to "nccl nvshmem" on several GPUs, "nvshmem"
-#       on one; a peer that cannot run here is reported and left out. PERF_BIN names the
-#       directory of the CUDA build of our tools and examples (default: built here),
-#       NVSHMEM_PERF an nvshmem_perf binary (default: built into the results directory).
+#       against the machine's NVSHMEM wheel, bench/gpu/nvshmem.sh; for allgather and alltoall
+#       both NVSHMEM's collective, "nvshmem", and a put-with-signal kernel like ours,
+#       "nvshmem-sig"). PERF_PEERS defaults to "nccl nvshmem" on several GPUs, "nvshmem" on
+#       one; a peer that cannot run here is reported and left out. PERF_BIN names the directory
+#       of the CUDA build of our tools and examples (default: built here), NVSHMEM_PERF an
+#       nvshmem_perf binary (default: built into build/nvshmem), NVSHMEM_PERF_ARGS more options
+#       for it (e.g. "-B 64").
 #
 # ROUNDS (default 3) alternations, each round's order the reverse of the last one's; sizes
 # PERF_SIZES ("-b 8 -e 4M -f 4" on host, "-b 8 -e 64M -f 4" on GPUs; pingpong "-b 8 -e 64K -f 2",
@@ -25,8 +26,9 @@
 # "-n 50 -w 5"). PERF_BUDGET_S: no new round once the next would end after that many seconds
 # (one round at least); PERF_RUN_TIMEOUT (120): seconds per run. The file (PERF_OUT, default
 # bench/results/) holds each run's nccl-tests output after a line `## run IMPL ROUND MACHINE
-# TRANSPORT OP`. Exit status: 1 when a run of ours failed or any run had a wrong byte or failed
-# its checks; a peer that NVSHMEM or NCCL refused to run is reported and does not fail it.
+# TRANSPORT OP`. Exit status: 1 when a run failed or had a wrong byte; an NVSHMEM run that
+# NVSHMEM refused (nvshmem_perf's exit 3, or NVSHMEM's own exit 255) is shown, not repeated in
+# later rounds, and does not fail it.
 set -uo pipefail
 MSCCLPP_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$MSCCLPP_ROOT"
@@ -143,7 +145,8 @@ case $mode in
           local what=$op
           [[ $impl == nvshmem-sig ]] && what=$op-sig
           # shellcheck disable=SC2086
-          MSCCLPP_RUN_TIMEOUT=$run_timeout scripts/run-local-ranks.sh "$np" "$nv" "$what" $sizes $iters
+          MSCCLPP_RUN_TIMEOUT=$run_timeout scripts/run-local-ranks.sh "$np" "$nv" "$what" $sizes $iters \
+            ${NVSHMEM_PERF_ARGS:-}
           ;;
       esac >"$log" 2>&1
       rc=$?

@@ -304,7 +304,7 @@ fi
 nvshmem_peers() {
   source "$ROOT/bench/gpu/nvshmem.sh"
   local budget=${GPU_CHECK_NVSHMEM_BUDGET:-90} t0=$SECONDS rc=0 op left ops=(pingpong allgather sendrecv alltoall putbw)
-  local home nv
+  local home nv files ran=0
   if ! home=$(nvshmem_home); then
     echo "SKIPPED: no NVSHMEM wheel for this python3 (pip install nvidia-nvshmem-cu13 adds it)"
     return 0
@@ -318,14 +318,19 @@ nvshmem_peers() {
     left=$(((budget - (SECONDS - t0)) / (${#ops[@]} - i)))
     ((left < 5)) && { echo "SKIPPED $op: the budget is spent (GPU_CHECK_NVSHMEM_BUDGET)"; continue; }
     echo "--- $op (about ${left}s)"
+    ran=$((ran + 1))
     PERF_BIN=$BIN NVSHMEM_PERF=$nv PERF_PEERS=nvshmem PERF_OUT=$OUT/nvshmem PERF_BUDGET_S=$left \
       PERF_RUN_TIMEOUT=40 PERF_SIZES=$([[ $op == pingpong || $op == putbw ]] || echo "-b 16 -e 64M -f 4") \
       bash "$ROOT/bench/perf-peers.sh" gpu "$op" 3 || rc=1
   done
   mps_down
-  python3 "$ROOT/bench/gpu/peers_table.py" "$OUT"/nvshmem/*.txt | tee "$OUT/nvshmem/table.md"
+  ((ran > 0)) || { echo "FAILED: no operation ran within ${budget}s"; return 1; }
+  files=$(ls "$OUT"/nvshmem/*.txt 2>/dev/null) || { echo "FAILED: no results"; return 1; }
+  # shellcheck disable=SC2086 # files: paths without spaces ($OUT's)
+  python3 "$ROOT/bench/gpu/peers_table.py" $files | tee "$OUT/nvshmem/table.md"
   if python3 -c 'import matplotlib' 2>/dev/null; then
-    python3 "$ROOT/bench/plot_perf.py" "$OUT/nvshmem.png" "$OUT"/nvshmem/*.txt || rc=1
+    # shellcheck disable=SC2086
+    python3 "$ROOT/bench/plot_perf.py" "$OUT/nvshmem.png" $files || rc=1
   fi
   return $rc
 }

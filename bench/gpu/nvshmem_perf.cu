@@ -19,7 +19,7 @@
  *   putbw          PE 0 to PE 1, one kernel of ITERS puts with a signal, then nvshmem_quiet;
  *                  time = per put, by CUDA events on PE 0 (our bandwidth example)
  * Options (perf.c's): -b MIN -e MAX bytes (K, M, G), -f FACTOR or -i STEP, -n ITERS (20),
- * -w WARMUP (5), -c CHECK (1); ours: -B most blocks per peer for the -sig kernels, putbw (16),
+ * -w WARMUP (5), -c CHECK (1); ours: -B most blocks per peer for the -sig kernels, putbw (128),
  * -W SECONDS: bound of every wait, in kernels and on the control channel (30).
  * Rank, size and rank 0's address come from c_examples/common/launch_env.h (-r -a -l, or the
  * environment of scripts/run-local-ranks.sh, mpirun, srun, torchrun). GPU: local rank % GPUs;
@@ -62,6 +62,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -97,7 +98,8 @@ static const char *const kOpNames[] = {"allgather", "allgather-sig", "alltoall",
 
 /* Threads of a -sig / putbw block, and the least bytes a block of them is given: a block per
  * 64 KiB up to -B blocks per peer, so that small puts stay one block (one signal to wait for)
- * and large ones spread over SMs as a tuned NVSHMEM kernel would. */
+ * and large ones spread over SMs as a tuned NVSHMEM kernel would (bench/RESULTS.md has the -B
+ * sweep behind the default). */
 static const int kBlockThreads = 512;
 static const uint64_t kMinChunk = 64 << 10;
 
@@ -331,26 +333,30 @@ __global__ void __launch_bounds__(kBlockThreads) sig_kernel(SigArgs a)
   if (c == 0 && threadIdx.x == 0) wait_signal(a.sig + from, a.want, from, a.bound_ns, a.err);
 }
 
-/* PE 0 and PE 1, one warp each: `rounds` ping-pongs of n bytes. PE 0 puts with the signal set
- * to the round's number and waits for PE 1's; PE 1 waits, then answers. *ns: the kernel's time
- * on PE 0. */
+/* PE 0 and PE 1, one block each: `rounds` ping-pongs of n bytes. PE 0 puts with the signal set
+ * to the round's number and waits for PE 1's; PE 1 waits, then answers. A block, not a thread:
+ * at 64 KiB a warp's stores take several times a block's. NVSHMEM's block put begins and ends
+ * with a block barrier, which keeps thread 0's next write of `ok` after every thread's read.
+ * *ns: the kernel's time on PE 0. */
 __global__ void pingpong_kernel(char *buf, uint64_t *sig, uint64_t send_off, uint64_t n, int me,
                                 int rounds, uint64_t base, uint64_t bound_ns, DevErr *err,
                                 unsigned long long *ns)
 {
+  __shared__ bool ok;
   if (failed(err)) return;
   const int peer = 1 - me;
   const uint64_t t0 = global_ns();
   for (int i = 1; i <= rounds; i++) {
-    bool ok = true;
     if (me == 1) {
       if (threadIdx.x == 0) ok = wait_signal(sig + peer, base + i, peer, bound_ns, err);
-      if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+      __syncthreads();
+      if (!ok) return;
     }
-    nvshmemx_putmem_signal_nbi_warp(buf, buf + send_off, n, sig + me, base + i, NVSHMEM_SIGNAL_SET, peer);
+    nvshmemx_putmem_signal_nbi_block(buf, buf + send_off, n, sig + me, base + i, NVSHMEM_SIGNAL_SET, peer);
     if (me == 0) {
       if (threadIdx.x == 0) ok = wait_signal(sig + peer, base + i, peer, bound_ns, err);
-      if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+      __syncthreads();
+      if (!ok) return;
     }
   }
   if (threadIdx.x == 0) *ns = global_ns() - t0;
@@ -403,7 +409,7 @@ static size_t parse_size(const char *s)
 
 struct Perf {
   Op op;
-  int me = 0, npes = 0, iters = 20, warmup = 5, check = 1, max_bpp = 16;
+  int me = 0, npes = 0, iters = 20, warmup = 5, check = 1, max_bpp = 128;
   double bound_s = 30;
   Ctl ctl;
   char *buf = nullptr;     /* symmetric */
@@ -538,8 +544,8 @@ static void run_ops(Perf &p, size_t n, int k)
   }
 }
 
-/* pingpong / putbw: one kernel of `k` rounds or puts; returns PE 0's time per round trip or
- * put in us (0 elsewhere). */
+/* pingpong / putbw: one kernel of `k` rounds or puts; returns PE 0's half round trip or time
+ * per put in us (0 elsewhere). */
 static double run_loop(Perf &p, size_t n, int k)
 {
   const uint64_t bound_ns = (uint64_t)(p.bound_s * 1e9);
@@ -547,7 +553,9 @@ static double run_loop(Perf &p, size_t n, int k)
   unsigned long long ns = 0;
   if (p.me > 1 || k == 0) return 0;
   if (p.op == OP_PINGPONG) {
-    pingpong_kernel<<<1, 32, 0, p.stream>>>(p.buf, p.sig, p.send_off, n, p.me, k, p.count, bound_ns, p.err, p.dns);
+    /* 16 bytes per thread, 32 to 1024 threads. */
+    const unsigned threads = (unsigned)std::min<uint64_t>(1024, std::max<uint64_t>(32, (n / 16 + 31) / 32 * 32));
+    pingpong_kernel<<<1, threads, 0, p.stream>>>(p.buf, p.sig, p.send_off, n, p.me, k, p.count, bound_ns, p.err, p.dns);
     CK_CUDA(cudaGetLastError());
     p.count += (uint64_t)k;
     finish(p, n);
