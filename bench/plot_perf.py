@@ -18,7 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 
-NAMES = {"ours": "libmscclpp", "raw": "raw libfabric", "nccl": "NCCL"}
+NAMES = {"ours": "libmscclpp", "raw": "raw libfabric", "nccl": "NCCL", "nvshmem": "NVSHMEM",
+         "nvshmem-sig": "NVSHMEM, put-with-signal kernel"}
 
 
 def read(paths):

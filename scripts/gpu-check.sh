@@ -16,6 +16,8 @@
 #   2b. runs the nccl-tests-style tools (allgather_perf, alltoall_perf, sendrecv_perf) over P2P,
 #      IB and SHM on GPU memory and once on host memory, every byte checked; their rows go to
 #      $OUT/perf-results.txt and, where python3 has matplotlib, to $OUT/perf.png,
+#   2c. runs ours against NVSHMEM (where its Python wheel is found), same run, same rows: 2 ranks
+#      on one GPU under MPS; $OUT/nvshmem/*.txt, table.md, $OUT/nvshmem.png (see the step),
 #   3. runs the GPU tests: all-gather over P2P with 2 ranks on 2 GPUs, 4 ranks on 2 GPUs (two
 #      processes per GPU), with the SM copy engine (default) and with the copy engines only
 #      (both Flag paths), and once under mpirun (OMPI_* environment); registered writes from
@@ -292,6 +294,53 @@ if [[ -x $BIN/allgather_perf && -x $BIN/alltoall_perf && -x $BIN/sendrecv_perf ]
     bash -c perf_tools
 else
   FAILED+=("perf tools not built")
+fi
+
+# 2c. NVSHMEM in the same run (issue 30): where python3 has NVSHMEM's wheel (nvidia-nvshmem-cu13),
+#     bench/gpu/nvshmem_perf is built against it (bench/gpu/nvshmem.sh) and bench/perf-peers.sh
+#     alternates ours with it for pingpong, allgather, sendrecv, alltoall and putbw: on one GPU
+#     2 ranks sharing it under MPS, on several one rank per GPU; every byte checked. Within
+#     GPU_CHECK_NVSHMEM_BUDGET seconds (90; rounds are cut to fit it, one at least). Rows go to
+#     $OUT/nvshmem/*.txt, medians to $OUT/nvshmem/table.md (bench/gpu/peers_table.py), the plot
+#     to $OUT/nvshmem.png. Where NVSHMEM refuses an operation (or two PEs on one GPU), its
+#     message is shown and the rest still runs; no wheel: skipped, saying so.
+nvshmem_peers() {
+  source "$ROOT/bench/gpu/nvshmem.sh"
+  local budget=${GPU_CHECK_NVSHMEM_BUDGET:-90} t0=$SECONDS rc=0 op left ops=(pingpong allgather sendrecv alltoall putbw)
+  local home nv files ran=0
+  if ! home=$(nvshmem_home); then
+    echo "SKIPPED: no NVSHMEM wheel for this python3 (pip install nvidia-nvshmem-cu13 adds it)"
+    return 0
+  fi
+  echo "NVSHMEM: $home"
+  nv=$(nvshmem_build "$WORK/nvshmem") || return 1
+  mkdir -p "$OUT/nvshmem"
+  for ((i = 0; i < ${#ops[@]}; i++)); do
+    op=${ops[$i]}
+    # An equal share of what is left to each operation still to run.
+    left=$(((budget - (SECONDS - t0)) / (${#ops[@]} - i)))
+    ((left < 5)) && { echo "SKIPPED $op: the budget is spent (GPU_CHECK_NVSHMEM_BUDGET)"; continue; }
+    echo "--- $op (about ${left}s)"
+    ran=$((ran + 1))
+    PERF_BIN=$BIN NVSHMEM_PERF=$nv PERF_PEERS=nvshmem PERF_OUT=$OUT/nvshmem PERF_BUDGET_S=$left \
+      PERF_RUN_TIMEOUT=40 PERF_SIZES=$([[ $op == pingpong || $op == putbw ]] || echo "-b 16 -e 64M -f 4") \
+      bash "$ROOT/bench/perf-peers.sh" gpu "$op" 3 || rc=1
+  done
+  mps_down
+  ((ran > 0)) || { echo "FAILED: no operation ran within ${budget}s"; return 1; }
+  files=$(ls "$OUT"/nvshmem/*.txt 2>/dev/null) || { echo "FAILED: no results"; return 1; }
+  # shellcheck disable=SC2086 # files: paths without spaces ($OUT's)
+  python3 "$ROOT/bench/gpu/peers_table.py" $files | tee "$OUT/nvshmem/table.md"
+  if python3 -c 'import matplotlib' 2>/dev/null; then
+    # shellcheck disable=SC2086
+    python3 "$ROOT/bench/plot_perf.py" "$OUT/nvshmem.png" $files || rc=1
+  fi
+  return $rc
+}
+export -f nvshmem_peers
+if [[ -x $BIN/pingpong && -x $BIN/bandwidth && -x $BIN/allgather_perf ]]; then
+  run_step "ours and NVSHMEM in the same run (bench/perf-peers.sh gpu, one GPU under MPS)" \
+    $((${GPU_CHECK_NVSHMEM_BUDGET:-90} + 25)) bash -c nvshmem_peers
 fi
 
 if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
