@@ -176,6 +176,9 @@ constexpr int kRecordWord = 8;     /* the record: triggerFifoTail[8..16], pinned
 constexpr int kRecSeq = 0, kRecState = 1, kRecWhat = 2, kRecWanted = 3, kRecSeen = 4,
               kRecHead = 5, kRecWaitedNs = 6, kRecOthersExpired = 7;
 constexpr uint64_t kRecPending = 1, kRecExpired = 2;
+/* What an expired wait stores into the abort word (triggerFifoTail[1]): mscclppRemoteError,
+ * the code Error::Timeout reports as (static_assert in fifo_methods.inc). */
+constexpr uint64_t kAbortExpired = 6;
 
 /* A sequence-locked write of the wait record (src/fifo/mod.rs, Fifo::wait_record): SEQ odd,
  * the fields, SEQ even. Only the record's owner writes, so its own read of SEQ is current. */
@@ -210,9 +213,9 @@ MSCCLPP_DEVICE_INLINE void waitRecordWrite(uint64_t* ctrl, uint64_t state, uint6
  *     record (triggerFifoHead[kDevRecordOwner], a device-scope CAS) writes there what it waits
  *     for; the proxy reports it at WARN (src/proxy/device_wait.rs);
  *   - past the limit (MSCCLPP_DEVICE_WAIT_TIMEOUT; 0: none), the wait marks the record expired
- *     (when another wait owns it: sets kRecOthersExpired) and expired() returns true: the
- *     caller ends its wait as on abort. The proxy then fails the communicator, whose abort
- *     word releases every other wait.
+ *     (when another wait owns it: sets kRecOthersExpired), raises the FIFO's abort word and
+ *     expired() returns true: the caller ends its wait as on abort. The proxy then fails the
+ *     communicator, whose abort releases every other wait.
  * finish(), after a wait that ended normally, withdraws a record it wrote. The clock starts at
  * the first check, at most one check interval after the wait began. */
 class WaitWatch {
@@ -258,6 +261,12 @@ class WaitWatch {
       if (phase_ == kTiming) phase_ = kOther; /* another wait's record is shown */
       return false;
     }
+    /* Abort this FIFO now, as the proxy will (with the same code) once it has read the
+     * record: the kernel's later waits and pushes on it then return at once instead of each
+     * running to the limit again, even where no proxy runs. Release (the fence): after the
+     * record, so a waiter that sees the abort finds the record written. */
+    fenceAcqRelSys();
+    storeVolatile(ctrl + 1, kAbortExpired);
     /* The record stays claimed: the proxy must read it, and the communicator fails. */
     phase_ = kExpired;
     return true;
