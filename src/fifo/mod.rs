@@ -5,7 +5,9 @@
 //! until `head < SIZE + tail` and the slot is empty, then stores word1 and word0 of the trigger;
 //! word0 is never 0 for a real trigger. The proxy reads the slot at its tail, acts, zeroes the slot
 //! and advances its tail, publishing it every `MSCCLPP_PROXY_FIFO_FLUSH_COUNTER` triggers and on
-//! every Sync. The u64 after the tail is the abort word: non-zero ends every producer spin.
+//! every Sync. The u64 after the tail is the abort word: non-zero ends every producer spin. The
+//! cache line after `[tail, abort]` is the wait record, where a kernel whose wait lasts says
+//! what it waits for ([`Fifo::wait_record`]).
 
 //!
 //! Files: this one is the ring and its memory; `registry.rs` finds the consumer of a host FIFO
@@ -92,7 +94,9 @@ impl Refusal {
     pub fn describe(&self) -> String {
         let v = self.value;
         match self.what {
-            MSCCLPP_REFUSED_ZERO_SIZE => "a trigger of 0 bytes (a put of 0 bytes queues nothing)".into(),
+            MSCCLPP_REFUSED_ZERO_SIZE => {
+                "dataSize 0: a trigger of 0 bytes would read as an empty FIFO slot".into()
+            }
             MSCCLPP_REFUSED_SRC_OFFSET => format!(
                 "srcDataOffset {v} is not below 2^40 (1 TiB), the largest offset a trigger carries"
             ),

@@ -1,10 +1,10 @@
 //! A kernel's wait that lasts. A kernel whose `wait()`, `flush()` or push into a full FIFO has
 //! lasted `MSCCLPP_WAIT_TIMEOUT` writes what it waits for into its FIFO's wait record
 //! (`fifo::WaitRecord`, include/mscclpp/device.h `WaitWatch`); at `MSCCLPP_DEVICE_WAIT_TIMEOUT`
-//! it marks the record expired and returns. The proxy looks at the record once per peer-watch
-//! period (`ProxyWork::service`): a pending record is reported at WARN once, an expired one
-//! fails the communicator (sticky `Timeout`, the abort word) through the proxy's ordinary
-//! error path, which releases every other kernel waiting on it.
+//! it marks the record expired, raises its FIFO's abort word and returns. The proxy looks at
+//! the record once per peer-watch period (`ProxyWork::service`): a pending record is reported
+//! at WARN once, an expired one fails the communicator (sticky `Timeout`, the abort word)
+//! through the proxy's ordinary error path, which releases every other kernel waiting on it.
 
 use super::pending::{PendingWait, WaitOp};
 use super::work::ProxyWork;
