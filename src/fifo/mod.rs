@@ -449,6 +449,17 @@ impl Fifo {
         Some(WaitRecord::from_words(w))
     }
 
+    /// Tests: queues `w` as a producer would (an empty FIFO: no wait for room).
+    #[cfg(test)]
+    pub(crate) fn push_for_test(&self, w: [u64; 2]) {
+        // SAFETY: the head counter of this live FIFO, touched only atomically.
+        let h = unsafe { AtomicU64::from_ptr(self.head) }.fetch_add(1, Ordering::Relaxed);
+        let (w0, w1) = self.slot_words(h);
+        w1.store(w[1], Ordering::Relaxed);
+        // Release pairs with `peek`'s Acquire load of word0.
+        w0.store(w[0], Ordering::Release);
+    }
+
     /// Tests: writes the record as a kernel would (SEQ odd, fields, SEQ = `w[SEQ]`).
     #[cfg(test)]
     pub(crate) fn write_record_for_test(&self, w: [u64; 8]) {

@@ -155,63 +155,8 @@ fn limit_text() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fifo::Fifo;
-    use crate::proxy::{ProxyConn, SharedEndpoint, Sticky};
+    use crate::proxy::tests::work;
     use crate::sync::lock;
-    use std::sync::{Arc, Mutex};
-
-    /// A consumer of a host FIFO with one connection (index 3 in the communicator, to rank 1)
-    /// over a real tcp endpoint that nothing is sent through: the record is what is tested.
-    fn work() -> crate::proxy::SharedWork {
-        let ep: SharedEndpoint = Arc::new(Mutex::new(
-            crate::transport::net::open(Some("lo"), false, None).unwrap(),
-        ));
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
-        let boot = Arc::new(
-            crate::bootstrap::Bootstrap::from_addr(&format!("127.0.0.1:{port}"), 0, 1).unwrap(),
-        );
-        let (src, dst) = {
-            let mut e = lock(&ep);
-            let buf = Box::leak(vec![0u64; 8].into_boxed_slice());
-            let region = crate::mem::Region {
-                addr: buf.as_ptr() as u64,
-                len: 64,
-                kind: crate::mem::MemKind::Host,
-            };
-            let (src, blob) = e.register(region).unwrap();
-            let addr = e.address().unwrap();
-            let peer = e.add_peer(1, &addr).unwrap();
-            (src, (peer, e.import(peer, &blob).unwrap()))
-        };
-        let w = ProxyWork::new(
-            Fifo::new_host().unwrap(),
-            ep,
-            boot,
-            Arc::new(Sticky::default()),
-            "device-wait-test".into(),
-            false,
-        );
-        lock(&w).conns.push(ProxyConn {
-            index: 3,
-            remote_rank: 1,
-            peer: dst.0,
-            src,
-            local_size: 64,
-            dst: dst.1,
-            remote_size: 64,
-            remote_epoch: dst.1,
-            signals: 0,
-            direct: None,
-            outbox: None,
-            inbox: None,
-            undelivered: false,
-            regain_direct: false,
-        });
-        w
-    }
 
     fn record(seq: u64, state: u64, op: u64, wanted: u64, seen: u64, others: u64) -> [u64; 8] {
         let mut w = [0u64; 8];

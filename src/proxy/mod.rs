@@ -15,6 +15,8 @@ mod assist;
 mod conn;
 mod device_wait;
 mod pending;
+#[cfg(test)]
+mod tests;
 mod thread;
 mod work;
 
