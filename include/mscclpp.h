@@ -85,8 +85,9 @@ extern "C" {
 #define mscclppSync 4
 
 /**
- * Trigger word layout. word0 = dataSize | srcDataOffset << 32;
- * word1 = dstDataOffset | connId << 32 | type << 42. Shifts and masks, never bit-fields.
+ * Trigger word layout (2023). word0 = dataSize | srcDataOffset << 32;
+ * word1 = dstDataOffset | connId << 32 | type << 42, offsets' bits 0..32; bits 45..61 carry
+ * their bits 32..40 (`MSCCLPP_TRIGGER_OFFSET_BITS`). Shifts and masks, never bit-fields.
  */
 #define MSCCLPP_BITS_SIZE 32
 
@@ -107,6 +108,116 @@ extern "C" {
 #define MSCCLPP_TRIGGER_TYPE_SHIFT (MSCCLPP_BITS_OFFSET + MSCCLPP_BITS_CONNID)
 
 #define MSCCLPP_TRIGGER_TYPE_MASK ((1ull << MSCCLPP_BITS_TYPE) - 1)
+
+/**
+ * Offsets wider than the 2023 layout's 32 bits: bits 32..40 of srcDataOffset go to word1 bits
+ * 45..53, those of dstDataOffset to bits 53..61 (bits the 2023 layout leaves 0, so a trigger
+ * in that layout decodes as before). A trigger addresses offsets below 2^40 (1 TiB).
+ */
+#define MSCCLPP_TRIGGER_OFFSET_BITS 40
+
+#define MSCCLPP_TRIGGER_OFFSET_HIGH_MASK ((1ull << (MSCCLPP_TRIGGER_OFFSET_BITS - MSCCLPP_BITS_OFFSET)) - 1)
+
+#define MSCCLPP_TRIGGER_SRC_HIGH_SHIFT (MSCCLPP_TRIGGER_TYPE_SHIFT + MSCCLPP_BITS_TYPE)
+
+#define MSCCLPP_TRIGGER_DST_HIGH_SHIFT ((MSCCLPP_TRIGGER_SRC_HIGH_SHIFT + MSCCLPP_TRIGGER_OFFSET_BITS) - MSCCLPP_BITS_OFFSET)
+
+/**
+ * A put must end within this many bytes of both buffers' starts (its last byte below 2^40).
+ */
+#define MSCCLPP_TRIGGER_MAX_END (1ull << MSCCLPP_TRIGGER_OFFSET_BITS)
+
+/**
+ * A put of more than `MSCCLPP_TRIGGER_SIZE_MASK` bytes goes as triggers of this many bytes
+ * (Data only), then one trigger with the rest that carries the put's Flag and Sync.
+ */
+#define MSCCLPP_TRIGGER_CHUNK (1ull << 31)
+
+/**
+ * Word1 bit 63: a *refused* trigger. A producer that cannot encode a put queues this instead,
+ * so the proxy reports it (the communicator's sticky error) rather than moving wrapped
+ * offsets. word0 = the value refused (never 0), word1 = this bit | connId << 32 | what.
+ */
+#define MSCCLPP_TRIGGER_REFUSED (1ull << 63)
+
+/**
+ * `what` of a refused trigger (word1 bits 0..32).
+ */
+#define MSCCLPP_REFUSED_SIZE 1
+
+#define MSCCLPP_REFUSED_SRC_OFFSET 2
+
+#define MSCCLPP_REFUSED_DST_OFFSET 3
+
+/**
+ * A trigger of 0 bytes (word0 = 1; a zero word0 would read as an empty slot).
+ */
+#define MSCCLPP_REFUSED_ZERO_SIZE 4
+
+/**
+ * Words of a CUDA FIFO's device block (`triggerFifoHead[...]`) that bound device waits,
+ * written when the FIFO is made and read by a kernel only once it has been waiting:
+ * nanoseconds after which a wait publishes its record (`MSCCLPP_WAIT_TIMEOUT`), after which
+ * it ends (`MSCCLPP_DEVICE_WAIT_TIMEOUT`; 0: never), and the word a waiter claims (0 -> 1,
+ * device-scope CAS) to own the record.
+ */
+#define MSCCLPP_FIFO_DEV_WARN_NS 5
+
+#define MSCCLPP_FIFO_DEV_LIMIT_NS 6
+
+#define MSCCLPP_FIFO_DEV_RECORD_OWNER 7
+
+/**
+ * The wait record: 8 words of pinned host memory at `triggerFifoTail + 8` (the cache line
+ * after `[tail, abort]`), where a kernel whose wait has lasted the warn threshold says what it
+ * waits for. Written by the owner only, as a sequence lock: SEQ odd while it writes.
+ */
+#define MSCCLPP_FIFO_RECORD_WORD 8
+
+#define MSCCLPP_RECORD_SEQ 0
+
+/**
+ * 0: none (or withdrawn: the wait ended), `MSCCLPP_RECORD_PENDING`, `MSCCLPP_RECORD_EXPIRED`.
+ */
+#define MSCCLPP_RECORD_STATE 1
+
+/**
+ * op (`MSCCLPP_WAIT_OP_*`) | connId << 32.
+ */
+#define MSCCLPP_RECORD_WHAT 2
+
+/**
+ * wait: the signal count wanted and the count seen; flush: the Sync's ticket and the tail;
+ * push: the ticket and the tail.
+ */
+#define MSCCLPP_RECORD_WANTED 3
+
+#define MSCCLPP_RECORD_SEEN 4
+
+/**
+ * The FIFO's ticket counter (the next ticket) when written.
+ */
+#define MSCCLPP_RECORD_HEAD 5
+
+/**
+ * How long the wait had lasted when written, in ns.
+ */
+#define MSCCLPP_RECORD_WAITED_NS 6
+
+/**
+ * Non-zero once a wait that did not own the record ended at the device timeout.
+ */
+#define MSCCLPP_RECORD_OTHERS_EXPIRED 7
+
+#define MSCCLPP_RECORD_PENDING 1
+
+#define MSCCLPP_RECORD_EXPIRED 2
+
+#define MSCCLPP_WAIT_OP_WAIT 1
+
+#define MSCCLPP_WAIT_OP_FLUSH 2
+
+#define MSCCLPP_WAIT_OP_PUSH 3
 
 /**
  * Result codes, values 0..8 as in 2023.

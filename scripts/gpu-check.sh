@@ -31,8 +31,9 @@
 #   6. prints the table: size | ours | NCCL | 2023 anchor | target.
 # Everything is bounded by `timeout`, the whole by GPU_CHECK_BUDGET seconds (default 470).
 # GPU_CHECK_QUICK=1: while tuning, only the 2-rank test and the P2P benchmarks (no NCCL, no
-# network or scaling runs); the profile then runs at 1 MiB alone. GPU_CHECK_EXTRA: more
-# commands to run before the table (see step 5b).
+# network or scaling runs); the profile then runs at 1 MiB alone. GPU_CHECK_LIMITS=1: with
+# QUICK, also the tests of issue 28 (puts of 4 GiB and more, device wait timeouts; ~1 min).
+# GPU_CHECK_EXTRA: more commands to run before the table (see step 5b).
 # Logs and results go to $OUT (gpu-check.log, results.txt, perf-results.txt, perf.png).
 #
 # NVLink multicast stays off (it can take the host's GPUs down for others): never unset these.
@@ -213,13 +214,14 @@ build_examples() {
     cmake -S "$ROOT/c_examples" -B "$WORK/ex" -DCMAKE_PREFIX_PATH="$PREFIX" \
       -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_BUILD_TYPE=Release -DMSCCLPP_EXAMPLES_STATIC=OFF &&
-    cmake --build "$WORK/ex" -j 8 --target allgather pingpong bandwidth regwrite allgather_perf \
-      alltoall_perf sendrecv_perf &&
+    cmake --build "$WORK/ex" -j 8 --target allgather pingpong bandwidth regwrite bigput stuck \
+      allgather_perf alltoall_perf sendrecv_perf &&
     cp "$WORK/ex/allgather" "$WORK/ex/pingpong" "$WORK/ex/bandwidth" "$WORK/ex/regwrite" \
-      "$WORK/ex/allgather_perf" "$WORK/ex/alltoall_perf" "$WORK/ex/sendrecv_perf" "$BIN/"
+      "$WORK/ex/bigput" "$WORK/ex/stuck" "$WORK/ex/allgather_perf" "$WORK/ex/alltoall_perf" \
+      "$WORK/ex/sendrecv_perf" "$BIN/"
 }
 build_examples_nvcc() {
-  mkdir -p "$BIN" && for ex in allgather pingpong bandwidth regwrite; do
+  mkdir -p "$BIN" && for ex in allgather pingpong bandwidth regwrite bigput stuck; do
     local extra=()
     [[ $ex == regwrite ]] && extra=(--default-stream=per-thread)
     "$NVCC" -O2 -std=c++17 -arch=sm_90 "${extra[@]}" -I"$PREFIX/include" \
@@ -376,6 +378,36 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
        ((rc == 0)) && grep -q "regwrite: ok" "$WORK/regwrite.out"'
   else
     FAILED+=("regwrite not built")
+  fi
+  # Issue 28: puts of 4 GiB and more, and device waits that end (GPU_CHECK_LIMITS=1 runs them
+  # with GPU_CHECK_QUICK=1 too). Two ranks on GPU 0 under MPS (NGPU=1 makes `ranks` start it).
+  if ((${GPU_CHECK_LIMITS:-$((!QUICK))})); then
+    # Each rank registers 5 GiB; rank 0's kernel: putWithSignal of 4 GiB + 4096 at offset 0, a
+    # 1 MiB put at 4 GiB + 8192, then a put of exactly 2^32 bytes and flush(). Rank 1 prints
+    # one "ok" line per byte checked (first, last, chunk boundary, past the end untouched).
+    if [[ -x $BIN/bigput ]]; then
+      run_step "test puts of 4 GiB and more (5 GiB buffers, 2 ranks on one GPU)" 120 bash -c \
+        'CUDA_VISIBLE_DEVICES=0 NGPU=1 ranks 2 "$BIN/bigput"'
+    else
+      FAILED+=("bigput not built")
+    fi
+    # A kernel that waits for a signal that never comes (wait: both wait loops, the one that
+    # also polls the host signal word and, with MSCCLPP_P2P_HOST_SIGNAL=0, the device-only one),
+    # flushes or pushes with no proxy running (flush, push): the WARN at ~2 s (wait), the
+    # kernel back at ~5 s, mscclppCommGetAsyncError = mscclppRemoteError with the record, and
+    # stop and destroy return. `stuck` checks each and prints "stuck CASE: PASSED".
+    if [[ -x $BIN/stuck ]]; then
+      for case in wait flush push; do
+        MSCCLPP_WAIT_TIMEOUT=2 MSCCLPP_DEVICE_WAIT_TIMEOUT=5 run_step \
+          "test device wait timeout: $case (2 ranks on one GPU, MPS)" 60 bash -c \
+          "CUDA_VISIBLE_DEVICES=0 NGPU=1 ranks 2 \"\$BIN/stuck\" --case $case --warn 2 --limit 5"
+      done
+      MSCCLPP_P2P_HOST_SIGNAL=0 MSCCLPP_WAIT_TIMEOUT=2 MSCCLPP_DEVICE_WAIT_TIMEOUT=5 run_step \
+        "test device wait timeout: wait, device-only loop (2 ranks on one GPU, MPS)" 60 bash -c \
+        'CUDA_VISIBLE_DEVICES=0 NGPU=1 ranks 2 "$BIN/stuck" --case wait --warn 2 --limit 5'
+    else
+      FAILED+=("stuck not built")
+    fi
   fi
   if ((QUICK)); then
     MSCCLPP_P2P_ENGINE=ce run_step "test allgather 2 ranks, copy engines only" 90 \

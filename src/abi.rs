@@ -23,8 +23,9 @@ pub const mscclppData: u64 = 0x1;
 pub const mscclppFlag: u64 = 0x2;
 pub const mscclppSync: u64 = 0x4;
 
-/// Trigger word layout. word0 = dataSize | srcDataOffset << 32;
-/// word1 = dstDataOffset | connId << 32 | type << 42. Shifts and masks, never bit-fields.
+/// Trigger word layout (2023). word0 = dataSize | srcDataOffset << 32;
+/// word1 = dstDataOffset | connId << 32 | type << 42, offsets' bits 0..32; bits 45..61 carry
+/// their bits 32..40 (`MSCCLPP_TRIGGER_OFFSET_BITS`). Shifts and masks, never bit-fields.
 pub const MSCCLPP_BITS_SIZE: u32 = 32;
 pub const MSCCLPP_BITS_OFFSET: u32 = 32;
 pub const MSCCLPP_BITS_CONNID: u32 = 10;
@@ -35,6 +36,65 @@ pub const MSCCLPP_TRIGGER_CONNID_SHIFT: u32 = MSCCLPP_BITS_OFFSET;
 pub const MSCCLPP_TRIGGER_CONNID_MASK: u64 = (1u64 << MSCCLPP_BITS_CONNID) - 1;
 pub const MSCCLPP_TRIGGER_TYPE_SHIFT: u32 = MSCCLPP_BITS_OFFSET + MSCCLPP_BITS_CONNID;
 pub const MSCCLPP_TRIGGER_TYPE_MASK: u64 = (1u64 << MSCCLPP_BITS_TYPE) - 1;
+
+/// Offsets wider than the 2023 layout's 32 bits: bits 32..40 of srcDataOffset go to word1 bits
+/// 45..53, those of dstDataOffset to bits 53..61 (bits the 2023 layout leaves 0, so a trigger
+/// in that layout decodes as before). A trigger addresses offsets below 2^40 (1 TiB).
+pub const MSCCLPP_TRIGGER_OFFSET_BITS: u32 = 40;
+pub const MSCCLPP_TRIGGER_OFFSET_HIGH_MASK: u64 =
+    (1u64 << (MSCCLPP_TRIGGER_OFFSET_BITS - MSCCLPP_BITS_OFFSET)) - 1;
+pub const MSCCLPP_TRIGGER_SRC_HIGH_SHIFT: u32 = MSCCLPP_TRIGGER_TYPE_SHIFT + MSCCLPP_BITS_TYPE;
+pub const MSCCLPP_TRIGGER_DST_HIGH_SHIFT: u32 =
+    MSCCLPP_TRIGGER_SRC_HIGH_SHIFT + MSCCLPP_TRIGGER_OFFSET_BITS - MSCCLPP_BITS_OFFSET;
+/// A put must end within this many bytes of both buffers' starts (its last byte below 2^40).
+pub const MSCCLPP_TRIGGER_MAX_END: u64 = 1u64 << MSCCLPP_TRIGGER_OFFSET_BITS;
+/// A put of more than `MSCCLPP_TRIGGER_SIZE_MASK` bytes goes as triggers of this many bytes
+/// (Data only), then one trigger with the rest that carries the put's Flag and Sync.
+pub const MSCCLPP_TRIGGER_CHUNK: u64 = 1u64 << 31;
+/// Word1 bit 63: a *refused* trigger. A producer that cannot encode a put queues this instead,
+/// so the proxy reports it (the communicator's sticky error) rather than moving wrapped
+/// offsets. word0 = the value refused (never 0), word1 = this bit | connId << 32 | what.
+pub const MSCCLPP_TRIGGER_REFUSED: u64 = 1u64 << 63;
+/// `what` of a refused trigger (word1 bits 0..32).
+pub const MSCCLPP_REFUSED_SIZE: u64 = 1;
+pub const MSCCLPP_REFUSED_SRC_OFFSET: u64 = 2;
+pub const MSCCLPP_REFUSED_DST_OFFSET: u64 = 3;
+/// A trigger of 0 bytes (word0 = 1; a zero word0 would read as an empty slot).
+pub const MSCCLPP_REFUSED_ZERO_SIZE: u64 = 4;
+
+/// Words of a CUDA FIFO's device block (`triggerFifoHead[...]`) that bound device waits,
+/// written when the FIFO is made and read by a kernel only once it has been waiting:
+/// nanoseconds after which a wait publishes its record (`MSCCLPP_WAIT_TIMEOUT`), after which
+/// it ends (`MSCCLPP_DEVICE_WAIT_TIMEOUT`; 0: never), and the word a waiter claims (0 -> 1,
+/// device-scope CAS) to own the record.
+pub const MSCCLPP_FIFO_DEV_WARN_NS: usize = 5;
+pub const MSCCLPP_FIFO_DEV_LIMIT_NS: usize = 6;
+pub const MSCCLPP_FIFO_DEV_RECORD_OWNER: usize = 7;
+
+/// The wait record: 8 words of pinned host memory at `triggerFifoTail + 8` (the cache line
+/// after `[tail, abort]`), where a kernel whose wait has lasted the warn threshold says what it
+/// waits for. Written by the owner only, as a sequence lock: SEQ odd while it writes.
+pub const MSCCLPP_FIFO_RECORD_WORD: usize = 8;
+pub const MSCCLPP_RECORD_SEQ: usize = 0;
+/// 0: none (or withdrawn: the wait ended), `MSCCLPP_RECORD_PENDING`, `MSCCLPP_RECORD_EXPIRED`.
+pub const MSCCLPP_RECORD_STATE: usize = 1;
+/// op (`MSCCLPP_WAIT_OP_*`) | connId << 32.
+pub const MSCCLPP_RECORD_WHAT: usize = 2;
+/// wait: the signal count wanted and the count seen; flush: the Sync's ticket and the tail;
+/// push: the ticket and the tail.
+pub const MSCCLPP_RECORD_WANTED: usize = 3;
+pub const MSCCLPP_RECORD_SEEN: usize = 4;
+/// The FIFO's ticket counter (the next ticket) when written.
+pub const MSCCLPP_RECORD_HEAD: usize = 5;
+/// How long the wait had lasted when written, in ns.
+pub const MSCCLPP_RECORD_WAITED_NS: usize = 6;
+/// Non-zero once a wait that did not own the record ended at the device timeout.
+pub const MSCCLPP_RECORD_OTHERS_EXPIRED: usize = 7;
+pub const MSCCLPP_RECORD_PENDING: u64 = 1;
+pub const MSCCLPP_RECORD_EXPIRED: u64 = 2;
+pub const MSCCLPP_WAIT_OP_WAIT: u64 = 1;
+pub const MSCCLPP_WAIT_OP_FLUSH: u64 = 2;
+pub const MSCCLPP_WAIT_OP_PUSH: u64 = 3;
 
 /// Result codes, values 0..8 as in 2023.
 #[repr(C)]
@@ -135,15 +195,48 @@ pub struct mscclppRegisteredMemory {
 /// Receives every log line (NUL-terminated, no trailing newline).
 pub type mscclppLogHandler_t = Option<unsafe extern "C" fn(msg: *const c_char)>;
 
-// Trigger encoding, shared by the host producer, the proxy and the tests.
+// Trigger encoding, shared by the host producer, the proxy and the tests (the device side is
+// `encodeTrigger` in include/mscclpp/fifo_methods.inc). Only for values that
+// `trigger_refusal` accepts: others would be cut to their encoded bits.
 #[inline]
 pub const fn trigger_encode(ty: u64, dst: u64, src: u64, size: u64, conn_id: u64) -> [u64; 2] {
+    let high = MSCCLPP_TRIGGER_OFFSET_HIGH_MASK;
     [
         (size & MSCCLPP_TRIGGER_SIZE_MASK)
             | ((src & MSCCLPP_TRIGGER_OFFSET_MASK) << MSCCLPP_BITS_SIZE),
         (dst & MSCCLPP_TRIGGER_OFFSET_MASK)
             | ((conn_id & MSCCLPP_TRIGGER_CONNID_MASK) << MSCCLPP_TRIGGER_CONNID_SHIFT)
-            | ((ty & MSCCLPP_TRIGGER_TYPE_MASK) << MSCCLPP_TRIGGER_TYPE_SHIFT),
+            | ((ty & MSCCLPP_TRIGGER_TYPE_MASK) << MSCCLPP_TRIGGER_TYPE_SHIFT)
+            | (((src >> MSCCLPP_BITS_OFFSET) & high) << MSCCLPP_TRIGGER_SRC_HIGH_SHIFT)
+            | (((dst >> MSCCLPP_BITS_OFFSET) & high) << MSCCLPP_TRIGGER_DST_HIGH_SHIFT),
+    ]
+}
+
+/// Why one trigger cannot carry these values (a `MSCCLPP_REFUSED_*` code and the value), or
+/// None: offsets below 2^40, 1 <= size <= `MSCCLPP_TRIGGER_SIZE_MASK`.
+#[inline]
+pub const fn trigger_refusal(dst: u64, src: u64, size: u64) -> Option<(u64, u64)> {
+    if size == 0 {
+        Some((MSCCLPP_REFUSED_ZERO_SIZE, 0))
+    } else if size > MSCCLPP_TRIGGER_SIZE_MASK {
+        Some((MSCCLPP_REFUSED_SIZE, size))
+    } else if src >= MSCCLPP_TRIGGER_MAX_END {
+        Some((MSCCLPP_REFUSED_SRC_OFFSET, src))
+    } else if dst >= MSCCLPP_TRIGGER_MAX_END {
+        Some((MSCCLPP_REFUSED_DST_OFFSET, dst))
+    } else {
+        None
+    }
+}
+
+/// The refused trigger for `what` / `value` (see `MSCCLPP_TRIGGER_REFUSED`); word0 is never 0.
+#[inline]
+pub const fn trigger_encode_refused(what: u64, value: u64, conn_id: u64) -> [u64; 2] {
+    [
+        if value == 0 { 1 } else { value },
+        MSCCLPP_TRIGGER_REFUSED
+            | ((conn_id & MSCCLPP_TRIGGER_CONNID_MASK) << MSCCLPP_TRIGGER_CONNID_SHIFT)
+            | (what & MSCCLPP_TRIGGER_OFFSET_MASK),
     ]
 }
 
@@ -164,4 +257,12 @@ const _: () = {
     assert!(size_of::<mscclppTransport_t>() == 4);
     assert!(MSCCLPP_BITS_SIZE + MSCCLPP_BITS_OFFSET == 64);
     assert!(MSCCLPP_BITS_OFFSET + MSCCLPP_BITS_CONNID + MSCCLPP_BITS_TYPE <= 64);
+    // The wide offsets' high bits sit above the type and below the refused bit.
+    assert!(MSCCLPP_TRIGGER_SRC_HIGH_SHIFT == 45 && MSCCLPP_TRIGGER_DST_HIGH_SHIFT == 53);
+    assert!(
+        MSCCLPP_TRIGGER_DST_HIGH_SHIFT + MSCCLPP_TRIGGER_OFFSET_BITS - MSCCLPP_BITS_OFFSET < 63
+    );
+    assert!(MSCCLPP_TRIGGER_CHUNK <= MSCCLPP_TRIGGER_SIZE_MASK);
+    // The device block has DEV_WORDS (8) words; the record fills one 64-byte line.
+    assert!(MSCCLPP_FIFO_DEV_RECORD_OWNER < 8 && MSCCLPP_RECORD_OTHERS_EXPIRED < 8);
 };

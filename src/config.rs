@@ -21,6 +21,7 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_BOOTSTRAP_QUOTA_MB",
     "MSCCLPP_SOCKET_IFNAME",
     "MSCCLPP_WAIT_TIMEOUT",
+    "MSCCLPP_DEVICE_WAIT_TIMEOUT",
     "MSCCLPP_WAIT_MODE",
     "MSCCLPP_DISABLE_CUDA",
     "MSCCLPP_NET_PROVIDER",
@@ -287,6 +288,9 @@ pub struct Config {
     pub bootstrap_timeout: Option<Duration>,
     /// `MSCCLPP_WAIT_TIMEOUT` (seconds > 0); see [`wait_timeout`].
     pub wait_timeout: Option<Duration>,
+    /// `MSCCLPP_DEVICE_WAIT_TIMEOUT` (seconds >= 0; 0: None, no bound); see
+    /// [`device_wait_timeout`].
+    pub device_wait_timeout: Option<Duration>,
     /// `MSCCLPP_WAIT_MODE`: how waits that last spend their time (see [`WaitMode`]).
     pub wait_mode: WaitMode,
     /// `MSCCLPP_SOCKET_IFNAME`: interfaces for the unique id's root address.
@@ -319,6 +323,12 @@ pub const SHM_INLINE_BYTES: u64 = SHM_INLINE_MAX;
 
 /// The bootstrap timeout when nothing sets it.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a kernel's wait may last when `MSCCLPP_DEVICE_WAIT_TIMEOUT` is unset: long enough
+/// for any correct program (a peer writing a checkpoint for minutes; PyTorch's NCCL watchdog,
+/// the usual outer bound of a training job's collectives, waits 10 minutes, so it reports
+/// first), short enough that a deadlocked job frees its GPUs within the hour instead of at
+/// the scheduler's wall-clock limit. The warning comes at the wait timeout, long before.
+pub const DEFAULT_DEVICE_WAIT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Caps a configured timeout so that deadline arithmetic cannot overflow.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
@@ -362,6 +372,25 @@ impl Reader<'_> {
             None => {
                 self.bad(name, &s, "a number of seconds > 0", instead);
                 None
+            }
+        }
+    }
+
+    /// Seconds >= 0 (fractions allowed, capped at [`MAX_TIMEOUT`]); `0` is None (no bound);
+    /// unset or unusable is `default`.
+    fn secs_or_zero(&mut self, name: &str, default: Option<Duration>) -> Option<Duration> {
+        let Some(s) = self.text(name) else {
+            return default;
+        };
+        if s.parse::<f64>().is_ok_and(|v| v == 0.0) {
+            return None;
+        }
+        match parse_secs(&s) {
+            Some(d) => Some(d),
+            None => {
+                let instead = default.map_or("no bound".into(), |d| format!("{d:?}"));
+                self.bad(name, &s, "a number of seconds >= 0 (0: no bound)", instead);
+                default
             }
         }
     }
@@ -540,6 +569,10 @@ impl Config {
             log_level,
             bootstrap_timeout: r.secs("MSCCLPP_BOOTSTRAP_TIMEOUT", &default_timeout),
             wait_timeout: r.secs("MSCCLPP_WAIT_TIMEOUT", "the bootstrap timeout"),
+            device_wait_timeout: r.secs_or_zero(
+                "MSCCLPP_DEVICE_WAIT_TIMEOUT",
+                Some(DEFAULT_DEVICE_WAIT_TIMEOUT),
+            ),
             wait_mode: match r
                 .choice("MSCCLPP_WAIT_MODE", &["auto", "poll", "sleep"], "auto")
                 .as_deref()
@@ -606,6 +639,14 @@ pub fn wait_timeout() -> Duration {
     get().wait_timeout.unwrap_or_else(bootstrap_timeout)
 }
 
+/// How long a kernel's `wait()`, `flush()` or push into a full FIFO may last before it ends
+/// and the communicator fails (`MSCCLPP_DEVICE_WAIT_TIMEOUT`, default
+/// [`DEFAULT_DEVICE_WAIT_TIMEOUT`]); None: no bound, the 2023 behaviour. Read when a FIFO is
+/// made.
+pub fn device_wait_timeout() -> Option<Duration> {
+    get().device_wait_timeout
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -637,6 +678,35 @@ mod tests {
         assert_eq!(c.p2p, P2pConfig::default());
         assert!(c.net.delivery_complete && c.net.hmem == Hmem::Auto && !c.net.force_staging);
         assert_eq!((c.bootstrap_timeout, c.wait_timeout), (None, None));
+        assert_eq!(c.device_wait_timeout, Some(DEFAULT_DEVICE_WAIT_TIMEOUT));
+    }
+
+    #[test]
+    fn device_wait_timeout_zero_is_unbounded_and_bad_keeps_the_default() {
+        let get = |v: &str| with(&[("MSCCLPP_DEVICE_WAIT_TIMEOUT", v)]);
+        assert_eq!(get("0").device_wait_timeout, None);
+        assert_eq!(get("0.0").device_wait_timeout, None);
+        assert_eq!(get("5").device_wait_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(
+            get("0.5").device_wait_timeout,
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(get("1e30").device_wait_timeout, Some(MAX_TIMEOUT));
+        for bad in ["-1", "soon", "inf"] {
+            let c = get(bad);
+            assert_eq!(
+                c.device_wait_timeout,
+                Some(DEFAULT_DEVICE_WAIT_TIMEOUT),
+                "{bad}"
+            );
+            assert!(
+                c.problems.len() == 1
+                    && c.problems[0].contains("MSCCLPP_DEVICE_WAIT_TIMEOUT")
+                    && c.problems[0].contains("using 1800s"),
+                "{bad}: {:?}",
+                c.problems
+            );
+        }
     }
 
     #[test]

@@ -998,10 +998,18 @@ fn bad_usage(e: Env) {
         mscclppInvalidArgument,
         "zero-size put"
     );
+    // Sizes past 4 GiB are split into several triggers (and then refused by the proxy's range
+    // check against the registered buffer); a put reaching past 2^40 bytes, which no trigger
+    // can address, is refused at once and queues nothing.
     assert_eq!(
-        mscclppDevConnPut(d, 0, 0, 1 << 33),
+        mscclppDevConnPut(d, 1 << 40, 0, 1),
         mscclppInvalidArgument,
-        "size beyond 32 bits"
+        "offset at 2^40"
+    );
+    assert_eq!(
+        mscclppDevConnPut(d, 0, (1 << 40) - 4, 8),
+        mscclppInvalidArgument,
+        "a put ending past 2^40"
     );
     assert_eq!(
         mscclppDevConnPut(std::ptr::null_mut(), 0, 0, 1),

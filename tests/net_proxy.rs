@@ -56,6 +56,7 @@ fn proxy_moves_data_and_refuses_out_of_range_triggers() {
     let fifo = Fifo::new_host().unwrap();
     let view = fifo.producer_view(0);
     let conn = ProxyConn {
+        index: 0,
         remote_rank: 1,
         peer,
         src: s,

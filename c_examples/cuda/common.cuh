@@ -98,8 +98,10 @@ static inline mscclppTransport_t transportTo(const Ctx& c, int peer)
 }
 
 /* Connects `buf` (bytes) to every peer in `peers` (transport: transportTo), sets up, copies the
- * connections into gConns in the order of `peers`, and launches the proxy. */
-static inline void connectPeers(Ctx& c, void* buf, uint64_t bytes, const std::vector<int>& peers)
+ * connections into gConns in the order of `peers`, and launches the proxy (unless
+ * `launchProxy` is false: the caller launches it later). */
+static inline void connectPeers(Ctx& c, void* buf, uint64_t bytes, const std::vector<int>& peers,
+                                bool launchProxy = true)
 {
   if ((int)peers.size() > MAX_CONNS) {
     fprintf(stderr, "too many peers\n");
@@ -139,7 +141,7 @@ static inline void connectPeers(Ctx& c, void* buf, uint64_t bytes, const std::ve
   CUDACHECK(cudaMemcpyToSymbol(gConns, conns, n * sizeof(mscclppDevConn_t)));
   c.nconns = n;
   c.peerOfConn = peers;
-  MSCCLPPCHECK(mscclppProxyLaunch(c.comm));
+  if (launchProxy) MSCCLPPCHECK(mscclppProxyLaunch(c.comm));
 }
 
 /* Seconds on a monotonic clock. */

@@ -20,6 +20,8 @@
  *     16-byte store that crosses PCIe as a posted write; the proxy polls its own memory.
  *   - triggerFifoTail[0]: the proxy's published tail, triggerFifoTail[1]: the abort word,
  *     both in that same pinned host memory: reading them costs the GPU a PCIe round trip.
+ *     triggerFifoTail[8..16], the next cache line: the wait record, where a device wait that
+ *     has lasted says what it waits for (WaitWatch below).
  *   - triggerFifoHead[0]: the ticket counter, triggerFifoHead[1]: a cache of the tail, both
  *     in device memory. push() takes its ticket and checks for room there; it reads the real
  *     tail only when the cache says the FIFO is full, and then refreshes the cache. Measured
@@ -30,6 +32,8 @@
  *     triggerFifoHead[2]: the done word, triggerFifoHead[3]: its switch, device memory too: a
  *     transport working on this GPU (the P2P SM copy engine) stores "every ticket below d has
  *     completed" there, and flush() ends on it without a round trip through the proxy.
+ *     triggerFifoHead[4]: flush()'s poll hint; [5..8]: the bounds of device waits and the
+ *     owner of the wait record (WaitWatch below).
  *   - localSignalEpochId / waitEpochId: device memory of the buffer's GPU; wait() polls it in
  *     L2, the peer's SM copy engine or copy engine writes the signal count into it through
  *     CUDA IPC. Word 3 of that block (after waitEpochId): on P2P connections, the device
@@ -147,6 +151,154 @@ MSCCLPP_DEVICE_INLINE void updatePollHint(uint64_t* hint, bool hostFirst, Polled
   if (how == Polled::Stopped || hostFirst == (how == Polled::Host)) return;
   *reinterpret_cast<volatile uint64_t*>(hint) = how == Polled::Host ? 1 : 0;
 }
+
+MSCCLPP_DEVICE_INLINE void storeVolatile(uint64_t* p, uint64_t v)
+{
+  *reinterpret_cast<volatile uint64_t*>(p) = v;
+}
+
+/* %globaltimer: nanoseconds on one clock for the whole GPU (updated about every microsecond),
+ * steady across SM clock changes. Read only on the slow path of a wait. */
+MSCCLPP_DEVICE_INLINE uint64_t waitClockNs()
+{
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* Words of the FIFO that bound device waits. These are mscclpp.h's MSCCLPP_FIFO_DEV_*,
+ * MSCCLPP_FIFO_RECORD_WORD and MSCCLPP_RECORD_* (src/abi.rs), which are defined after this
+ * file; mscclpp/fifo_methods.inc static_asserts that the two agree. */
+constexpr int kDevWarnNs = 5;      /* triggerFifoHead[5]: warn after this many ns (0: never) */
+constexpr int kDevLimitNs = 6;     /* triggerFifoHead[6]: end after this many ns (0: never) */
+constexpr int kDevRecordOwner = 7; /* triggerFifoHead[7]: 1 while a wait owns the record */
+constexpr int kRecordWord = 8;     /* the record: triggerFifoTail[8..16], pinned host memory */
+constexpr int kRecSeq = 0, kRecState = 1, kRecWhat = 2, kRecWanted = 3, kRecSeen = 4,
+              kRecHead = 5, kRecWaitedNs = 6, kRecOthersExpired = 7;
+constexpr uint64_t kRecPending = 1, kRecExpired = 2;
+/* What an expired wait stores into the abort word (triggerFifoTail[1]): mscclppRemoteError,
+ * the code Error::Timeout reports as (static_assert in fifo_methods.inc). */
+constexpr uint64_t kAbortExpired = 6;
+
+/* A sequence-locked write of the wait record (src/fifo/mod.rs, Fifo::wait_record): SEQ odd,
+ * the fields, SEQ even. Only the record's owner writes, so its own read of SEQ is current. */
+MSCCLPP_DEVICE_INLINE void waitRecordWrite(uint64_t* ctrl, uint64_t state, uint64_t what,
+                                           uint64_t wanted, uint64_t seen, uint64_t head,
+                                           uint64_t waited)
+{
+  uint64_t* rec = ctrl + kRecordWord;
+  const uint64_t seq = loadVolatile(rec + kRecSeq);
+  storeVolatile(rec + kRecSeq, seq + 1);
+  /* The odd SEQ before the fields: pairs with the proxy's Acquire fence before it reads SEQ
+   * again, so a read that overlaps this write is discarded. */
+  fenceAcqRelSys();
+  storeVolatile(rec + kRecState, state);
+  storeVolatile(rec + kRecWhat, what);
+  storeVolatile(rec + kRecWanted, wanted);
+  storeVolatile(rec + kRecSeen, seen);
+  storeVolatile(rec + kRecHead, head);
+  storeVolatile(rec + kRecWaitedNs, waited);
+  /* The fields before the even SEQ: pairs with the proxy's Acquire load of SEQ. */
+  fenceAcqRelSys();
+  storeVolatile(rec + kRecSeq, seq + 2);
+}
+
+/* The bound and the report of one device wait (docs/DESIGN.md section 5). A spin calls
+ * expired() only where it already reads the abort word (its slow path, every
+ * kAbortCheckSysmem / kAbortCheckDevice polls), never before the answer's first poll, so a
+ * wait that is satisfied at once, or a push with room, runs none of this. The first call
+ * notes the time (%globaltimer); each later one compares the clock with the FIFO's bounds
+ * (device memory, written when the FIFO was made, read here rather than kept in registers):
+ *   - past the warn bound (MSCCLPP_WAIT_TIMEOUT), the first of the FIFO's waits to claim the
+ *     record (triggerFifoHead[kDevRecordOwner], a device-scope CAS) writes there what it waits
+ *     for; the proxy reports it at WARN (src/proxy/device_wait.rs);
+ *   - past the limit (MSCCLPP_DEVICE_WAIT_TIMEOUT; 0: none), the wait marks the record expired
+ *     (when another wait owns it: sets kRecOthersExpired), raises the FIFO's abort word and
+ *     expired() returns true: the caller ends its wait as on abort. The proxy then fails the
+ *     communicator, whose abort releases every other wait.
+ * finish(), after a wait that ended normally, withdraws a record it wrote. The clock starts at
+ * the first check, at most one check interval after the wait began. */
+class WaitWatch {
+ public:
+  /* `what`: MSCCLPP_WAIT_OP_* | connId << 32; `wanted`: the count or ticket waited for;
+   * `seenA`, `seenB` (either may be null): the words whose larger value is what has come so
+   * far, read only when the record is written. */
+  MSCCLPP_DEVICE_INLINE bool expired(uint64_t* dev, uint64_t* ctrl, uint64_t what,
+                                     uint64_t wanted, const uint64_t* seenA,
+                                     const uint64_t* seenB = nullptr)
+  {
+    const uint64_t now = waitClockNs();
+    if (phase_ == kNew) {
+      start_ = now;
+      phase_ = kTiming;
+      return false;
+    }
+    if (phase_ == kExpired) return true;
+    const uint64_t waited = now - start_;
+    const uint64_t limit = loadVolatile(dev + kDevLimitNs);
+    const bool expire = limit != 0 && waited >= limit;
+    if (!expire) {
+      if (phase_ != kTiming) return false;
+      const uint64_t warn = loadVolatile(dev + kDevWarnNs);
+      if (warn == 0 || waited < warn) return false;
+    }
+    uint64_t seen = seenA != nullptr ? loadVolatile(seenA) : 0;
+    if (seenB != nullptr) {
+      const uint64_t b = loadVolatile(seenB);
+      seen = b > seen ? b : seen;
+    }
+    if (phase_ != kOwner && claim(dev)) phase_ = kOwner;
+    if (phase_ == kOwner) {
+      waitRecordWrite(ctrl, expire ? kRecExpired : kRecPending, what, wanted, seen,
+                      loadVolatile(dev), waited);
+    } else if (expire) {
+      /* Another wait owns the record: the proxy fails the communicator on this word alone.
+       * The fence sends the store on its way before the kernel can end. */
+      storeVolatile(ctrl + kRecordWord + kRecOthersExpired, 1);
+      fenceAcqRelSys();
+    }
+    if (!expire) {
+      if (phase_ == kTiming) phase_ = kOther; /* another wait's record is shown */
+      return false;
+    }
+    /* Abort this FIFO now, as the proxy will (with the same code) once it has read the
+     * record: the kernel's later waits and pushes on it then return at once instead of each
+     * running to the limit again, even where no proxy runs. Release (the fence): after the
+     * record, so a waiter that sees the abort finds the record written. */
+    fenceAcqRelSys();
+    storeVolatile(ctrl + 1, kAbortExpired);
+    /* The record stays claimed: the proxy must read it, and the communicator fails. */
+    phase_ = kExpired;
+    return true;
+  }
+
+  /* After a wait that ended normally: withdraws the record this wait wrote, if any, and frees
+   * it for the next wait that lasts. A register test otherwise. */
+  MSCCLPP_DEVICE_INLINE void finish(uint64_t* dev, uint64_t* ctrl)
+  {
+    if (phase_ != kOwner) return;
+    waitRecordWrite(ctrl, 0, 0, 0, 0, 0, waitClockNs() - start_);
+    /* Release: the record's stores, its last SEQ included, before the claim is freed; pairs
+     * with claim()'s fence in the next owner, which then reads that SEQ. */
+    fenceAcqRelSys();
+    atomicExch(reinterpret_cast<unsigned long long*>(dev + kDevRecordOwner), 0ull);
+  }
+
+ private:
+  enum : uint32_t { kNew, kTiming, kOwner, kOther, kExpired };
+
+  MSCCLPP_DEVICE_INLINE static bool claim(uint64_t* dev)
+  {
+    const bool won =
+      atomicCAS(reinterpret_cast<unsigned long long*>(dev + kDevRecordOwner), 0ull, 1ull) == 0;
+    /* Acquire: the previous owner's record stores (its last SEQ) are seen before ours. */
+    if (won) fenceAcqRelSys();
+    return won;
+  }
+
+  uint64_t start_ = 0;
+  uint32_t phase_ = kNew;
+};
 
 } // namespace device
 #endif // __CUDACC__

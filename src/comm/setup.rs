@@ -272,6 +272,7 @@ impl Comm {
         };
         let has_inline = outbox.is_some();
         work.conns.push(ProxyConn {
+            index: self.dev_conns.len(),
             remote_rank: r.remote_rank,
             peer,
             src,

@@ -5,7 +5,9 @@
 //! until `head < SIZE + tail` and the slot is empty, then stores word1 and word0 of the trigger;
 //! word0 is never 0 for a real trigger. The proxy reads the slot at its tail, acts, zeroes the slot
 //! and advances its tail, publishing it every `MSCCLPP_PROXY_FIFO_FLUSH_COUNTER` triggers and on
-//! every Sync. The u64 after the tail is the abort word: non-zero ends every producer spin.
+//! every Sync. The u64 after the tail is the abort word: non-zero ends every producer spin. The
+//! cache line after `[tail, abort]` is the wait record, where a kernel whose wait lasts says
+//! what it waits for ([`Fifo::wait_record`]).
 
 //!
 //! Files: this one is the ring and its memory; `registry.rs` finds the consumer of a host FIFO
@@ -40,16 +42,33 @@ pub struct Trigger {
 }
 
 impl Trigger {
-    pub fn decode(w: [u64; 2]) -> Self {
-        Trigger {
-            size: w[0] & MSCCLPP_TRIGGER_SIZE_MASK,
-            src_off: w[0] >> MSCCLPP_BITS_SIZE,
-            dst_off: w[1] & MSCCLPP_TRIGGER_OFFSET_MASK,
-            conn_id: ((w[1] >> MSCCLPP_TRIGGER_CONNID_SHIFT) & MSCCLPP_TRIGGER_CONNID_MASK)
-                as usize,
-            ty: (w[1] >> MSCCLPP_TRIGGER_TYPE_SHIFT) & MSCCLPP_TRIGGER_TYPE_MASK,
+    /// The trigger in `w`, or the producer's refusal (`MSCCLPP_TRIGGER_REFUSED`). Bits a
+    /// producer never sets (word1 bits 61..63) make a type the proxy refuses.
+    pub fn decode(w: [u64; 2]) -> Result<Self, Refusal> {
+        let conn_id =
+            ((w[1] >> MSCCLPP_TRIGGER_CONNID_SHIFT) & MSCCLPP_TRIGGER_CONNID_MASK) as usize;
+        if w[1] & MSCCLPP_TRIGGER_REFUSED != 0 {
+            return Err(Refusal {
+                conn_id,
+                what: w[1] & MSCCLPP_TRIGGER_OFFSET_MASK,
+                value: w[0],
+            });
         }
+        let high = |shift: u32| {
+            ((w[1] >> shift) & MSCCLPP_TRIGGER_OFFSET_HIGH_MASK) << MSCCLPP_BITS_OFFSET
+        };
+        let reserved = w[1] >> (MSCCLPP_TRIGGER_DST_HIGH_SHIFT + 8) != 0;
+        Ok(Trigger {
+            size: w[0] & MSCCLPP_TRIGGER_SIZE_MASK,
+            src_off: (w[0] >> MSCCLPP_BITS_SIZE) | high(MSCCLPP_TRIGGER_SRC_HIGH_SHIFT),
+            dst_off: (w[1] & MSCCLPP_TRIGGER_OFFSET_MASK) | high(MSCCLPP_TRIGGER_DST_HIGH_SHIFT),
+            conn_id,
+            // Reserved bits set: a type no producer writes, so `handle` refuses it by name.
+            ty: ((w[1] >> MSCCLPP_TRIGGER_TYPE_SHIFT) & MSCCLPP_TRIGGER_TYPE_MASK)
+                | if reserved { 1 << MSCCLPP_BITS_TYPE } else { 0 },
+        })
     }
+    /// Only for values `trigger_refusal` accepts (see `trigger_encode`).
     pub fn encode(&self) -> [u64; 2] {
         trigger_encode(
             self.ty,
@@ -61,11 +80,154 @@ impl Trigger {
     }
 }
 
+/// A put a producer could not encode (a refused trigger, or a host put checked before it is
+/// queued): which value (`MSCCLPP_REFUSED_*`) and what it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub conn_id: usize,
+    pub what: u64,
+    pub value: u64,
+}
+
+impl Refusal {
+    /// What was refused and why, for an error message that also names the connection.
+    pub fn describe(&self) -> String {
+        let v = self.value;
+        match self.what {
+            MSCCLPP_REFUSED_ZERO_SIZE => {
+                "dataSize 0: a trigger of 0 bytes would read as an empty FIFO slot".into()
+            }
+            MSCCLPP_REFUSED_SRC_OFFSET => format!(
+                "srcDataOffset {v} is not below 2^40 (1 TiB), the largest offset a trigger carries"
+            ),
+            MSCCLPP_REFUSED_DST_OFFSET => format!(
+                "dstDataOffset {v} is not below 2^40 (1 TiB), the largest offset a trigger carries"
+            ),
+            MSCCLPP_REFUSED_SIZE => format!(
+                "dataSize {v}: the put would end past 2^40 bytes (1 TiB) into a buffer, or one trigger was asked to carry more than 2^32 - 1 bytes"
+            ),
+            other => format!("refused for an unknown reason {other} (value {v})"),
+        }
+    }
+}
+
+/// The triggers of one put (`put_triggers`): `MSCCLPP_TRIGGER_CHUNK` bytes at a time with
+/// type Data, then the rest with the put's own type. One trigger for a put that fits.
+#[derive(Clone, Copy, Debug)]
+pub struct PutTriggers {
+    ty: u64,
+    dst: u64,
+    src: u64,
+    left: u64,
+    conn_id: usize,
+}
+
+/// The triggers of a put of `size` bytes with type `ty` (Data, plus Flag and Sync for the last
+/// trigger), or why it cannot be queued: 0 bytes, or a byte at or past 2^40 of either buffer.
+/// The same rule as the device's `pushPut` (include/mscclpp/fifo_methods.inc): refused as a
+/// whole, so no part of it moves.
+pub fn put_triggers(
+    ty: u64,
+    dst: u64,
+    src: u64,
+    size: u64,
+    conn_id: usize,
+) -> Result<PutTriggers, Refusal> {
+    let refuse = |what, value| Refusal {
+        conn_id,
+        what,
+        value,
+    };
+    if size == 0 {
+        return Err(refuse(MSCCLPP_REFUSED_ZERO_SIZE, 0));
+    }
+    if src >= MSCCLPP_TRIGGER_MAX_END {
+        return Err(refuse(MSCCLPP_REFUSED_SRC_OFFSET, src));
+    }
+    if dst >= MSCCLPP_TRIGGER_MAX_END {
+        return Err(refuse(MSCCLPP_REFUSED_DST_OFFSET, dst));
+    }
+    if size > MSCCLPP_TRIGGER_MAX_END - src.max(dst) {
+        return Err(refuse(MSCCLPP_REFUSED_SIZE, size));
+    }
+    Ok(PutTriggers {
+        ty,
+        dst,
+        src,
+        left: size,
+        conn_id,
+    })
+}
+
+impl Iterator for PutTriggers {
+    type Item = Trigger;
+    fn next(&mut self) -> Option<Trigger> {
+        if self.left == 0 {
+            return None;
+        }
+        let (ty, size) = if self.left > MSCCLPP_TRIGGER_SIZE_MASK {
+            (mscclppData, MSCCLPP_TRIGGER_CHUNK)
+        } else {
+            (self.ty, self.left)
+        };
+        let t = Trigger {
+            ty,
+            dst_off: self.dst,
+            src_off: self.src,
+            size,
+            conn_id: self.conn_id,
+        };
+        self.dst += size;
+        self.src += size;
+        self.left -= size;
+        Some(t)
+    }
+}
+
+/// A kernel's wait record (`MSCCLPP_FIFO_RECORD_WORD`), as read by the consumer in one
+/// consistent snapshot. The fields mean what the `MSCCLPP_RECORD_*` constants say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitRecord {
+    /// Changes with every write: tells one published record from the next.
+    pub seq: u64,
+    /// 0 (none), `MSCCLPP_RECORD_PENDING` or `MSCCLPP_RECORD_EXPIRED`.
+    pub state: u64,
+    /// `MSCCLPP_WAIT_OP_*`.
+    pub op: u64,
+    /// The connection's index on this FIFO (`ProxyWork::conns`).
+    pub conn_id: usize,
+    pub wanted: u64,
+    pub seen: u64,
+    pub head: u64,
+    pub waited: std::time::Duration,
+    /// A wait that did not own the record ended at the device timeout.
+    pub others_expired: bool,
+}
+
+impl WaitRecord {
+    /// Decodes the record's 8 words (`words[MSCCLPP_RECORD_*]`).
+    pub fn from_words(w: [u64; 8]) -> Self {
+        let what = w[MSCCLPP_RECORD_WHAT];
+        WaitRecord {
+            seq: w[MSCCLPP_RECORD_SEQ],
+            state: w[MSCCLPP_RECORD_STATE],
+            op: what & 0xffff_ffff,
+            conn_id: ((what >> 32) & MSCCLPP_TRIGGER_CONNID_MASK) as usize,
+            wanted: w[MSCCLPP_RECORD_WANTED],
+            seen: w[MSCCLPP_RECORD_SEEN],
+            head: w[MSCCLPP_RECORD_HEAD],
+            waited: std::time::Duration::from_nanos(w[MSCCLPP_RECORD_WAITED_NS]),
+            others_expired: w[MSCCLPP_RECORD_OTHERS_EXPIRED] != 0,
+        }
+    }
+}
+
 /// Consumer side of one FIFO, owned by one proxy thread. The memory lives in host memory (for a
 /// GPU producer: pinned and mapped into the device, see `crate::cuda`).
 pub struct Fifo {
     slots: *mut mscclppTrigger,
-    /// `[tail, abort]`, read by producers.
+    /// `[tail, abort]`, read by producers; the wait record follows on the next cache line
+    /// (`MSCCLPP_FIFO_RECORD_WORD` words on).
     ctrl: *mut u64,
     head: *mut u64,
     /// The consumer's own tail; `ctrl[0]` lags it by at most FLUSH_COUNTER - 1.
@@ -104,10 +266,13 @@ enum FifoMem {
 /// Byte offset of `[tail, abort]` inside a CUDA FIFO's pinned block (after the slots, on its
 /// own cache line so that tail publications don't disturb slot polling).
 const CUDA_CTRL_OFFSET: usize = SIZE as usize * 16;
+/// Bytes from `[tail, abort]` on: their cache line, then the wait record's.
+const CTRL_BYTES: usize = 128;
 
 /// Words of a CUDA FIFO's device block: the ticket counter, the producers' tail cache, the
-/// done word, the switch that tells producers to poll it (see [`Fifo::done_word`]) and their
-/// poll hint (`pollEither` in include/mscclpp/device.h).
+/// done word, the switch that tells producers to poll it (see [`Fifo::done_word`]), their
+/// poll hint (`pollEither` in include/mscclpp/device.h), and the device wait bounds
+/// (`MSCCLPP_FIFO_DEV_WARN_NS`, `..._LIMIT_NS`, `..._RECORD_OWNER`).
 const DEV_HEAD: usize = 0;
 const DEV_DONE: usize = 2;
 const DEV_DONE_ON: usize = 3;
@@ -134,7 +299,8 @@ impl Fifo {
     /// A FIFO in ordinary host memory, for host-memory connections.
     pub fn new_host() -> Result<Self> {
         let slots = HostBlock::zeroed(SIZE as usize * 16, 64)?;
-        let ctrl = HostBlock::zeroed(16, 64)?;
+        // The wait record too, though only kernels write one: the same layout for both kinds.
+        let ctrl = HostBlock::zeroed(CTRL_BYTES, 64)?;
         let head = HostBlock::zeroed(8, 64)?;
         registry::add(head.ptr().cast());
         Ok(Fifo {
@@ -166,11 +332,15 @@ impl Fifo {
     }
 
     pub fn new_cuda(device: i32) -> Result<Self> {
-        let host = crate::cuda::PinnedHost::zeroed(device, CUDA_CTRL_OFFSET + 64)?;
-        // [head, tail cache, done, done on, hint]: all start at 0 (the cache may only lag the
-        // real tail; done = 0 claims nothing; producers ignore done until switched on).
+        let host = crate::cuda::PinnedHost::zeroed(device, CUDA_CTRL_OFFSET + CTRL_BYTES)?;
+        // [head, tail cache, done, done on, hint, warn, limit, record owner]: all start at 0
+        // (the cache may only lag the real tail; done = 0 claims nothing; producers ignore
+        // done until switched on; no record is owned); then the wait bounds.
         let head = crate::cuda::DeviceMem::zeroed(device, DEV_WORDS * 8)?;
-        // SAFETY: the block is CUDA_CTRL_OFFSET + 64 bytes; slots come first, ctrl after.
+        let (warn, limit) = device_wait_bounds_ns();
+        head.write_u64(MSCCLPP_FIFO_DEV_WARN_NS * 8, warn)?;
+        head.write_u64(MSCCLPP_FIFO_DEV_LIMIT_NS * 8, limit)?;
+        // SAFETY: the block is CUDA_CTRL_OFFSET + CTRL_BYTES bytes; slots first, ctrl after.
         let (ctrl, prod_ctrl) = unsafe {
             (
                 host.host().add(CUDA_CTRL_OFFSET),
@@ -244,6 +414,64 @@ impl Fifo {
         AbortWord(unsafe { self.ctrl.add(1) })
     }
 
+    fn record_word(&self, i: usize) -> &AtomicU64 {
+        debug_assert!(i < 8);
+        // SAFETY: the record is 8 aligned u64 at ctrl + MSCCLPP_FIFO_RECORD_WORD words, inside
+        // the CTRL_BYTES of both kinds of FIFO, live as long as self; kernels write it over
+        // PCIe, so it is read through atomics.
+        unsafe { AtomicU64::from_ptr(self.ctrl.add(MSCCLPP_FIFO_RECORD_WORD + i)) }
+    }
+
+    /// The kernels' wait record, if it can be read consistently now: None while a kernel is
+    /// writing it (try again later). Sequence lock: the writer makes SEQ odd, writes, makes
+    /// it even again (include/mscclpp/device.h, `WaitWatch`).
+    pub fn wait_record(&self) -> Option<WaitRecord> {
+        // Acquire pairs with the kernel's system-scope fence before its even SEQ store: the
+        // fields of that write are visible to the loads below.
+        let s1 = self.record_word(MSCCLPP_RECORD_SEQ).load(Ordering::Acquire);
+        if s1 % 2 == 1 {
+            return None;
+        }
+        let mut w = [0u64; 8];
+        for (i, x) in w.iter_mut().enumerate().skip(1) {
+            // Relaxed: validated by the second SEQ load below.
+            *x = self.record_word(i).load(Ordering::Relaxed);
+        }
+        // Acquire fence: the field loads above happen before the SEQ reload below, so an
+        // unchanged SEQ proves no write overlapped them (pairs with the kernel's fence after
+        // its odd SEQ store).
+        std::sync::atomic::fence(Ordering::Acquire);
+        let s2 = self.record_word(MSCCLPP_RECORD_SEQ).load(Ordering::Relaxed);
+        if s2 != s1 {
+            return None;
+        }
+        w[MSCCLPP_RECORD_SEQ] = s1;
+        Some(WaitRecord::from_words(w))
+    }
+
+    /// Tests: queues `w` as a producer would (an empty FIFO: no wait for room).
+    #[cfg(test)]
+    pub(crate) fn push_for_test(&self, w: [u64; 2]) {
+        // SAFETY: the head counter of this live FIFO, touched only atomically.
+        let h = unsafe { AtomicU64::from_ptr(self.head) }.fetch_add(1, Ordering::Relaxed);
+        let (w0, w1) = self.slot_words(h);
+        w1.store(w[1], Ordering::Relaxed);
+        // Release pairs with `peek`'s Acquire load of word0.
+        w0.store(w[0], Ordering::Release);
+    }
+
+    /// Tests: writes the record as a kernel would (SEQ odd, fields, SEQ = `w[SEQ]`).
+    #[cfg(test)]
+    pub(crate) fn write_record_for_test(&self, w: [u64; 8]) {
+        let seq = self.record_word(MSCCLPP_RECORD_SEQ);
+        seq.store(w[MSCCLPP_RECORD_SEQ] | 1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        for (i, x) in w.iter().enumerate().skip(1) {
+            self.record_word(i).store(*x, Ordering::Relaxed);
+        }
+        seq.store(w[MSCCLPP_RECORD_SEQ], Ordering::Release);
+    }
+
     fn slot_words(&self, idx: u64) -> (&AtomicU64, &AtomicU64) {
         // SAFETY: idx % SIZE is within the SIZE slots; each slot is 16-byte aligned and lives as
         // long as self. Producers write these words too, hence atomics.
@@ -307,6 +535,16 @@ impl Fifo {
     }
 }
 
+/// The device wait bounds a CUDA FIFO's kernels read (`MSCCLPP_FIFO_DEV_WARN_NS`,
+/// `..._LIMIT_NS`): the wait timeout, and the device wait timeout (0: none), in ns.
+fn device_wait_bounds_ns() -> (u64, u64) {
+    let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    (
+        ns(crate::config::wait_timeout()),
+        crate::config::device_wait_timeout().map_or(0, ns),
+    )
+}
+
 impl Drop for Fifo {
     fn drop(&mut self) {
         if !matches!(self._mem, FifoMem::Host { .. }) {
@@ -320,18 +558,182 @@ impl Drop for Fifo {
 mod tests {
     use super::*;
 
+    fn trigger(ty: u64, dst_off: u64, src_off: u64, size: u64, conn_id: usize) -> Trigger {
+        Trigger {
+            ty,
+            dst_off,
+            src_off,
+            size,
+            conn_id,
+        }
+    }
+
     #[test]
     fn trigger_roundtrip() {
-        let t = Trigger {
-            ty: mscclppData | mscclppFlag,
-            dst_off: 0xdead_beef,
-            src_off: 0x1234_5678,
-            size: 0xffff_ffff,
-            conn_id: 1023,
-        };
-        assert_eq!(Trigger::decode(t.encode()), t);
+        let t = trigger(
+            mscclppData | mscclppFlag,
+            0xdead_beef,
+            0x1234_5678,
+            0xffff_ffff,
+            1023,
+        );
+        assert_eq!(Trigger::decode(t.encode()), Ok(t));
         let w = t.encode();
         assert_eq!(w[0], 0x1234_5678_ffff_ffff);
         assert_eq!(w[1] >> 42, 3);
+    }
+
+    #[test]
+    fn the_2023_layout_decodes_as_before() {
+        // A trigger with offsets below 2^32 sets no bit above the type: what a kernel built
+        // against the 2023 encoding writes is read the same way.
+        let t = trigger(mscclppData | mscclppSync, 0xffff_ffff, 0xffff_fffe, 7, 5);
+        let w = t.encode();
+        assert_eq!(w[1] >> MSCCLPP_TRIGGER_SRC_HIGH_SHIFT, 0);
+        assert_eq!(w[0], 7 | 0xffff_fffe << 32);
+        assert_eq!(w[1], 0xffff_ffff | 5 << 32 | 5 << 42);
+    }
+
+    #[test]
+    fn roundtrip_at_the_limits_and_word0_is_never_zero() {
+        let max_off = MSCCLPP_TRIGGER_MAX_END - 1;
+        let offs = [
+            0,
+            1,
+            0xffff_ffff,
+            1 << 32,
+            (1 << 32) + 8192,
+            0xff_0000_0000,
+            max_off - 1,
+            max_off,
+        ];
+        let sizes = [1, 2, 4096, MSCCLPP_TRIGGER_CHUNK, MSCCLPP_TRIGGER_SIZE_MASK];
+        let types = [1, 2, 3, 4, 5, 6, 7];
+        let mut n = 0;
+        for &dst in &offs {
+            for &src in &offs {
+                for &size in &sizes {
+                    for &ty in &types {
+                        for conn in [0usize, 1, 1023] {
+                            assert_eq!(trigger_refusal(dst, src, size), None);
+                            let t = trigger(ty, dst, src, size, conn);
+                            let w = t.encode();
+                            assert_ne!(w[0], 0, "{t:?} encodes as an empty slot");
+                            assert_ne!(w[1], 0, "{t:?}: word1 0 reads as not yet written");
+                            assert_eq!(Trigger::decode(w), Ok(t));
+                            n += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(n > 5000);
+        // The size whose low 32 bits are 0 that wedged the 2023 FIFO is never one trigger.
+        assert!(trigger_refusal(0, 0, 1 << 32).is_some());
+    }
+
+    #[test]
+    fn values_past_the_limits_are_refused_never_wrapped() {
+        let end = MSCCLPP_TRIGGER_MAX_END;
+        for (dst, src, size, what, value) in [
+            (0, 0, 0, MSCCLPP_REFUSED_ZERO_SIZE, 0),
+            (0, 0, 1 << 32, MSCCLPP_REFUSED_SIZE, 1 << 32),
+            (0, 0, u64::MAX, MSCCLPP_REFUSED_SIZE, u64::MAX),
+            (0, end, 1, MSCCLPP_REFUSED_SRC_OFFSET, end),
+            (end, 0, 1, MSCCLPP_REFUSED_DST_OFFSET, end),
+            (u64::MAX, 0, 1, MSCCLPP_REFUSED_DST_OFFSET, u64::MAX),
+        ] {
+            assert_eq!(trigger_refusal(dst, src, size), Some((what, value)));
+            // What a producer queues instead: never an empty slot, decoded as the refusal.
+            let w = trigger_encode_refused(what, value, 9);
+            assert_ne!(w[0], 0);
+            let r = Trigger::decode(w).unwrap_err();
+            assert_eq!((r.conn_id, r.what), (9, what));
+            assert_eq!(r.value, value.max(1));
+            assert!(!r.describe().contains("unknown"), "{}", r.describe());
+        }
+        // Reserved bits (61, 62) make a type the proxy refuses.
+        let mut w = trigger(mscclppData, 0, 0, 1, 0).encode();
+        w[1] |= 1 << 61;
+        assert!(Trigger::decode(w).unwrap().ty > MSCCLPP_TRIGGER_TYPE_MASK);
+    }
+
+    #[test]
+    fn large_puts_split_into_chunks_with_the_flag_on_the_last() {
+        let gib = 1u64 << 30;
+        let ty = mscclppData | mscclppFlag | mscclppSync;
+        let all: Vec<Trigger> = put_triggers(ty, 4 * gib + 8192, 0, 4 * gib + 4096, 2)
+            .unwrap()
+            .collect();
+        assert_eq!(
+            all,
+            vec![
+                trigger(mscclppData, 4 * gib + 8192, 0, 2 * gib, 2),
+                trigger(ty, 6 * gib + 8192, 2 * gib, 2 * gib + 4096, 2),
+            ]
+        );
+        // Exactly 2^32 bytes: two chunks, no trigger of size 0 and no empty word0.
+        let two: Vec<Trigger> = put_triggers(ty, 0, 0, 1 << 32, 0).unwrap().collect();
+        assert_eq!(two.len(), 2);
+        assert_eq!(two.iter().map(|t| t.size).sum::<u64>(), 1 << 32);
+        assert_eq!(two[1].ty, ty);
+        assert!(two.iter().all(|t| t.encode()[0] != 0));
+        // Up to 2^32 - 1 bytes: one trigger.
+        let one: Vec<Trigger> = put_triggers(ty, 1, 2, MSCCLPP_TRIGGER_SIZE_MASK, 0)
+            .unwrap()
+            .collect();
+        assert_eq!(one, vec![trigger(ty, 1, 2, MSCCLPP_TRIGGER_SIZE_MASK, 0)]);
+        // Every byte of a put that ends exactly at 2^40 is carried; one byte more is refused
+        // as a whole, whichever side passes the limit.
+        let end = MSCCLPP_TRIGGER_MAX_END;
+        let size = 5 * gib + 3;
+        let t: Vec<Trigger> = put_triggers(ty, end - size, 0, size, 0).unwrap().collect();
+        assert_eq!(t.iter().map(|t| t.size).sum::<u64>(), size);
+        assert_eq!(t.last().map(|t| t.dst_off + t.size), Some(end));
+        for (dst, src) in [(end - size + 1, 0), (0, end - size + 1)] {
+            let r = put_triggers(ty, dst, src, size, 0).unwrap_err();
+            assert_eq!((r.what, r.value), (MSCCLPP_REFUSED_SIZE, size));
+        }
+        assert_eq!(
+            put_triggers(ty, 0, 0, 0, 0).unwrap_err().what,
+            MSCCLPP_REFUSED_ZERO_SIZE
+        );
+    }
+
+    #[test]
+    fn wait_record_reads_what_a_kernel_wrote_and_not_a_write_in_progress() {
+        let f = Fifo::new_host().unwrap();
+        assert_eq!(
+            f.wait_record().map(|r| r.state),
+            Some(0),
+            "a new FIFO has none"
+        );
+        let mut w = [0u64; 8];
+        w[MSCCLPP_RECORD_SEQ] = 2;
+        w[MSCCLPP_RECORD_STATE] = MSCCLPP_RECORD_PENDING;
+        w[MSCCLPP_RECORD_WHAT] = MSCCLPP_WAIT_OP_WAIT | 3 << 32;
+        w[MSCCLPP_RECORD_WANTED] = 18;
+        w[MSCCLPP_RECORD_SEEN] = 17;
+        w[MSCCLPP_RECORD_HEAD] = 40;
+        w[MSCCLPP_RECORD_WAITED_NS] = 2_000_000_123;
+        f.write_record_for_test(w);
+        assert_eq!(
+            f.wait_record(),
+            Some(WaitRecord {
+                seq: 2,
+                state: MSCCLPP_RECORD_PENDING,
+                op: MSCCLPP_WAIT_OP_WAIT,
+                conn_id: 3,
+                wanted: 18,
+                seen: 17,
+                head: 40,
+                waited: std::time::Duration::from_nanos(2_000_000_123),
+                others_expired: false,
+            })
+        );
+        // An odd SEQ: the kernel is writing it; not read until it is even again.
+        f.record_word(MSCCLPP_RECORD_SEQ)
+            .store(3, Ordering::Relaxed);
+        assert_eq!(f.wait_record(), None);
     }
 }

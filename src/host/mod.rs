@@ -33,11 +33,11 @@ impl Conn {
     /// `put()`: queues a copy of `size` bytes from `localBuff + src` to the peer's buffer at
     /// `dst`. Non-blocking; the source must not change until `flush`.
     pub fn put(&self, dst: u64, src: u64, size: u64) -> Result<()> {
-        check_put(dst, src, size)?;
+        let triggers = self.put_triggers(mscclppData, dst, src, size)?;
         if self.direct_put(dst, src, size, false) {
             return Ok(());
         }
-        self.push(mscclppData, dst, src, size).map(|_| ())
+        self.push_all(triggers).map(|_| ())
     }
 
     /// `signal()`: the peer's `wait` returns once every earlier put on this connection arrived.
@@ -55,24 +55,25 @@ impl Conn {
 
     /// `putWithSignal()`: a put followed by a signal, in one trigger.
     pub fn put_with_signal(&self, dst: u64, src: u64, size: u64) -> Result<()> {
-        check_put(dst, src, size)?;
+        let triggers = self.put_triggers(mscclppData | mscclppFlag, dst, src, size)?;
         self.epoch_increment();
         if self.direct_put(dst, src, size, true) {
             return Ok(());
         }
-        self.push(mscclppData | mscclppFlag, dst, src, size)
-            .map(|_| ())
+        self.push_all(triggers).map(|_| ())
     }
 
     /// `putWithSignalAndFlush()`: put, signal, and wait until both have completed.
     pub fn put_with_signal_and_flush(&self, dst: u64, src: u64, size: u64) -> Result<()> {
-        check_put(dst, src, size)?;
+        let triggers =
+            self.put_triggers(mscclppData | mscclppFlag | mscclppSync, dst, src, size)?;
         self.epoch_increment();
         // Inline, the flush still waits until the peer applied it (flush means "arrived").
         if self.direct_put(dst, src, size, true) {
             return self.flush();
         }
-        let h = self.push(mscclppData | mscclppFlag | mscclppSync, dst, src, size)?;
+        // The last trigger carries the Sync: retiring it proves the earlier chunks done.
+        let h = self.push_all(triggers)?;
         self.wait_retired(h)
     }
 
@@ -137,6 +138,30 @@ impl Conn {
         unsafe { host_push(&self.0.fifo, w) }
     }
 
+    /// The triggers of a put (several for one over 4 GiB, the last with `ty`'s Flag and
+    /// Sync), or the refusal of one no trigger can carry (0 bytes, or past 2^40 bytes into a
+    /// buffer), checked before anything is queued. The same rule as the kernels' put
+    /// (`fifo::put_triggers`).
+    fn put_triggers(&self, ty: u64, dst: u64, src: u64, size: u64) -> Result<fifo::PutTriggers> {
+        fifo::put_triggers(ty, dst, src, size, self.0.fifo.connId as usize).map_err(|r| {
+            Error::invalid_arg(format!(
+                "put to rank {} refused: {}",
+                self.0.remoteRank,
+                r.describe()
+            ))
+        })
+    }
+
+    /// Pushes every trigger of one put in order; returns the last one's ticket. A push that
+    /// fails part-way leaves the chunks before it queued.
+    fn push_all(&self, triggers: fifo::PutTriggers) -> Result<u64> {
+        let mut last = None;
+        for t in triggers {
+            last = Some(self.push(t.ty, t.dst_off, t.src_off, t.size)?);
+        }
+        last.ok_or_else(|| Error::internal("a put with no trigger"))
+    }
+
     fn wait_retired(&self, h: u64) -> Result<()> {
         // SAFETY: as in `push`.
         unsafe { host_wait_retired(&self.0.fifo, h) }
@@ -151,16 +176,67 @@ impl Conn {
     }
 }
 
-fn check_put(dst: u64, src: u64, size: u64) -> Result<()> {
-    if size == 0 {
-        return Err(Error::invalid_arg("put of 0 bytes"));
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fifo::{Fifo, Trigger};
+
+    /// A connection on a host FIFO with no consumer: what its calls queue stays in the FIFO.
+    fn conn(f: &Fifo, epoch: &mut mscclppDevConnSignalEpochId, wait: &mut u64) -> Conn {
+        Conn::new(mscclppDevConn {
+            remoteRank: 1,
+            tag: 0,
+            localBuff: std::ptr::null_mut(),
+            localSignalEpochId: epoch,
+            remoteSignalEpochId: std::ptr::null_mut(),
+            waitEpochId: wait,
+            remoteBuff: std::ptr::null_mut(),
+            fifo: f.producer_view(4),
+        })
+        .unwrap()
     }
-    for (what, v) in [("dstOffset", dst), ("srcOffset", src), ("size", size)] {
-        if v > MSCCLPP_TRIGGER_OFFSET_MASK {
-            return Err(Error::invalid_arg(format!(
-                "{what} {v} does not fit the trigger's 32 bits"
-            )));
+
+    fn drain(f: &mut Fifo) -> Vec<Trigger> {
+        let mut out = Vec::new();
+        while let Some(w) = f.peek() {
+            out.push(Trigger::decode(w).unwrap());
+            f.pop(false);
         }
+        out
     }
-    Ok(())
+
+    #[test]
+    fn host_puts_past_4_gib_split_and_past_2_pow_40_are_refused_whole() {
+        let mut f = Fifo::new_host().unwrap();
+        let (mut epoch, mut wait) = (mscclppDevConnSignalEpochId::default(), 0u64);
+        let c = conn(&f, &mut epoch, &mut wait);
+        let gib = 1u64 << 30;
+        c.put_with_signal(4 * gib + 8192, 0, 4 * gib + 4096)
+            .unwrap();
+        let got = drain(&mut f);
+        let sizes: Vec<u64> = got.iter().map(|t| t.size).collect();
+        assert_eq!(sizes, [2 * gib, 2 * gib + 4096]);
+        assert_eq!(got[0].ty, mscclppData);
+        assert_eq!(
+            got[1].ty,
+            mscclppData | mscclppFlag,
+            "only the last carries the flag"
+        );
+        assert_eq!((got[1].dst_off, got[1].src_off), (6 * gib + 8192, 2 * gib));
+        assert!(got.iter().all(|t| t.conn_id == 4));
+        assert_eq!(epoch.device, 1, "one signal for the whole put");
+        // Exactly 2^32 bytes, which wedged the 2023 FIFO (word0 == 0): two triggers.
+        c.put(0, 0, 1 << 32).unwrap();
+        assert_eq!(drain(&mut f).len(), 2);
+        // Refused before anything is queued or counted, naming the peer and the value.
+        for (dst, src, size) in [(1 << 40, 0, 1), (0, (1 << 40) - 4, 8), (0, 0, 0)] {
+            let e = c.put_with_signal(dst, src, size).unwrap_err();
+            assert_eq!(e.code(), mscclppResult_t::mscclppInvalidArgument, "{e}");
+            assert!(e.to_string().contains("rank 1"), "{e}");
+            assert!(f.is_empty(), "{e}");
+        }
+        assert_eq!(epoch.device, 1);
+        let e = c.put(0, 1u64 << 41, 1).unwrap_err();
+        assert!(e.to_string().contains(&(1u64 << 41).to_string()), "{e}");
+    }
 }

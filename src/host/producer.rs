@@ -113,7 +113,7 @@ mod tests {
             // SAFETY: `view` is the producer view of `f`, a live host FIFO.
             let h = unsafe { host_push(&view, t.encode()) }.unwrap();
             assert_eq!(h, round);
-            let got = Trigger::decode(f.peek().unwrap());
+            let got = Trigger::decode(f.peek().unwrap()).unwrap();
             assert_eq!(got, t);
             f.pop(false);
             assert!(f.is_empty());

@@ -10,6 +10,9 @@ use std::sync::Arc;
 /// Everything the proxy needs to act on one connection's triggers.
 #[derive(Clone, Debug)]
 pub struct ProxyConn {
+    /// Index of the connection in the communicator's `mscclppDevConn` array (what errors and
+    /// the hang report call the connection; its index on this proxy is its place in `conns`).
+    pub index: usize,
     pub remote_rank: usize,
     pub peer: PeerId,
     pub src: MrId,

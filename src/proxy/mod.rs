@@ -7,11 +7,16 @@
 //! paths (a signal stored into the peer's epoch block, a small put written into its ring of
 //! inline puts), `work.rs` one FIFO's consumer (a `service` round, trigger checks and dispatch,
 //! the wait for inline puts to be applied, the peer watch), `assist.rs` lets host threads do
-//! that work, and `thread.rs` is the proxy thread (launch, stop, idle policy).
+//! that work, `thread.rs` is the proxy thread (launch, stop, idle policy), `device_wait.rs`
+//! watches the kernels' wait record (a WARN when a wait lasts, the failure when it expired)
+//! and `pending.rs` is the shape of a pending wait.
 
 mod assist;
 mod conn;
+mod device_wait;
 mod pending;
+#[cfg(test)]
+mod tests;
 mod thread;
 mod work;
 

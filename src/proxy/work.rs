@@ -42,6 +42,8 @@ pub struct ProxyWork {
     pub(super) stop_seen: Option<Instant>,
     /// Host threads waiting on this FIFO while doing its work (host FIFOs only).
     pub(super) gate: Arc<crate::fifo::HelperGate>,
+    /// The kernels' wait record as last seen (`device_wait.rs`).
+    pub(super) watched: super::device_wait::Watched,
 }
 
 pub type SharedWork = Arc<Mutex<ProxyWork>>;
@@ -88,6 +90,7 @@ impl ProxyWork {
             rounds: 0,
             stop_seen: None,
             gate: gate.clone(),
+            watched: Default::default(),
         }));
         if let Some(head) = host_head {
             let weak: Weak<dyn crate::fifo::Assist> =
@@ -118,11 +121,13 @@ impl ProxyWork {
         if self.rounds % WATCH_EVERY == 0 && self.last_watch.elapsed() > PEER_WATCH_PERIOD {
             self.last_watch = Instant::now();
             check_peers(self)?;
+            // A kernel that has waited long says so in its record: reported here.
+            self.watch_device_wait()?;
         }
         let mut n = 0;
         while n < BATCH {
             let Some(words) = self.fifo.peek() else { break };
-            let t = Trigger::decode(words);
+            let t = Trigger::decode(words).map_err(|r| refused(self, &r))?;
             handle(self, &t)?;
             self.fifo.pop(t.ty & mscclppSync != 0);
             n += 1;
@@ -175,6 +180,14 @@ impl ProxyWork {
         Ok(Round::Idle)
     }
 
+    /// Tests: the next look at the clock finds the peer-watch period passed.
+    #[cfg(test)]
+    pub(super) fn last_watch_for_test(&mut self) {
+        self.last_watch = Instant::now()
+            .checked_sub(2 * PEER_WATCH_PERIOD)
+            .unwrap_or(self.last_watch);
+    }
+
     /// Applies the inline puts peers wrote into our rings (SHM over host memory) to our
     /// buffers: for puts that no signal follows (a waiter applies the others), and for the
     /// peers' flushes, which wait until we have. Skips a ring another consumer is draining.
@@ -222,7 +235,7 @@ const BUSY_PROGRESS_EVERY: u32 = 4;
 /// How often the proxy asks the bootstrap whether a connected peer vanished.
 const PEER_WATCH_PERIOD: Duration = Duration::from_millis(10);
 /// Rounds of `service` between two looks at the clock for that period.
-const WATCH_EVERY: u32 = 64;
+pub(super) const WATCH_EVERY: u32 = 64;
 
 /// Fails when a peer of one of this proxy's connections died (no goodbye on its bootstrap
 /// connection): the caller turns that into the sticky error and the abort word.
@@ -238,6 +251,24 @@ fn check_peers(w: &ProxyWork) -> Result<()> {
 pub(super) fn lost_peer_of(boot: &crate::bootstrap::Bootstrap, ranks: &[usize]) -> Option<String> {
     boot.lost_peer_among(ranks)
         .map(|(_, why)| format!("peer lost: {why}"))
+}
+
+/// The error for a trigger its producer refused to encode (`MSCCLPP_TRIGGER_REFUSED`): a put
+/// that no trigger can carry, reported instead of moved with wrapped offsets.
+fn refused(w: &ProxyWork, r: &crate::fifo::Refusal) -> Error {
+    let conn = match w.conns.get(r.conn_id) {
+        Some(c) => format!("connection {} (to rank {})", c.index, c.remote_rank),
+        None => format!(
+            "connection id {} (this proxy has {})",
+            r.conn_id,
+            w.conns.len()
+        ),
+    };
+    Error::invalid_arg(format!(
+        "{}: a kernel's put on {conn} was refused: {}",
+        w.name,
+        r.describe()
+    ))
 }
 
 /// Checks one trigger against the connection's registered sizes, then acts on it.

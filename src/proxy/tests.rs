@@ -1,0 +1,90 @@
+//! Tests of a proxy's consumer (`ProxyWork`) on a host FIFO, and the consumer they share.
+
+use crate::abi::*;
+use crate::error::Error;
+use crate::fifo::Fifo;
+use crate::proxy::{ProxyConn, ProxyWork, SharedEndpoint, Sticky};
+use crate::sync::lock;
+use std::sync::{Arc, Mutex};
+
+/// A consumer of a host FIFO with one connection (index 3 in the communicator, to rank 1)
+/// over a real tcp endpoint that nothing is sent through: what the consumer reads from its
+/// FIFO is what is tested.
+pub(crate) fn work() -> crate::proxy::SharedWork {
+    let ep: SharedEndpoint = Arc::new(Mutex::new(
+        crate::transport::net::open(Some("lo"), false, None).unwrap(),
+    ));
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let boot = Arc::new(
+        crate::bootstrap::Bootstrap::from_addr(&format!("127.0.0.1:{port}"), 0, 1).unwrap(),
+    );
+    let (src, dst) = {
+        let mut e = lock(&ep);
+        let buf = Box::leak(vec![0u64; 8].into_boxed_slice());
+        let region = crate::mem::Region {
+            addr: buf.as_ptr() as u64,
+            len: 64,
+            kind: crate::mem::MemKind::Host,
+        };
+        let (src, blob) = e.register(region).unwrap();
+        let addr = e.address().unwrap();
+        let peer = e.add_peer(1, &addr).unwrap();
+        (src, (peer, e.import(peer, &blob).unwrap()))
+    };
+    let w = ProxyWork::new(
+        Fifo::new_host().unwrap(),
+        ep,
+        boot,
+        Arc::new(Sticky::default()),
+        "proxy-test".into(),
+        false,
+    );
+    lock(&w).conns.push(ProxyConn {
+        index: 3,
+        remote_rank: 1,
+        peer: dst.0,
+        src,
+        local_size: 64,
+        dst: dst.1,
+        remote_size: 64,
+        remote_epoch: dst.1,
+        signals: 0,
+        direct: None,
+        outbox: None,
+        inbox: None,
+        undelivered: false,
+        regain_direct: false,
+    });
+    w
+}
+
+#[test]
+fn a_refused_trigger_fails_the_round_naming_connection_peer_and_value() {
+    let shared = work();
+    let mut w = lock(&shared);
+    // What a kernel's pushPut queues for a put at srcDataOffset 2^40 (include/mscclpp).
+    w.fifo.push_for_test(trigger_encode_refused(
+        MSCCLPP_REFUSED_SRC_OFFSET,
+        1 << 40,
+        0,
+    ));
+    let Err(e) = w.service(false, false) else {
+        panic!("the refused trigger was not reported");
+    };
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    let text = e.to_string();
+    for part in [
+        "connection 3 (to rank 1)",
+        "srcDataOffset 1099511627776",
+        "2^40",
+    ] {
+        assert!(text.contains(part), "{part:?} missing in {text}");
+    }
+    assert!(
+        !w.fifo.is_empty(),
+        "the refused trigger stays, as any failed trigger"
+    );
+}
