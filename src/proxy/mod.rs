@@ -7,15 +7,19 @@
 //! paths (a signal stored into the peer's epoch block, a small put written into its ring of
 //! inline puts), `work.rs` one FIFO's consumer (a `service` round, trigger checks and dispatch,
 //! the wait for inline puts to be applied, the peer watch), `assist.rs` lets host threads do
-//! that work, and `thread.rs` is the proxy thread (launch, stop, idle policy).
+//! that work, `thread.rs` is the proxy thread (launch, stop, idle policy), `pending.rs` what a
+//! blocked waiter waits for, and `hang.rs` the requests for a hang report made below the
+//! layer that writes it.
 
 mod assist;
 mod conn;
+mod hang;
 mod pending;
 mod thread;
 mod work;
 
 pub use conn::{DirectEpoch, ProxyConn};
+pub use hang::{request_hang_report, set_reporter_wake, take_hang_requests, wake_reporter};
 pub use pending::{PendingWait, WaitOp};
 pub use thread::{launch, Running};
 pub use work::{ProxyWork, SharedEndpoint, SharedWork};

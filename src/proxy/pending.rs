@@ -31,3 +31,15 @@ pub struct PendingWait {
     /// True for a kernel's wait (read from device-written memory), false for a host thread.
     pub device: bool,
 }
+
+impl super::ProxyWork {
+    /// The waits this FIFO's kernels are blocked in, read from the record the device methods
+    /// keep (connection, operation, count wanted and count seen), for the hang report. Here
+    /// `conn` is the connection's id in this FIFO (`ProxyWork::conns`); the report maps it to
+    /// the communicator's index.
+    ///
+    /// Hook: returns none until kernels keep such a record (the device wait timeout's work).
+    pub fn device_pending_waits(&self) -> Vec<PendingWait> {
+        Vec::new()
+    }
+}
