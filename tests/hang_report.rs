@@ -409,3 +409,80 @@ fn sigusr1_tcp() {
 fn sigusr1_shm() {
     sigusr1("sigusr1_shm", "shm");
 }
+
+// ---- the periodic report ------------------------------------------------------------------
+
+/// `MSCCLPP_HANG_REPORT=1`: two ranks deadlocked with a long wait timeout. Within seconds each
+/// writes a report of its own accord, naming the cycle while both waits are still pending; a
+/// thread of rank 0 that watches its log then signals rank 1, which releases both, and they
+/// finish normally. The quick waits of a ping-pong before never made a report.
+#[test]
+fn periodic_report_tcp() {
+    const NAME: &str = "periodic_report_tcp";
+    if is_rank(NAME) {
+        capture_logs();
+        let e = env();
+        let mut buf = vec![0u8; 64];
+        let c = connected_pair(&e, 0, &mut buf);
+        let d = &mut dev_conns(c)[0];
+        for _ in 0..50 {
+            if e.rank == 0 {
+                signal(d);
+                wait(d);
+            } else {
+                wait(d);
+                signal(d);
+            }
+        }
+        assert!(
+            !logged().iter().any(|l| l.contains("hang report")),
+            "a report while nothing waited long"
+        );
+        let releaser = (e.rank == 0).then(|| {
+            let dc = *d;
+            struct Conn(mscclpp::abi::mscclppDevConn);
+            // SAFETY: the connection's memory lives until `finish`, after the join below.
+            unsafe impl Send for Conn {}
+            let conn = Conn(dc);
+            std::thread::spawn(move || {
+                let mut conn = conn;
+                report_with("cycle 0 -> 1 -> 0", Duration::from_secs(30));
+                signal(&mut conn.0);
+            })
+        });
+        // Both wait: a deadlock until rank 0's thread signals.
+        wait(d);
+        if e.rank == 1 {
+            signal(d);
+        }
+        if let Some(t) = releaser {
+            t.join().unwrap();
+        }
+        if e.rank == 0 {
+            let lines = report_with("cycle 0 -> 1 -> 0", Duration::ZERO);
+            line_with(
+                &lines,
+                "(a wait has lasted 1s (MSCCLPP_HANG_REPORT))",
+                &["2 of 2 ranks answered", "1 cycle(s)"],
+            );
+            let l = line_with(
+                &lines,
+                "cycle 0 -> 1 -> 0",
+                &[
+                    "rank 0 waits for signal 51 from rank 1 (has 50)",
+                    "rank 1 waits for signal 51 from rank 0 (has 50)",
+                ],
+            );
+            assert!(!l.contains("timed out"), "{l}");
+        }
+        finish(c);
+        return;
+    }
+    let dir = Dir::new(NAME);
+    let env = vec![
+        ("MSCCLPP_WAIT_TIMEOUT", "30".to_string()),
+        ("MSCCLPP_HANG_REPORT", "1".to_string()),
+    ];
+    let mut ranks = start(NAME, "tcp", &dir, &[env.clone(), env]);
+    assert_eq!(wait_all(&mut ranks), vec![Some(0), Some(0)]);
+}

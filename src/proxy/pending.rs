@@ -39,6 +39,9 @@ impl super::ProxyWork {
     /// the communicator's index.
     ///
     /// Hook: returns none until kernels keep such a record (the device wait timeout's work).
+    /// That work also asks for the report when it finds a kernel's wait older than the host
+    /// wait timeout: `super::request_hang_report(self.fifo.producer_view(0).triggerFifoHead
+    /// as usize, why)` (the head names the communicator; the request never blocks).
     pub fn device_pending_waits(&self) -> Vec<PendingWait> {
         Vec::new()
     }

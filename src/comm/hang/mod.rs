@@ -168,7 +168,8 @@ fn run(rfd: i32) {
             events: libc::POLLIN,
             revents: 0,
         };
-        let ms = wait.map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32 + 1);
+        // Rounded up, so that the tick is not polled for in a loop of zero timeouts.
+        let ms = wait.map_or(-1, |d| d.as_millis().min(i32::MAX as u128 - 1) as i32 + 1);
         // SAFETY: one valid pollfd. EINTR and errors only end this round early.
         unsafe { libc::poll(&mut fd, 1, ms) };
         let mut b = [0u8; 64];
