@@ -23,6 +23,7 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_WAIT_TIMEOUT",
     "MSCCLPP_DEVICE_WAIT_TIMEOUT",
     "MSCCLPP_WAIT_MODE",
+    "MSCCLPP_HANG_REPORT",
     "MSCCLPP_DISABLE_CUDA",
     "MSCCLPP_NET_PROVIDER",
     "FI_PROVIDER",
@@ -169,6 +170,30 @@ pub enum WaitMode {
     Sleep,
 }
 
+/// When the library writes a hang report (`MSCCLPP_HANG_REPORT`; `comm::hang`): the pending
+/// waits and signal counts of every rank of a communicator, combined into one summary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HangReport {
+    /// When a host wait times out (or the proxy reports a kernel's wait past the timeout).
+    pub on_timeout: bool,
+    /// On `SIGUSR1` (a handler is installed with the first communicator, chaining any handler
+    /// the program had; see `comm::hang::signal`).
+    pub on_signal: bool,
+    /// Every this often, by each rank that has had a wait pending for at least as long.
+    pub every: Option<Duration>,
+}
+
+impl Default for HangReport {
+    /// `signal`: on timeouts and on `SIGUSR1`, nothing periodic.
+    fn default() -> Self {
+        HangReport {
+            on_timeout: true,
+            on_signal: true,
+            every: None,
+        }
+    }
+}
+
 /// What an `ibDev` name resolved to (`NetConfig::map_ibdev`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum IbDev {
@@ -293,6 +318,10 @@ pub struct Config {
     pub device_wait_timeout: Option<Duration>,
     /// `MSCCLPP_WAIT_MODE`: how waits that last spend their time (see [`WaitMode`]).
     pub wait_mode: WaitMode,
+    /// `MSCCLPP_HANG_REPORT`: `signal` (default: on timeouts and `SIGUSR1`), `timeout` (on
+    /// timeouts only: no signal handler), `off`, or seconds (as `signal`, and every so often
+    /// while a wait lasts that long).
+    pub hang_report: HangReport,
     /// `MSCCLPP_SOCKET_IFNAME`: interfaces for the unique id's root address.
     pub socket_ifname: Option<String>,
     /// `MSCCLPP_BOOTSTRAP_SECRET`: a secret every rank of an `ip:port` communicator shares,
@@ -441,6 +470,41 @@ impl Reader<'_> {
     }
 }
 
+/// `MSCCLPP_HANG_REPORT`: `signal`, `timeout`, `off`, or seconds > 0 (at least 1).
+fn hang_report(r: &mut Reader<'_>) -> HangReport {
+    const NAME: &str = "MSCCLPP_HANG_REPORT";
+    let d = HangReport::default();
+    let Some(s) = r.text(NAME) else { return d };
+    match s.to_ascii_lowercase().as_str() {
+        "signal" => d,
+        "timeout" => HangReport {
+            on_signal: false,
+            ..d
+        },
+        "off" | "0" => HangReport {
+            on_timeout: false,
+            on_signal: false,
+            every: None,
+        },
+        _ => match parse_secs(&s) {
+            // A report every few milliseconds would be all the log says.
+            Some(t) => HangReport {
+                every: Some(t.max(Duration::from_secs(1))),
+                ..d
+            },
+            None => {
+                r.bad(
+                    NAME,
+                    &s,
+                    "signal, timeout, off or a number of seconds",
+                    "signal",
+                );
+                d
+            }
+        },
+    }
+}
+
 /// Parses seconds > 0 (fractions allowed), capped at [`MAX_TIMEOUT`].
 pub fn parse_secs(s: &str) -> Option<Duration> {
     let v: f64 = s.trim().parse().ok()?;
@@ -581,6 +645,7 @@ impl Config {
                 Some("sleep") => WaitMode::Sleep,
                 _ => WaitMode::Auto,
             },
+            hang_report: hang_report(&mut r),
             socket_ifname: r.text("MSCCLPP_SOCKET_IFNAME"),
             bootstrap_secret: r.text("MSCCLPP_BOOTSTRAP_SECRET"),
             bootstrap_quota: r
@@ -679,6 +744,7 @@ mod tests {
         assert!(c.net.delivery_complete && c.net.hmem == Hmem::Auto && !c.net.force_staging);
         assert_eq!((c.bootstrap_timeout, c.wait_timeout), (None, None));
         assert_eq!(c.device_wait_timeout, Some(DEFAULT_DEVICE_WAIT_TIMEOUT));
+        assert_eq!(c.hang_report, HangReport::default());
     }
 
     #[test]
@@ -707,6 +773,35 @@ mod tests {
                 c.problems
             );
         }
+    }
+
+    #[test]
+    fn hang_report_values() {
+        let h = |v: &str| with(&[("MSCCLPP_HANG_REPORT", v)]);
+        let on = HangReport::default();
+        assert!(on.on_timeout && on.on_signal && on.every.is_none());
+        assert_eq!(h("SIGNAL").hang_report, on);
+        assert_eq!(
+            h("timeout").hang_report,
+            HangReport {
+                on_signal: false,
+                ..on
+            }
+        );
+        for off in ["off", "0"] {
+            let c = h(off).hang_report;
+            assert!(!c.on_timeout && !c.on_signal && c.every.is_none(), "{off}");
+        }
+        assert_eq!(h("30").hang_report.every, Some(Duration::from_secs(30)));
+        assert_eq!(h("0.01").hang_report.every, Some(Duration::from_secs(1)));
+        let bad = h("often");
+        assert_eq!(bad.hang_report, on);
+        assert!(
+            bad.problems[0].contains("MSCCLPP_HANG_REPORT")
+                && bad.problems[0].contains("using signal"),
+            "{:?}",
+            bad.problems
+        );
     }
 
     #[test]

@@ -42,6 +42,8 @@ const ALL: &[Kind] = &[
     Kind::Coll,
     Kind::Watch,
     Kind::Bye,
+    Kind::ReportAsk,
+    Kind::Report,
 ];
 
 /// Byte-level mutations of a valid message: flips, a cut, an extension.

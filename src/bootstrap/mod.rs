@@ -23,8 +23,9 @@
 //!
 //! [`Bootstrap`]'s methods, by role: `join.rs` (the rendezvous), `messages.rs` (tagged send and
 //! receive, and the connections every frame goes out on), `collective.rs` (all-gather,
-//! barrier), `watch.rs` (the peer-death watch), `teardown.rs` (the sticky failure and its
-//! `Abort`s, goodbye on drop).
+//! barrier), `watch.rs` (the peer-death watch), `report.rs` (hang reports: asking every rank,
+//! answered by its mailbox thread), `teardown.rs` (the sticky failure and its `Abort`s,
+//! goodbye on drop).
 
 mod addr;
 mod collective;
@@ -36,6 +37,7 @@ mod join;
 mod mailbox;
 mod messages;
 mod net;
+mod report;
 mod root;
 mod teardown;
 mod watch;
@@ -44,6 +46,8 @@ use crate::abi::MSCCLPP_UNIQUE_ID_BYTES;
 use crate::error::{Error, Result};
 use frame::MAX_RANKS;
 use mailbox::Mailbox;
+pub use mailbox::ReportSource;
+pub use report::Answer;
 use std::net::{SocketAddr, SocketAddrV6, TcpListener, TcpStream};
 use std::sync::Mutex;
 use std::time::Duration;

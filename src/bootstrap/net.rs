@@ -178,6 +178,30 @@ pub(crate) fn pollfd(fd: &impl AsRawFd) -> libc::pollfd {
     }
 }
 
+/// As [`read_some`], without blocking even on a socket in blocking mode (`MSG_DONTWAIT`): for
+/// the reader's copy of an outgoing connection, whose mode the sending side sets.
+pub(crate) fn read_nowait(s: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    // Ends: first non-EINTR result.
+    loop {
+        // SAFETY: `buf` is writable for its length; the descriptor is open while `s` lives.
+        let n = unsafe {
+            libc::recv(
+                s.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Reads what is available without blocking: Ok(0) is EOF, WouldBlock means nothing yet.
 pub(crate) fn read_some(s: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     // Ends: first non-EINTR result.

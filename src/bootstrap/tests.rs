@@ -420,3 +420,62 @@ fn a_connection_to_itself_is_told_apart() {
     let (accepted, _) = l.accept().unwrap();
     assert!(!net::connected_to_itself(&accepted));
 }
+
+/// Three ranks: rank 0 asks the others for their hang reports while nobody calls anything on
+/// them (their mailbox threads answer); a late answer to an earlier request is not taken for
+/// the answer to a later one; a rank that said goodbye is named as gone.
+#[test]
+fn hang_reports_are_answered_by_the_mailbox_thread() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let (a1, a2) = (addr.clone(), addr.clone());
+    let h1 = std::thread::spawn(move || Bootstrap::from_addr(&a1, 1, 3).unwrap());
+    let h2 = std::thread::spawn(move || Bootstrap::from_addr(&a2, 2, 3).unwrap());
+    let b0 = Bootstrap::from_addr(&addr, 0, 3).unwrap();
+    let (b1, b2) = (h1.join().unwrap(), h2.join().unwrap());
+    // Rank 1 has no source yet: an empty report. Rank 2 is slow the first time it is asked
+    // (a source must not block; this one does, to make an answer arrive late).
+    let asked = Arc::new(AtomicU64::new(0));
+    let n = asked.clone();
+    b2.set_report_source(Some(Arc::new(move || {
+        let i = n.fetch_add(1, Ordering::Relaxed);
+        if i == 0 {
+            std::thread::sleep(Duration::from_millis(600));
+        }
+        format!("rank 2, answer {i}").into_bytes()
+    })));
+    let got = b0.gather_reports(Duration::from_millis(200));
+    assert_eq!(got[0], (1, Ok(Vec::new())));
+    let (p, a) = &got[1];
+    assert_eq!(*p, 2);
+    let why = a.as_ref().unwrap_err();
+    assert!(why.contains("not within 200ms"), "{why}");
+    b1.set_report_source(Some(Arc::new(|| b"rank 1".to_vec())));
+    // Ends once rank 2's first answer has been sent (and dropped by rank 0's reader).
+    let t = Instant::now();
+    while asked.load(Ordering::Relaxed) == 0 {
+        assert!(t.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let got = b0.gather_reports(Duration::from_secs(10));
+    assert_eq!(
+        got,
+        vec![
+            (1, Ok(b"rank 1".to_vec())),
+            (2, Ok(b"rank 2, answer 1".to_vec()))
+        ]
+    );
+    drop(b2);
+    let got = b0.gather_reports(Duration::from_secs(10));
+    assert_eq!(got[0], (1, Ok(b"rank 1".to_vec())));
+    let why = got[1].1.as_ref().unwrap_err();
+    assert!(why.contains("rank 2") && why.contains("goodbye"), "{why}");
+    assert!(b0.lost_peers().is_empty(), "a goodbye is not a loss");
+    drop((b0, b1));
+}

@@ -4,11 +4,13 @@
 //! Files by role: this one holds the state and the calls made before and after setup
 //! (declaring connections, handing out device connections, starting and stopping proxies);
 //! `setup.rs` establishes connections, `buffers.rs` registered buffers, `teardown.rs` stops
-//! and releases everything, `blob.rs` is the setup envelope sent to peers. Nothing here asks
-//! what kind a transport is: the transport answers (`transport::Caps`, `Endpoint::epoch_block`).
+//! and releases everything, `blob.rs` is the setup envelope sent to peers, `hang/` the hang
+//! report (every rank's pending waits and signal counts, combined). Nothing here asks what
+//! kind a transport is: the transport answers (`transport::Caps`, `Endpoint::epoch_block`).
 
 mod blob;
 mod buffers;
+pub mod hang;
 mod setup;
 mod teardown;
 
@@ -90,6 +92,8 @@ pub struct Comm {
     sticky: Arc<Sticky>,
     registered: Vec<Registered>,
     proxies_running: bool,
+    /// What this rank's hang report is read from, once connections are set up.
+    hang: Option<Arc<hang::Source>>,
 }
 
 // SAFETY: the raw pointers inside `dev_conns` and slots point to memory the Comm owns; the C API
@@ -115,6 +119,7 @@ impl Comm {
             sticky: Arc::new(Sticky::default()),
             registered: Vec::new(),
             proxies_running: false,
+            hang: None,
         }
     }
 

@@ -79,6 +79,7 @@ impl Comm {
         // is noticed by the proxies, which abort every wait on this communicator.
         let peers: Vec<usize> = self.conns.iter().map(|c| c.remote_rank).collect();
         self.boot.watch_peers(&peers)?;
+        self.hang = Some(super::hang::open(self.hang_source()));
         crate::info!(
             "rank {}: {} connections set up over {} endpoints",
             self.rank(),
@@ -310,6 +311,47 @@ impl Comm {
             inbox,
         });
         Ok(has_inline)
+    }
+
+    /// What this rank's hang report reads: per connection, its peer, tag, proxy slot and id
+    /// there, and its epoch block where the host can read it; per slot, its FIFO and proxy.
+    fn hang_source(&self) -> super::hang::Source {
+        use super::hang::{weak_work, ConnView, SlotView, Source};
+        let conns = self
+            .conns
+            .iter()
+            .zip(&self.dev_conns)
+            .map(|(c, d)| ConnView {
+                remote_rank: c.remote_rank,
+                tag: c.tag,
+                slot: c.slot,
+                conn_id: d.fifo.connId as usize,
+                epoch: c._epoch.host_ptr().map(|p| p as *const u64),
+            })
+            .collect();
+        let slots = self
+            .slots
+            .iter()
+            .map(|s| {
+                let v = lock(&s.work).fifo.producer_view(0);
+                SlotView {
+                    head: v.triggerFifoHead as usize,
+                    tail: v.triggerFifoTail,
+                    work: weak_work(&s.work),
+                }
+            })
+            .collect();
+        Source {
+            rank: self.rank(),
+            nranks: self.nranks(),
+            boot: Arc::downgrade(&self.boot),
+            conns,
+            slots,
+            alive: std::sync::RwLock::new(true),
+            busy: Mutex::new(()),
+            wanted: Mutex::new(None),
+            written: Default::default(),
+        }
     }
 
     /// Step 3: an acknowledgement to and from every peer of every connection.

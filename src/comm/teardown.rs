@@ -90,6 +90,12 @@ impl Comm {
 
 impl Drop for Comm {
     fn drop(&mut self) {
+        // First, while everything it reads still lives: a hang report still wanted is written
+        // (a program that destroys its communicator after a timeout sees it), and the report's
+        // source is closed.
+        if let Some(h) = self.hang.take() {
+            super::hang::close(&h);
+        }
         // Producers still spinning on our FIFOs must stop; proxies drain, then endpoints close
         // (their registrations before the endpoint), then FIFOs and epoch memory go.
         for s in &self.slots {

@@ -4,8 +4,10 @@
 //! `MSCCLPP_WAIT_TIMEOUT` and ended by the communicator's abort word.
 //!
 //! Files: this one is the API (`Conn`); `producer.rs` pushes triggers and waits for their
-//! retirement; `spin.rs` is how every host wait waits (and helps the proxy meanwhile).
+//! retirement; `spin.rs` is how every host wait waits (and helps the proxy meanwhile);
+//! `pending.rs` lists the waits that last, for the hang report.
 
+pub mod pending;
 mod producer;
 mod spin;
 
@@ -97,7 +99,12 @@ impl Conn {
                 AtomicU64::from_ptr(std::ptr::addr_of_mut!((*c.localSignalEpochId).proxy)),
             )
         };
-        let mut spin = Spin::new(&c.fifo, crate::config::wait_timeout());
+        let mut spin = Spin::new(
+            &c.fifo,
+            crate::config::wait_timeout(),
+            crate::proxy::WaitOp::Wait,
+            wait,
+        );
         // Acquire pairs with the peer's write of the signal count, which the transport orders
         // after the data. Ends when the count arrives, on abort, or at the deadline.
         while proxy.load(Ordering::Acquire) < wait {

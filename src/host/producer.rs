@@ -5,6 +5,7 @@ use super::Spin;
 use crate::abi::mscclppConcurrentFifo;
 use crate::error::Result;
 use crate::fifo::{assist_after_push, SIZE};
+use crate::proxy::WaitOp;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Host producer: pushes one trigger, returns its ticket. The conn's FIFO must be in host memory.
@@ -23,7 +24,7 @@ pub unsafe fn host_push(fifo: &mscclppConcurrentFifo, w: [u64; 2]) -> Result<u64
     };
     // The ticket only has to be unique; ordering comes from the slot words.
     let h = head.fetch_add(1, Ordering::Relaxed);
-    let mut spin = Spin::new(fifo, crate::config::wait_timeout());
+    let mut spin = Spin::new(fifo, crate::config::wait_timeout(), WaitOp::Push, h);
     // Acquire pairs with the proxy's Release publication of the tail; ends when the proxy has
     // retired ticket h - SIZE, on abort, or at the deadline.
     while h >= SIZE + tail.load(Ordering::Acquire) {
@@ -81,7 +82,7 @@ pub unsafe fn host_wait_retired(fifo: &mscclppConcurrentFifo, h: u64) -> Result<
             AtomicU64::from_ptr(fifo.triggerFifo.add((h % SIZE) as usize) as *mut u64),
         )
     };
-    let mut spin = Spin::new(fifo, crate::config::wait_timeout());
+    let mut spin = Spin::new(fifo, crate::config::wait_timeout(), WaitOp::Flush, h);
     // Both Acquire loads pair with `Fifo::pop`'s Release stores. Ends when the slot clears or
     // the tail passes h; the slot can't be refilled before the tail passes h (room check).
     while w0.load(Ordering::Acquire) != 0 && tail.load(Ordering::Acquire) <= h {

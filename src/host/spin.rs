@@ -1,9 +1,11 @@
 //! How a host thread waits on a FIFO or an epoch: bounded, ended by the abort word, and doing
 //! the proxy's work itself where it may (`fifo::Assist`).
 
+use super::pending::{self, Ended, HostWait};
 use crate::abi::mscclppConcurrentFifo;
 use crate::error::{Error, Result};
 use crate::fifo::{consumer_and_gate, Assist, HelperGate};
+use crate::proxy::WaitOp;
 use crate::sync::{Backoff, Nap, Policy};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -44,6 +46,11 @@ pub struct Spin {
     /// `sync::NAP_AFTER`: a helping waiter then naps between its rounds.
     napping: bool,
     long: bool,
+    /// What it waits for, as the hang report lists it (`pending`): connection id, operation
+    /// and the count or ticket wanted.
+    what: (usize, WaitOp, u64),
+    /// Its entry in that list, once it has lasted `LIST_AFTER` steps (or ended in an error).
+    listed: Option<u64>,
 }
 
 impl Drop for Spin {
@@ -51,8 +58,16 @@ impl Drop for Spin {
         if let (true, Some((_, gate))) = (self.entered, &self.consumer) {
             gate.leave(self.backoff.waited());
         }
+        if let Some(id) = self.listed {
+            // A wait that ended in an error was marked in `fail`, which keeps it listed.
+            pending::end(id, None);
+        }
     }
 }
+
+/// Steps before a wait lists itself for the hang report: past its first fast polls, so a
+/// wait that ends in microseconds never takes the list's lock.
+const LIST_AFTER: u32 = 256;
 
 /// Steps between looks for a consumer while none is registered yet.
 const LOOKUP_EVERY: u32 = 256;
@@ -83,8 +98,10 @@ const UNHELPED: Policy = Policy {
 };
 
 impl Spin {
-    /// A wait on the host FIFO `fifo` (its abort word ends the wait).
-    pub fn new(fifo: &mscclppConcurrentFifo, deadline: Duration) -> Self {
+    /// A wait on the host FIFO `fifo` (its abort word ends the wait) for `wanted` (`op`
+    /// `Wait`: the signal count; `Flush`, `Push`: the FIFO ticket), as the hang report names
+    /// it.
+    pub fn new(fifo: &mscclppConcurrentFifo, deadline: Duration, op: WaitOp, wanted: u64) -> Self {
         Spin {
             // SAFETY: the abort word follows the tail in every FIFO's control block.
             abort: unsafe { fifo.triggerFifoTail.add(1) },
@@ -95,16 +112,53 @@ impl Spin {
             n: 0,
             napping: crate::sync::napping_waits(),
             long: false,
+            what: (fifo.connId as usize, op, wanted),
+            listed: None,
         }
+    }
+
+    /// Lists this wait for the hang report (`pending`), once.
+    fn list(&mut self) {
+        if self.listed.is_none() {
+            let (conn_id, op, wanted) = self.what;
+            self.listed = Some(pending::add(HostWait {
+                head: self.head as usize,
+                conn_id,
+                op,
+                wanted,
+                since: std::time::Instant::now() - self.backoff.waited(),
+                ended: None,
+            }));
+        }
+    }
+
+    /// The wait ends in error `e`: it stays listed, marked, for a while; a timeout asks for a
+    /// hang report (written by the reporter thread; this call does not wait for it).
+    fn fail(&mut self, e: Error) -> Error {
+        let how = match e {
+            Error::Timeout { .. } => Ended::TimedOut,
+            _ => Ended::Aborted,
+        };
+        self.list();
+        if let Some(id) = self.listed.take() {
+            pending::end(id, Some(how));
+        }
+        if how == Ended::TimedOut {
+            crate::proxy::request_hang_report(self.head as usize, format!("host thread: {e}"));
+        }
+        e
     }
     /// One step of waiting: Ok while the caller should keep waiting, Err when it must stop.
     pub fn step(&mut self, what: &str) -> Result<()> {
         // SAFETY: `abort` points into a live FIFO control block (the caller's DevConn).
         let a = unsafe { AtomicU64::from_ptr(self.abort as *mut u64) }.load(Ordering::Acquire);
         if a != 0 {
-            return Err(Error::remote(format!("{what}: the communicator was aborted (error code {a}); see mscclppCommGetAsyncError")));
+            return Err(self.fail(Error::remote(format!("{what}: the communicator was aborted (error code {a}); see mscclppCommGetAsyncError"))));
         }
         self.n = self.n.saturating_add(1);
+        if self.n == LIST_AFTER {
+            self.list();
+        }
         // What we wait for may need the proxy's work (our trigger executed, the endpoint through
         // which the peer's data comes progressed): do it here rather than wait for a thread
         // that may not even have a core.
@@ -124,7 +178,9 @@ impl Spin {
             // Checked every 64 steps: reading the clock on every one cost ~4% of a tcp
             // transfer's CPU time on the 2-core VM.
             if self.n % 64 == 0 {
-                self.backoff.check(|| what.to_string())?;
+                self.backoff
+                    .check(|| what.to_string())
+                    .map_err(|e| self.fail(e))?;
                 self.long = self.napping && self.backoff.waited() >= crate::sync::NAP_AFTER;
             }
             if self.long && matches!(help, Help::Did) {
@@ -143,7 +199,9 @@ impl Spin {
             }
             return Ok(());
         }
-        self.backoff.check(|| what.to_string())?;
+        self.backoff
+            .check(|| what.to_string())
+            .map_err(|e| self.fail(e))?;
         // Without help to give, the proxy thread does the work: on a machine with fewer cores
         // than busy threads, yielding soon hands it the core. A few polls first: a signal
         // stored straight into our epoch (SHM, `direct_flag`, proxy/conn.rs) needs no other thread.

@@ -83,6 +83,11 @@ impl ProxyWork {
                         self.describe(&r),
                         limit_text()
                     );
+                    // Every rank's side of it, combined where the bootstrap still works.
+                    super::request_hang_report(
+                        self.fifo.producer_view(0).triggerFifoHead as usize,
+                        format!("a kernel's {}", self.describe(&r)),
+                    );
                 }
             }
             _ => self.watched.since = None,

@@ -8,12 +8,14 @@
 //! inline puts), `work.rs` one FIFO's consumer (a `service` round, trigger checks and dispatch,
 //! the wait for inline puts to be applied, the peer watch), `assist.rs` lets host threads do
 //! that work, `thread.rs` is the proxy thread (launch, stop, idle policy), `device_wait.rs`
-//! watches the kernels' wait record (a WARN when a wait lasts, the failure when it expired)
-//! and `pending.rs` is the shape of a pending wait.
+//! watches the kernels' wait record (a WARN when a wait lasts, the failure when it expired),
+//! `pending.rs` is what a blocked waiter waits for, and `hang.rs` the requests for a hang
+//! report made below the layer that writes it.
 
 mod assist;
 mod conn;
 mod device_wait;
+mod hang;
 mod pending;
 #[cfg(test)]
 mod tests;
@@ -21,6 +23,7 @@ mod thread;
 mod work;
 
 pub use conn::{DirectEpoch, ProxyConn};
+pub use hang::{request_hang_report, set_reporter_wake, take_hang_requests, wake_reporter};
 pub use pending::{PendingWait, WaitOp};
 pub use thread::{launch, Running};
 pub use work::{ProxyWork, SharedEndpoint, SharedWork};

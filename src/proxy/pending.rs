@@ -31,3 +31,18 @@ pub struct PendingWait {
     /// True for a kernel's wait (read from device-written memory), false for a host thread.
     pub device: bool,
 }
+
+impl super::ProxyWork {
+    /// The waits this FIFO's kernels are blocked in, read from the record the device methods
+    /// keep (`device_wait.rs`), for the hang report. Here `conn` is the connection's id in this
+    /// FIFO (`ProxyWork::conns`); the report maps it to the communicator's index.
+    pub fn device_pending_waits(&self) -> Vec<PendingWait> {
+        self.pending_wait()
+            .into_iter()
+            .filter_map(|mut p| {
+                p.conn = self.conns.iter().position(|c| c.index == p.conn)?;
+                Some(p)
+            })
+            .collect()
+    }
+}

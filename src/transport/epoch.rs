@@ -88,6 +88,16 @@ impl EpochMem {
         }
     }
 
+    /// The block's address where the host may read it (host and shared-memory blocks): the hang
+    /// report reads the counts there; None for device memory.
+    pub fn host_ptr(&self) -> Option<*mut u8> {
+        match self {
+            EpochMem::Host(h) => Some(h.ptr()),
+            EpochMem::Shared(h) => Some(h.ptr()),
+            _ => None,
+        }
+    }
+
     /// The block in shared memory of an SHM connection over host memory (with its ring of
     /// inline puts).
     pub fn shm_block(&self) -> Option<&Arc<SharedBlock>> {

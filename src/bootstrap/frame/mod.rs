@@ -25,6 +25,9 @@ pub const ADDR_LEN: usize = 24;
 pub const HELLO_LEN: usize = 8 + ADDR_LEN;
 /// Longest reason text an [`Kind::Abort`] frame may carry.
 pub const MAX_ABORT_LEN: usize = 4096;
+/// Largest payload of a [`Kind::Report`] (one rank's hang report: its connections' signal
+/// counts and its pending waits).
+pub const MAX_REPORT_LEN: usize = 1 << 20;
 /// Most ranks a communicator may have: the root's address table must fit in one frame.
 pub const MAX_RANKS: usize = MAX_PAYLOAD / ADDR_LEN;
 
@@ -50,6 +53,13 @@ pub enum Kind {
     /// Rank -> rank, no payload, the last frame on a connection: the sender is closing it on
     /// purpose (communicator destroyed), so its closing is not a loss.
     Bye = 8,
+    /// Rank -> rank, no payload, on the sender's connection to the receiver: "send me your hang
+    /// report"; tag = the request's number. The receiver's mailbox thread answers it itself.
+    ReportAsk = 9,
+    /// The answer to a `ReportAsk`, on the connection the question came on (the only frame that
+    /// travels against a connection's direction); tag = the request's number, payload the
+    /// report (at most [`MAX_REPORT_LEN`] bytes; empty: the rank has no report to give).
+    Report = 10,
 }
 
 impl Kind {
@@ -63,6 +73,8 @@ impl Kind {
             6 => Kind::Coll,
             7 => Kind::Watch,
             8 => Kind::Bye,
+            9 => Kind::ReportAsk,
+            10 => Kind::Report,
             _ => return None,
         })
     }
@@ -76,7 +88,8 @@ impl Kind {
                 (n, n)
             }
             Kind::Abort => (0, MAX_ABORT_LEN),
-            Kind::Open | Kind::Watch | Kind::Bye => (0, 0),
+            Kind::Open | Kind::Watch | Kind::Bye | Kind::ReportAsk => (0, 0),
+            Kind::Report => (0, MAX_REPORT_LEN),
             Kind::P2p | Kind::Coll => (0, MAX_PAYLOAD),
         }
     }

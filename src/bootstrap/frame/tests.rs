@@ -12,6 +12,8 @@ const ALL: &[Kind] = &[
     Kind::Coll,
     Kind::Watch,
     Kind::Bye,
+    Kind::ReportAsk,
+    Kind::Report,
 ];
 
 fn expect(magic: u64, nranks: usize) -> Expect<'static> {
@@ -36,6 +38,8 @@ fn roundtrip_each_kind() {
         (Kind::Coll, vec![]),
         (Kind::Watch, vec![]),
         (Kind::Bye, vec![]),
+        (Kind::ReportAsk, vec![]),
+        (Kind::Report, vec![3; 100]),
     ];
     for (k, p) in cases {
         let f = encode_frame(77, k, 2, 0xdead_beef_0000_0001, &p);
@@ -87,8 +91,8 @@ fn rejects_each_malformation() {
     assert!(decode_header(&encode_raw(5, 1, 0, 0, 3), &all).is_err());
     assert!(decode_header(&encode_raw(5, 2, 0, 0, 3 * ADDR_LEN as u64), &all).is_err());
     assert!(decode_header(&encode_raw(5, 2, 0, 0, 4 * ADDR_LEN as u64), &all).is_ok());
-    // Watch and Bye carry nothing: any declared payload is rejected, as for Open.
-    for k in [Kind::Watch, Kind::Bye] {
+    // Watch, Bye and ReportAsk carry nothing: any declared payload is rejected, as for Open.
+    for k in [Kind::Watch, Kind::Bye, Kind::ReportAsk] {
         assert!(decode_header(&encode_raw(5, k as u32, 0, 0, 0), &all).is_ok());
         for len in [1, 8, MAX_PAYLOAD as u64, u64::MAX] {
             assert!(matches!(
@@ -97,9 +101,18 @@ fn rejects_each_malformation() {
             ));
         }
     }
+    // A report is bounded far below other payloads.
+    assert!(decode_header(&encode_raw(5, 10, 0, 0, MAX_REPORT_LEN as u64), &all).is_ok());
+    assert!(matches!(
+        decode_header(&encode_raw(5, 10, 0, 0, MAX_REPORT_LEN as u64 + 1), &all),
+        Err(FrameError::BadLength {
+            kind: Kind::Report,
+            ..
+        })
+    ));
     assert_eq!(
-        decode_header(&encode_raw(5, 9, 0, 0, 0), &all),
-        Err(FrameError::UnknownKind(9))
+        decode_header(&encode_raw(5, 11, 0, 0, 0), &all),
+        Err(FrameError::UnknownKind(11))
     );
 }
 
@@ -208,7 +221,7 @@ proptest! {
 
     #[test]
     fn mutated_valid_frames_never_panic_or_overallocate(
-        kind in 1u32..10,
+        kind in 1u32..12,
         sender in 0u32..4,
         tag in any::<u64>(),
         payload in proptest::collection::vec(any::<u8>(), 0..200),
@@ -240,7 +253,7 @@ proptest! {
 
     #[test]
     fn empty_kinds_reject_any_payload(
-        kind in prop_oneof![Just(Kind::Open), Just(Kind::Watch), Just(Kind::Bye)],
+        kind in prop_oneof![Just(Kind::Open), Just(Kind::Watch), Just(Kind::Bye), Just(Kind::ReportAsk)],
         len in 1u64..,
         payload in proptest::collection::vec(any::<u8>(), 0..64),
         chunks in proptest::collection::vec(1usize..64, 0..20),

@@ -11,6 +11,11 @@
 //! malformed frame) is recorded as a loss. The owner reads losses of the peers it watches with
 //! [`Mailbox::lost_peer`], which costs one atomic load while nothing was lost.
 //!
+//! Hang reports: the thread answers a peer's `ReportAsk` itself, with what the owner's
+//! [`ReportSource`] says, on the connection the question came on; so a rank whose user threads
+//! and kernels are stuck still answers. The answers to this rank's own questions come back on
+//! its outgoing connections, which the thread watches anyway, and are filed like messages.
+//!
 //! The thread is `reader.rs`; this file is the owner's side: the state both share and the calls
 //! that file, take and wait on it.
 
@@ -32,6 +37,11 @@ use std::time::{Duration, Instant};
 /// (frame kind, sender rank, tag).
 pub(crate) type Key = (Kind, usize, u64);
 
+/// Builds this rank's hang report when a peer asks (`Kind::ReportAsk`), on the mailbox's
+/// thread: it must answer within milliseconds and never wait for a lock that a stuck thread
+/// may hold (`comm::hang`). At most `frame::MAX_REPORT_LEN` bytes; longer is sent empty.
+pub type ReportSource = Arc<dyn Fn() -> Vec<u8> + Send + Sync>;
+
 #[derive(Default)]
 struct State {
     msgs: HashMap<Key, VecDeque<Vec<u8>>>,
@@ -49,6 +59,9 @@ struct State {
     /// Peers whose incoming connection ended without a `Bye`, in the order seen, with why.
     lost: Vec<(usize, String)>,
     new_watches: Vec<(usize, TcpStream)>,
+    /// The number of this rank's latest hang-report request (`Kind::ReportAsk` tag): only
+    /// answers to it are filed, so a peer cannot make this rank keep reports nobody waits for.
+    report_asked: u64,
     stop: bool,
     close_all: bool,
 }
@@ -77,6 +90,8 @@ struct Shared {
     /// Set (Release) once `st.lost` is non-empty, so that the frequent "anything lost?" check
     /// of a proxy thread is one atomic load (Acquire) and never waits on the reader's lock.
     lost_any: AtomicBool,
+    /// Answers peers' `ReportAsk`s; None: answered with an empty report.
+    report: Mutex<Option<ReportSource>>,
 }
 
 pub(crate) struct Mailbox {
@@ -112,6 +127,7 @@ impl Mailbox {
             }),
             cv: Condvar::new(),
             lost_any: AtomicBool::new(false),
+            report: Mutex::new(None),
         });
         let reader = Reader::new(
             shared.clone(),
@@ -280,6 +296,79 @@ impl Mailbox {
     pub(crate) fn close_all(&self) {
         lock(&self.shared.st).close_all = true;
         self.poke();
+    }
+
+    /// Sets what answers peers' hang-report requests (None: an empty report).
+    pub(crate) fn set_report_source(&self, f: Option<ReportSource>) {
+        *lock(&self.shared.report) = f;
+    }
+
+    /// Starts a new hang-report request: its number, the tag of its `ReportAsk`s. Answers to
+    /// earlier requests still filed are dropped, and late ones are no longer filed.
+    pub(crate) fn begin_report(&self) -> u64 {
+        let mut st = lock(&self.shared.st);
+        st.report_asked += 1;
+        st.msgs.retain(|k, _| k.0 != Kind::Report);
+        st.report_asked
+    }
+
+    /// Why `peer`'s messages can no longer come (it died, said goodbye, or was dropped), if so.
+    pub(crate) fn gone(&self, peer: usize) -> Option<String> {
+        let st = lock(&self.shared.st);
+        if let Some((_, why)) = st.lost.iter().find(|(p, _)| *p == peer) {
+            return Some(format!("lost: {why}"));
+        }
+        st.gone[peer].as_ref().map(|g| format!("rank {peer} {g}"))
+    }
+
+    /// Every peer whose incoming connection ended without a goodbye (watched or not), with why.
+    pub(crate) fn lost_peers(&self) -> Vec<(usize, String)> {
+        if !self.shared.lost_any.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        lock(&self.shared.st).lost.clone()
+    }
+
+    /// Waits until the deadline for `peer`'s answer to hang-report request `asked`; the error
+    /// says why none came (the peer is gone, or said nothing in time).
+    pub(crate) fn take_report(
+        &self,
+        peer: usize,
+        asked: u64,
+        deadline: Instant,
+        bound: Duration,
+    ) -> std::result::Result<Vec<u8>, String> {
+        let mut st = lock(&self.shared.st);
+        // Ends: the answer is filed, the peer is gone, the reader stopped, or the deadline
+        // passes (each wait_timeout is bounded by it). An aborted bootstrap does not end it:
+        // peers still answer while their connections last.
+        loop {
+            if let Some(m) = st.pop((Kind::Report, peer, asked)) {
+                return Ok(m);
+            }
+            if let Some((_, why)) = st.lost.iter().find(|(p, _)| *p == peer) {
+                return Err(format!("lost: {why}"));
+            }
+            if let Some(g) = &st.gone[peer] {
+                return Err(format!("rank {peer} {g}"));
+            }
+            if st.stop {
+                return Err("this rank's bootstrap reader stopped".into());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(format!(
+                    "not within {bound:?} (its process stopped, or its host unreachable?)"
+                ));
+            }
+            // Notified (cv) whenever the reader files an answer or a peer goes.
+            st = self
+                .shared
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 
     pub(crate) fn aborted(&self) -> Option<String> {

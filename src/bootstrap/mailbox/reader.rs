@@ -1,9 +1,11 @@
 //! The mailbox's thread: accepts and authenticates connections on the rank's listener, reads
 //! their frames into the mailbox's `State`, watches the rank's outgoing connections for
-//! closure, and records why each peer's messages can no longer come.
+//! closure (and for the answers to this rank's hang-report requests, the one frame a peer
+//! writes on them), answers peers' hang-report requests, and records why each peer's messages
+//! can no longer come.
 
 use super::Shared;
-use crate::bootstrap::frame::{Assembler, Expect, Kind};
+use crate::bootstrap::frame::{self, Assembler, Expect, Kind, MAX_REPORT_LEN};
 use crate::bootstrap::net;
 use crate::sync::lock;
 use std::io;
@@ -27,6 +29,14 @@ struct Conn {
     aborted: bool,
 }
 
+/// One of this rank's outgoing connections, watched: the peer writes nothing on it but the
+/// answers to our hang-report requests, so anything else readable means it closed.
+struct Watched {
+    peer: usize,
+    s: TcpStream,
+    asm: Assembler,
+}
+
 pub(super) struct Reader {
     shared: Arc<Shared>,
     listener: TcpListener,
@@ -36,7 +46,7 @@ pub(super) struct Reader {
     nranks: usize,
     timeout: Duration,
     conns: Vec<Conn>,
-    watches: Vec<(usize, TcpStream)>,
+    watches: Vec<Watched>,
     in_closed: Vec<Option<String>>,
     out_closed: Vec<bool>,
     /// After `close_all`: new connections are refused.
@@ -49,6 +59,10 @@ pub(super) struct Reader {
 /// Most bytes read from one connection per wake-up, so that one busy sender cannot starve
 /// the others.
 const READ_BUDGET: usize = 1 << 20;
+
+/// How long the thread may spend writing one hang report back to the peer that asked (into
+/// an otherwise unused direction of the connection: its socket buffer is empty).
+const REPLY_BOUND: Duration = Duration::from_secs(1);
 
 impl Reader {
     /// The reader of a new mailbox, before its thread starts.
@@ -88,7 +102,12 @@ impl Reader {
                 if st.stop {
                     return;
                 }
-                self.watches.append(&mut st.new_watches);
+                self.watches
+                    .extend(st.new_watches.drain(..).map(|(peer, s)| Watched {
+                        peer,
+                        s,
+                        asm: Assembler::new(),
+                    }));
                 std::mem::take(&mut st.close_all)
             };
             if close && !self.closed {
@@ -96,8 +115,8 @@ impl Reader {
                 for c in self.conns.drain(..) {
                     let _ = c.s.shutdown(Shutdown::Both);
                 }
-                for (_, w) in self.watches.drain(..) {
-                    let _ = w.shutdown(Shutdown::Both);
+                for w in self.watches.drain(..) {
+                    let _ = w.s.shutdown(Shutdown::Both);
                 }
             }
             if self.closed {
@@ -123,7 +142,7 @@ impl Reader {
                 .min();
             let mut fds = vec![net::pollfd(&self.wake), net::pollfd(&self.listener)];
             fds.extend(self.conns.iter().map(|c| net::pollfd(&c.s)));
-            fds.extend(self.watches.iter().map(|(_, w)| net::pollfd(w)));
+            fds.extend(self.watches.iter().map(|w| net::pollfd(&w.s)));
             if let Err(e) = net::poll(&mut fds, wait) {
                 let mut st = lock(&self.shared.st);
                 st.aborted = Some(format!(
@@ -143,24 +162,13 @@ impl Reader {
             }
             let mut it = keep.iter();
             self.conns.retain(|_| *it.next().unwrap_or(&true));
-            let wfds = &fds[2 + nconns..];
-            let mut i = 0;
-            let out_closed = &mut self.out_closed;
-            self.watches.retain_mut(|(peer, w)| {
-                let ev = wfds.get(i).map_or(0, |f| f.revents);
-                i += 1;
-                if ev == 0 {
-                    return true;
-                }
-                let mut b = [0u8; 64];
-                match net::read_some(w, &mut b) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
-                    _ => {
-                        out_closed[*peer] = true;
-                        false
-                    }
-                }
-            });
+            let ready: Vec<bool> = fds[2 + nconns..].iter().map(|f| f.revents != 0).collect();
+            let mut keep = Vec::with_capacity(ready.len());
+            for (i, r) in ready.into_iter().enumerate() {
+                keep.push(!r || self.read_watched(i));
+            }
+            let mut it = keep.iter();
+            self.watches.retain(|_| *it.next().unwrap_or(&true));
             if fds[1].revents != 0 {
                 self.accept_all();
             }
@@ -218,6 +226,97 @@ impl Reader {
         }
     }
 
+    /// Reads what watched outgoing connection `i` has: answers to our hang-report requests are
+    /// filed; anything else (EOF, an error, another frame) means the peer closed it. False
+    /// when it must be dropped.
+    fn read_watched(&mut self, i: usize) -> bool {
+        let mut budget = READ_BUDGET;
+        // Ends: WouldBlock, EOF, an error, a bad frame, or the read budget spent.
+        while budget > 0 {
+            let w = &mut self.watches[i];
+            // The sending side keeps this connection in blocking mode.
+            let n = match net::read_nowait(&w.s, &mut self.buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Ok(n) if n > 0 => n,
+                _ => {
+                    self.out_closed[w.peer] = true;
+                    return false;
+                }
+            };
+            budget = budget.saturating_sub(n);
+            let expect = Expect {
+                magic: self.magic,
+                nranks: self.nranks,
+                from: Some(w.peer),
+                kinds: &[Kind::Report],
+            };
+            let mut at = 0;
+            // Ends: every feed consumes at least one byte of a non-empty slice.
+            while at < n {
+                let (used, f) = match w.asm.feed(&self.buf[at..n], &expect) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        crate::trace!(
+                            "rank {}: dropping the connection to rank {}: {e}",
+                            self.rank,
+                            w.peer
+                        );
+                        self.out_closed[w.peer] = true;
+                        return false;
+                    }
+                };
+                at += used;
+                let Some((h, payload)) = f else { continue };
+                let mut st = lock(&self.shared.st);
+                if h.tag == st.report_asked {
+                    st.msgs
+                        .entry((Kind::Report, w.peer, h.tag))
+                        .or_default()
+                        .push_back(payload);
+                    self.shared.cv.notify_all();
+                }
+            }
+        }
+        true
+    }
+
+    /// Answers hang-report request `tag` from the peer of incoming connection `i` with this
+    /// rank's report, on that connection. A failure leaves the asker to say we did not answer.
+    fn answer_report(&mut self, i: usize, tag: u64) {
+        let source = lock(&self.shared.report).clone();
+        // A panic here would end the thread every message of this rank depends on.
+        let report = source.map(|f| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f())).unwrap_or_else(|_| {
+                crate::warn!("rank {}: building a hang report panicked", self.rank);
+                Vec::new()
+            })
+        });
+        let mut report = report.unwrap_or_default();
+        if report.len() > MAX_REPORT_LEN {
+            report.clear();
+        }
+        let f = frame::encode_frame(self.magic, Kind::Report, self.rank as u32, tag, &report);
+        let c = &self.conns[i];
+        // The reader's sockets are non-blocking; this one write may wait, bounded.
+        let r =
+            c.s.set_nonblocking(false)
+                .and_then(|_| net::write_all_by(&c.s, &f, Instant::now() + REPLY_BOUND));
+        let _ = c.s.set_nonblocking(true);
+        match r {
+            Ok(()) => crate::trace!(
+                "rank {}: answered hang-report request {tag} of {} ({} bytes)",
+                self.rank,
+                c.from,
+                report.len()
+            ),
+            Err(e) => crate::info!(
+                "rank {}: could not answer the hang-report request of {}: {e}",
+                self.rank,
+                c.from
+            ),
+        }
+    }
+
     /// Reads what connection `i` has; false when it must be dropped.
     fn service(&mut self, i: usize) -> bool {
         let mut budget = READ_BUDGET;
@@ -271,7 +370,14 @@ impl Reader {
                         kinds: if c.bye {
                             &[]
                         } else {
-                            &[Kind::P2p, Kind::Coll, Kind::Abort, Kind::Watch, Kind::Bye]
+                            &[
+                                Kind::P2p,
+                                Kind::Coll,
+                                Kind::Abort,
+                                Kind::Watch,
+                                Kind::Bye,
+                                Kind::ReportAsk,
+                            ]
                         },
                     },
                 };
@@ -311,6 +417,7 @@ impl Reader {
                         crate::trace!("rank {}: rank {sender} said goodbye", self.rank);
                         c.bye = true;
                     }
+                    Kind::ReportAsk => self.answer_report(i, h.tag),
                     Kind::Abort => {
                         c.aborted = true;
                         let why = String::from_utf8_lossy(&payload).into_owned();
