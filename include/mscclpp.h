@@ -374,7 +374,9 @@ enum mscclppResult_t mscclppProxyStop(mscclppComm_t comm);
 
 /**
  * Host `put()`: queues a copy of `size` bytes from `localBuff + srcOffset` to the peer's
- * `buff + dstOffset`. Non-blocking; the source must not change until `flush`.
+ * `buff + dstOffset`. Non-blocking; the source must not change until `flush`. Waits (bounded by
+ * `MSCCLPP_WAIT_TIMEOUT`) only while the FIFO is full; a put (or signal) that fails queued
+ * nothing.
  */
 enum mscclppResult_t mscclppDevConnPut(mscclppDevConn_t *conn,
                                        uint64_t dstOffset,
@@ -395,7 +397,9 @@ enum mscclppResult_t mscclppDevConnPutWithSignal(mscclppDevConn_t *conn,
                                                  uint64_t size);
 
 /**
- * Host `putWithSignalAndFlush()`: put, signal, and wait until both have completed.
+ * Host `putWithSignalAndFlush()`: put, signal, and wait until both have completed. When the
+ * wait times out, the put and signal are taken back if the proxy has not started them (then
+ * nothing was sent and a retry sends them once); the error text says which.
  */
 enum mscclppResult_t mscclppDevConnPutWithSignalAndFlush(mscclppDevConn_t *conn,
                                                          uint64_t dstOffset,
@@ -410,7 +414,8 @@ enum mscclppResult_t mscclppDevConnFlush(mscclppDevConn_t *conn);
 
 /**
  * Host `wait()`: waits for the peer's next signal on this connection; the data of every put
- * before that signal is then readable. Bounded by `MSCCLPP_WAIT_TIMEOUT`; fails on abort.
+ * before that signal is then readable. Bounded by `MSCCLPP_WAIT_TIMEOUT`; fails on abort. A
+ * wait that fails consumes no signal: a retry waits for the same one.
  */
 enum mscclppResult_t mscclppDevConnWait(mscclppDevConn_t *conn);
 
