@@ -135,7 +135,8 @@ typedef enum mscclppTransport_t {
 /**
  * Opaque communicator. C holds only `mscclppComm_t` pointers, made by `mscclppCommInitRank` /
  * `mscclppCommInitRankFromId` and released by `mscclppCommDestroy`; a destroyed or foreign
- * handle is `mscclppInvalidArgument`, not a crash.
+ * handle is `mscclppInvalidArgument`, not a crash. Handles are never reused in a process, so a
+ * destroyed one never names a newer communicator.
  */
 typedef struct mscclppComm mscclppComm;
 
