@@ -907,6 +907,54 @@ fn stale_handles_are_refused_tcp() {
     spawn(name, 2, &e).expect_success(DEADLINE);
 }
 
+/// `MSCCLPP_TEST_PROXY_PANIC=3`: the proxy's work panics at rank 0's third trigger (in the
+/// proxy thread, or in a host thread doing its work). The communicator fails at once, as on a
+/// proxy error: the flush that follows fails with the abort and mscclppCommGetAsyncError says
+/// mscclppInternalError before any mscclppProxyStop (before, both waited for the stop that
+/// joined the thread). Rank 1, which pushes nothing, is unaffected.
+fn proxy_panic(e: Env) {
+    // Puts over SHM's inline limit (16 KiB), so that each is a trigger.
+    const N: u64 = 20000;
+    let mut buf = vec![0u8; 3 * N as usize];
+    let c = connected_pair(&e, 0, &mut buf);
+    let d = &mut dev_conns(c)[0];
+    if e.rank == 0 {
+        put(d, 0, 0, N);
+        put(d, N, N, N);
+        // The third trigger: it panics whoever executes it; the push itself succeeded.
+        put(d, 2 * N, 2 * N, N);
+        assert_eq!(mscclppDevConnFlush(d), mscclppRemoteError);
+        assert!(last_error().contains("aborted"), "{}", last_error());
+        assert_eq!(async_error(c), mscclppInternalError);
+        ok(mscclppBootstrapBarrier(c));
+        assert_ne!(mscclppProxyStop(c), mscclppSuccess);
+    } else {
+        ok(mscclppBootstrapBarrier(c));
+        assert_eq!(async_error(c), mscclppSuccess);
+        ok(mscclppProxyStop(c));
+    }
+    ok(mscclppCommDestroy(c));
+}
+
+#[test]
+fn proxy_panic_fails_the_communicator_at_once_tcp() {
+    let name = "proxy_panic_fails_the_communicator_at_once_tcp";
+    if is_rank(name) {
+        return proxy_panic(env());
+    }
+    let e = with(transport_env("tcp"), "MSCCLPP_TEST_PROXY_PANIC", "3");
+    spawn(name, 2, &e).expect_success(DEADLINE);
+}
+#[test]
+fn proxy_panic_fails_the_communicator_at_once_shm() {
+    let name = "proxy_panic_fails_the_communicator_at_once_shm";
+    if is_rank(name) {
+        return proxy_panic(env());
+    }
+    let e = with(transport_env("shm"), "MSCCLPP_TEST_PROXY_PANIC", "3");
+    spawn(name, 2, &e).expect_success(DEADLINE);
+}
+
 /// A rank that never calls its counterpart mscclppConnect: setup fails within the timeout,
 /// naming the connection.
 fn missing_counterpart(e: Env) {

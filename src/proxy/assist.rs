@@ -3,8 +3,10 @@
 //! idle SHM connection a record in the peer's ring of inline puts.
 
 use super::conn::{direct_flag, direct_put};
+use super::thread::panic_error;
 use super::work::ProxyWork;
 use crate::fifo::Withdrawal;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, MutexGuard};
 
 /// Host threads that push into, or wait on, a host FIFO do the proxy's work themselves when
@@ -18,7 +20,12 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
             return false;
         };
         if w.active {
-            if let Err(e) = w.service(false, true) {
+            // A panic in the work (a bug) fails the communicator now, as an error does, not
+            // only when the proxy is stopped. AssertUnwindSafe: after it the work is failed,
+            // so nobody consumes from its state again.
+            let r = catch_unwind(AssertUnwindSafe(|| w.service(false, true)))
+                .unwrap_or_else(|p| Err(panic_error(p)));
+            if let Err(e) = r {
                 w.fail(&e);
             }
         }
