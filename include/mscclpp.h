@@ -246,7 +246,8 @@ typedef enum mscclppTransport_t {
 /**
  * Opaque communicator. C holds only `mscclppComm_t` pointers, made by `mscclppCommInitRank` /
  * `mscclppCommInitRankFromId` and released by `mscclppCommDestroy`; a destroyed or foreign
- * handle is `mscclppInvalidArgument`, not a crash.
+ * handle is `mscclppInvalidArgument`, not a crash. Handles are never reused in a process, so a
+ * destroyed one never names a newer communicator.
  */
 typedef struct mscclppComm mscclppComm;
 
@@ -491,7 +492,9 @@ enum mscclppResult_t mscclppProxyStop(mscclppComm_t comm);
 
 /**
  * Host `put()`: queues a copy of `size` bytes from `localBuff + srcOffset` to the peer's
- * `buff + dstOffset`. Non-blocking; the source must not change until `flush`.
+ * `buff + dstOffset`. Non-blocking; the source must not change until `flush`. Waits (bounded by
+ * `MSCCLPP_WAIT_TIMEOUT`) only while the FIFO is full; a put (or signal) that fails queued
+ * nothing.
  */
 enum mscclppResult_t mscclppDevConnPut(mscclppDevConn_t *conn,
                                        uint64_t dstOffset,
@@ -512,7 +515,9 @@ enum mscclppResult_t mscclppDevConnPutWithSignal(mscclppDevConn_t *conn,
                                                  uint64_t size);
 
 /**
- * Host `putWithSignalAndFlush()`: put, signal, and wait until both have completed.
+ * Host `putWithSignalAndFlush()`: put, signal, and wait until both have completed. When the
+ * wait times out, the put and signal are taken back if the proxy has not started them (then
+ * nothing was sent and a retry sends them once); the error text says which.
  */
 enum mscclppResult_t mscclppDevConnPutWithSignalAndFlush(mscclppDevConn_t *conn,
                                                          uint64_t dstOffset,
@@ -527,7 +532,8 @@ enum mscclppResult_t mscclppDevConnFlush(mscclppDevConn_t *conn);
 
 /**
  * Host `wait()`: waits for the peer's next signal on this connection; the data of every put
- * before that signal is then readable. Bounded by `MSCCLPP_WAIT_TIMEOUT`; fails on abort.
+ * before that signal is then readable. Bounded by `MSCCLPP_WAIT_TIMEOUT`; fails on abort. A
+ * wait that fails consumes no signal: a retry waits for the same one.
  */
 enum mscclppResult_t mscclppDevConnWait(mscclppDevConn_t *conn);
 

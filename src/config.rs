@@ -58,6 +58,7 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_TEST_FORCE_STAGING",
     "MSCCLPP_TEST_FORCE_MR_ENDPOINT",
     "MSCCLPP_TEST_SYSFS_ROOT",
+    "MSCCLPP_TEST_PROXY_PANIC",
 ];
 
 /// `MSCCLPP_NET_RAILS`: default and largest value.
@@ -338,6 +339,9 @@ pub struct Config {
     pub shm_inline_bytes: u64,
     pub net: NetConfig,
     pub p2p: P2pConfig,
+    /// `MSCCLPP_TEST_PROXY_PANIC=N` (tests; unset or 0: never): the proxy's work panics at its
+    /// N-th trigger (each FIFO counts its own), to show what a bug there does.
+    pub test_proxy_panic: Option<u64>,
     /// One line per variable whose value could not be used: name, value, what is used instead.
     pub problems: Vec<String>,
 }
@@ -666,6 +670,9 @@ impl Config {
             },
             net,
             p2p,
+            test_proxy_panic: r
+                .num::<u64>("MSCCLPP_TEST_PROXY_PANIC", "no panic")
+                .filter(|&n| n > 0),
             problems: r.problems,
         }
     }
@@ -745,6 +752,7 @@ mod tests {
         assert_eq!((c.bootstrap_timeout, c.wait_timeout), (None, None));
         assert_eq!(c.device_wait_timeout, Some(DEFAULT_DEVICE_WAIT_TIMEOUT));
         assert_eq!(c.hang_report, HangReport::default());
+        assert_eq!(c.test_proxy_panic, None);
     }
 
     #[test]
@@ -821,8 +829,10 @@ mod tests {
             ("MSCCLPP_NET_STAGING_CHUNK", "1000"),
             ("MSCCLPP_NET_STAGING_BOUNCE", "8"),
             ("CUDA_DEVICE_MAX_CONNECTIONS", "1"),
+            ("MSCCLPP_TEST_PROXY_PANIC", "3"),
         ]);
         assert!(c.problems.is_empty(), "{:?}", c.problems);
+        assert_eq!(c.test_proxy_panic, Some(3));
         assert!(c.p2p.sm_shared);
         assert_eq!(c.p2p.cuda_max_connections, Some(1));
         assert_eq!(

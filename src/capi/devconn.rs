@@ -10,12 +10,16 @@ use crate::host;
 fn host_conn(conn: *const mscclppDevConn) -> Result<host::Conn> {
     check_null!(conn);
     // SAFETY: non-NULL; the caller passes a connection obtained from this library (a copy is
-    // taken; `host::Conn::new` checks it names a live host FIFO before anything is touched).
+    // taken). `host::Conn::new` checks that its FIFO view (head, slots, tail) is a live host
+    // FIFO's before anything is touched; a head address is never reused, so a connection of a
+    // destroyed communicator never passes, even when a newer one got its other addresses.
     host::Conn::new(unsafe { *conn })
 }
 
 /// Host `put()`: queues a copy of `size` bytes from `localBuff + srcOffset` to the peer's
-/// `buff + dstOffset`. Non-blocking; the source must not change until `flush`.
+/// `buff + dstOffset`. Non-blocking; the source must not change until `flush`. Waits (bounded by
+/// `MSCCLPP_WAIT_TIMEOUT`) only while the FIFO is full; a put (or signal) that fails queued
+/// nothing.
 #[no_mangle]
 pub extern "C" fn mscclppDevConnPut(
     conn: *mut mscclppDevConn_t,
@@ -47,7 +51,9 @@ pub extern "C" fn mscclppDevConnPutWithSignal(
     })
 }
 
-/// Host `putWithSignalAndFlush()`: put, signal, and wait until both have completed.
+/// Host `putWithSignalAndFlush()`: put, signal, and wait until both have completed. When the
+/// wait times out, the put and signal are taken back if the proxy has not started them (then
+/// nothing was sent and a retry sends them once); the error text says which.
 #[no_mangle]
 pub extern "C" fn mscclppDevConnPutWithSignalAndFlush(
     conn: *mut mscclppDevConn_t,
@@ -68,7 +74,8 @@ pub extern "C" fn mscclppDevConnFlush(conn: *mut mscclppDevConn_t) -> mscclppRes
 }
 
 /// Host `wait()`: waits for the peer's next signal on this connection; the data of every put
-/// before that signal is then readable. Bounded by `MSCCLPP_WAIT_TIMEOUT`; fails on abort.
+/// before that signal is then readable. Bounded by `MSCCLPP_WAIT_TIMEOUT`; fails on abort. A
+/// wait that fails consumes no signal: a retry waits for the same one.
 #[no_mangle]
 pub extern "C" fn mscclppDevConnWait(conn: *mut mscclppDevConn_t) -> mscclppResult_t {
     ffi_boundary!("mscclppDevConnWait", { host_conn(conn)?.wait() })

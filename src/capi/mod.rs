@@ -18,12 +18,14 @@ use crate::error::Error;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 /// Opaque communicator. C holds only `mscclppComm_t` pointers, made by `mscclppCommInitRank` /
 /// `mscclppCommInitRankFromId` and released by `mscclppCommDestroy`; a destroyed or foreign
-/// handle is `mscclppInvalidArgument`, not a crash.
-// (The pointer is a token looked up in `COMMS`.)
+/// handle is `mscclppInvalidArgument`, not a crash. Handles are never reused in a process, so a
+/// destroyed one never names a newer communicator.
+// (The pointer is a number looked up in `COMMS`, never dereferenced.)
 pub struct mscclppComm {
     _private: [u8; 0],
 }
@@ -99,12 +101,21 @@ pub(crate) struct Entry {
 }
 type CommCell = Arc<Entry>;
 
-/// Live communicators by handle address. A handle is a leaked 1-byte box, so addresses are
-/// unique while the comm lives.
+/// Live communicators by handle value.
 static COMMS: LazyLock<Mutex<HashMap<usize, CommCell>>> = LazyLock::new(Default::default);
 
+/// The number in the next communicator handle. A handle is a number, never an address, and
+/// never handed out twice in a process: a destroyed communicator's handle never names a later
+/// one, so a second destroy (or any call) with it is an error and cannot reach a newer
+/// communicator. (A freed allocation as the handle was reused by the next communicator's;
+/// one never freed would be a leak to every leak checker.) Relaxed: only uniqueness matters.
+static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(1);
+
 pub(crate) fn register_comm(c: Comm) -> mscclppComm_t {
-    let token = Box::into_raw(Box::new(0u8)) as mscclppComm_t;
+    // Multiples of 16, as an allocation's address would be; never dereferenced.
+    let token = std::ptr::without_provenance_mut::<mscclppComm>(
+        NEXT_HANDLE.fetch_add(1, Ordering::Relaxed) << 4,
+    );
     let sticky = c.sticky_handle();
     crate::sync::lock(&COMMS).insert(
         token as usize,
@@ -145,16 +156,13 @@ pub(crate) fn take_comm(h: mscclppComm_t) -> Result<CommCell, Error> {
     if h.is_null() {
         return Err(Error::invalid_arg("comm is NULL"));
     }
-    let c = crate::sync::lock(&COMMS)
+    crate::sync::lock(&COMMS)
         .remove(&(h as usize))
         .ok_or_else(|| {
             Error::invalid_arg(format!(
                 "{h:p} is not a live communicator (destroyed already?)"
             ))
-        })?;
-    // SAFETY: the token was created by `register_comm` with Box::new(0u8) and is removed once.
-    drop(unsafe { Box::from_raw(h as *mut u8) });
-    Ok(c)
+        })
 }
 
 /// Converts a C string argument; NULL gives None.

@@ -7,27 +7,31 @@
 //! and advances its tail, publishing it every `MSCCLPP_PROXY_FIFO_FLUSH_COUNTER` triggers and on
 //! every Sync. The u64 after the tail is the abort word: non-zero ends every producer spin. The
 //! cache line after `[tail, abort]` is the wait record, where a kernel whose wait lasts says
-//! what it waits for ([`Fifo::wait_record`]).
-
+//! what it waits for ([`Fifo::wait_record`]). A host producer that gives up after taking its
+//! ticket records it as abandoned, and the consumer retires it as a no-op (`abandoned.rs`).
 //!
 //! Files: this one is the ring and its memory; `registry.rs` finds the consumer of a host FIFO
 //! from its producers (so a host thread can do the proxy's work), `gate.rs` lets the proxy
-//! thread stand aside while host threads do. The host producer itself is `crate::host`.
+//! thread stand aside while host threads do, `abandoned.rs` keeps the tickets whose slot will
+//! never be written. The host producer itself is `crate::host`.
 
+mod abandoned;
 mod gate;
 mod registry;
 
+use abandoned::Abandoned;
 pub use gate::HelperGate;
-pub(crate) use registry::{assist_after_push, consumer_and_gate};
 pub use registry::{
-    direct_put, direct_signal, drain_inbox, is_host_fifo, set_consumer, set_direct, set_inbox,
-    Assist, Drain,
+    abandon, direct_put, direct_signal, drain_inbox, is_host_fifo, set_consumer, set_direct,
+    set_inbox, withdraw, Assist, Drain, Withdrawal,
 };
+pub(crate) use registry::{assist_after_push, consumer_and_gate};
 
 use crate::abi::*;
 use crate::error::Result;
 use crate::mem::HostBlock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 pub const SIZE: u64 = MSCCLPP_PROXY_FIFO_SIZE;
 
@@ -236,6 +240,8 @@ pub struct Fifo {
     /// same as the consumer's for a host FIFO).
     prod_slots: *mut mscclppTrigger,
     prod_ctrl: *mut u64,
+    /// Host FIFOs: tickets whose slot will never be written (see `abandoned.rs`).
+    abandoned: Option<Arc<Abandoned>>,
     _mem: FifoMem,
 }
 
@@ -247,7 +253,9 @@ enum FifoMem {
     Host {
         _slots: HostBlock,
         _ctrl: HostBlock,
-        _head: HostBlock,
+        /// Never freed: moved to `RETIRED_HEADS` when the FIFO goes (see there). `None` only
+        /// once moved.
+        _head: Option<HostBlock>,
     },
     /// Producers are kernels on `device`. Slots and `[tail, abort]` sit in one pinned, mapped
     /// host block: a kernel's trigger store is a posted PCIe write and the proxy polls its own
@@ -302,20 +310,23 @@ impl Fifo {
         // The wait record too, though only kernels write one: the same layout for both kinds.
         let ctrl = HostBlock::zeroed(CTRL_BYTES, 64)?;
         let head = HostBlock::zeroed(8, 64)?;
-        registry::add(head.ptr().cast());
-        Ok(Fifo {
+        let abandoned = Arc::<Abandoned>::default();
+        let f = Fifo {
             slots: slots.ptr().cast(),
             ctrl: ctrl.ptr().cast(),
             head: head.ptr().cast(),
             tail: 0,
             prod_slots: slots.ptr().cast(),
             prod_ctrl: ctrl.ptr().cast(),
+            abandoned: Some(abandoned.clone()),
             _mem: FifoMem::Host {
                 _slots: slots,
                 _ctrl: ctrl,
-                _head: head,
+                _head: Some(head),
             },
-        })
+        };
+        registry::add(&f.producer_view(0), abandoned);
+        Ok(f)
     }
 
     /// A FIFO whose producers are kernels on CUDA `device` (layout: see `FifoMem::Cuda`).
@@ -354,6 +365,7 @@ impl Fifo {
             tail: 0,
             prod_slots: host.dev() as usize as *mut mscclppTrigger,
             prod_ctrl,
+            abandoned: None,
             _mem: FifoMem::Cuda {
                 device,
                 _host: host,
@@ -481,8 +493,48 @@ impl Fifo {
         }
     }
 
-    /// The trigger at the tail, if a producer has completed it.
-    pub fn peek(&self) -> Option<[u64; 2]> {
+    /// The trigger at the tail, if a producer has completed it. Host FIFOs: an empty slot whose
+    /// ticket was abandoned (its producer gave up, see `abandoned.rs`) is retired on the way
+    /// as a no-op, executing nothing.
+    pub fn peek(&mut self) -> Option<[u64; 2]> {
+        // Ends at a written slot, or at an empty one whose ticket is not abandoned; each turn
+        // retires one abandoned ticket, of which there are finitely many.
+        loop {
+            if let Some(w) = self.peek_slot() {
+                return Some(w);
+            }
+            if !self.abandoned.as_ref().is_some_and(|a| a.take(self.tail)) {
+                return None;
+            }
+            // Published at once: producers waiting for room count on it (the slot's zero
+            // pairs as in any pop).
+            self.pop(true);
+        }
+    }
+
+    /// Host FIFOs: takes back the trigger of `ticket`, which a producer wrote and the consumer
+    /// has not reached: its slot is cleared and the ticket retired as a no-op when the tail
+    /// gets there. `&mut self` means the caller holds the consumer (the proxy's lock), so the
+    /// trigger is not being executed. False (nothing done) if it was retired already, or for
+    /// a CUDA FIFO.
+    pub fn withdraw(&mut self, ticket: u64) -> bool {
+        let Some(a) = &self.abandoned else {
+            return false;
+        };
+        if ticket < self.tail {
+            return false;
+        }
+        let (w0, w1) = self.slot_words(ticket);
+        // Relaxed: the consumer reads the slot under the lock our caller holds; the producer
+        // of the slot's next ticket writes it only once the tail has passed `ticket`, which
+        // `pop` publishes with Release after its own zeroing.
+        w1.store(0, Ordering::Relaxed);
+        w0.store(0, Ordering::Relaxed);
+        a.add(ticket);
+        true
+    }
+
+    fn peek_slot(&self) -> Option<[u64; 2]> {
         let (w0, w1) = self.slot_words(self.tail);
         // Acquire pairs with the producer's Release store of word0 (host producers); a GPU
         // producer writes both words in one 16-byte store. word1 always has a non-zero type, so
@@ -518,7 +570,7 @@ impl Fifo {
         unsafe { AtomicU64::from_ptr(self.ctrl) }.store(self.tail, Ordering::Release);
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub fn is_empty(&mut self) -> bool {
         self.peek().is_none()
     }
 
@@ -545,12 +597,22 @@ fn device_wait_bounds_ns() -> (u64, u64) {
     )
 }
 
+/// The head blocks of host FIFOs that are gone, kept allocated for the life of the process
+/// (a 64-byte block per host FIFO ever created, one per host-memory endpoint): a head address
+/// then names one FIFO forever, so a `mscclppDevConn` of a destroyed communicator is refused
+/// (`is_host_fifo`) even when a newer FIFO got its slots and tail addresses. Kept here rather
+/// than forgotten, so that leak checkers see them reachable.
+static RETIRED_HEADS: std::sync::Mutex<Vec<HostBlock>> = std::sync::Mutex::new(Vec::new());
+
 impl Drop for Fifo {
     fn drop(&mut self) {
-        if !matches!(self._mem, FifoMem::Host { .. }) {
+        let FifoMem::Host { _head, .. } = &mut self._mem else {
             return;
-        }
+        };
         registry::remove(self.head);
+        if let Some(h) = _head.take() {
+            crate::sync::lock(&RETIRED_HEADS).push(h);
+        }
     }
 }
 

@@ -1,7 +1,9 @@
 //! Host FIFOs and their consumers: the producers of a host-memory FIFO find its consumer (the
 //! proxy's work) here, to do a round of it themselves or to deliver a signal without a trigger.
 
+use super::abandoned::Abandoned;
 use super::HelperGate;
+use crate::abi::mscclppConcurrentFifo;
 use crate::sync::{read, write};
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, RwLock, Weak};
@@ -20,6 +22,22 @@ pub trait Assist: Send + Sync {
     /// for `direct_signal`, and a peer with a ring of inline puts that has room);
     /// false: push the trigger. Never blocks on the peer.
     fn direct_put(&self, conn: usize, dst: u64, src: u64, size: u64, signal: bool) -> bool;
+    /// Takes back the trigger of `ticket` if the consumer has not started it (`Fifo::withdraw`):
+    /// for a producer that gave up waiting for its trigger's completion. Never blocks on a
+    /// consumer at work.
+    fn withdraw(&self, ticket: u64) -> Withdrawal;
+}
+
+/// What became of a trigger its producer asked to take back (`Assist::withdraw`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Withdrawal {
+    /// Taken back: nothing of it was or will be executed.
+    Withdrawn,
+    /// Already executed and retired.
+    Retired,
+    /// Still queued, or being executed: the consumer was busy (or failed, or is gone), so it
+    /// may still run.
+    Queued,
 }
 
 /// A ring of inline puts into one connection's buffer (`transport::inbox::Inbox`): a waiter
@@ -39,19 +57,38 @@ pub(crate) struct Consumer {
     inboxes: Vec<Option<Arc<dyn Drain>>>,
 }
 
-/// Head addresses of the live host-memory FIFOs, with their consumer once the communicator has
-/// one. The host-driven API accepts a connection only if its FIFO is here, so a device-memory or
-/// foreign `mscclppDevConn` is an error rather than a stray access.
-type HostFifos = HashMap<usize, Option<Consumer>>;
+/// A live host-memory FIFO: the rest of its producer view, its abandoned tickets, and its
+/// consumer once the communicator has one.
+struct HostFifo {
+    slots: usize,
+    tail: usize,
+    abandoned: Arc<Abandoned>,
+    consumer: Option<Consumer>,
+}
+
+/// The live host-memory FIFOs by head address. The host-driven API accepts a connection only if
+/// its whole FIFO view is here, so a device-memory, foreign or stale `mscclppDevConn` is an
+/// error rather than a stray access. Head addresses are never reused (`Fifo::new_host` never
+/// frees a head), so a connection of a destroyed communicator cannot match a newer FIFO.
+type HostFifos = HashMap<usize, HostFifo>;
 static HOST_FIFOS: LazyLock<RwLock<HostFifos>> = LazyLock::new(Default::default);
 
 fn host_fifos() -> std::sync::RwLockReadGuard<'static, HostFifos> {
     read(&HOST_FIFOS)
 }
 
-/// A new host FIFO with head `head`, without a consumer yet.
-pub(super) fn add(head: *const u64) {
-    write(&HOST_FIFOS).insert(head as usize, None);
+/// A new host FIFO with producer view `view` and abandoned tickets `abandoned`, without a
+/// consumer yet.
+pub(super) fn add(view: &mscclppConcurrentFifo, abandoned: Arc<Abandoned>) {
+    write(&HOST_FIFOS).insert(
+        view.triggerFifoHead as usize,
+        HostFifo {
+            slots: view.triggerFifo as usize,
+            tail: view.triggerFifoTail as usize,
+            abandoned,
+            consumer: None,
+        },
+    );
 }
 
 /// The host FIFO with head `head` is gone.
@@ -59,16 +96,32 @@ pub(super) fn remove(head: *const u64) {
     write(&HOST_FIFOS).remove(&(head as usize));
 }
 
-/// True if `head` belongs to a live host-memory FIFO of this process.
-pub fn is_host_fifo(head: *const u64) -> bool {
-    host_fifos().contains_key(&(head as usize))
+/// True if `f` is the producer view of a live host-memory FIFO of this process (head, slots
+/// and tail all match).
+pub fn is_host_fifo(f: &mscclppConcurrentFifo) -> bool {
+    host_fifos()
+        .get(&(f.triggerFifoHead as usize))
+        .is_some_and(|e| e.slots == f.triggerFifo as usize && e.tail == f.triggerFifoTail as usize)
+}
+
+/// Records that the producer of `ticket` of the host FIFO at `head` gave up without writing
+/// its slot: the consumer retires it as a no-op (`Abandoned`). Nothing if the FIFO is gone.
+pub fn abandon(head: *const u64, ticket: u64) {
+    if let Some(e) = host_fifos().get(&(head as usize)) {
+        e.abandoned.add(ticket);
+    }
+}
+
+/// See [`Assist::withdraw`], for ticket `ticket` of the host FIFO at `head`.
+pub fn withdraw(head: *const u64, ticket: u64) -> Withdrawal {
+    consumer(head, |_| true).map_or(Withdrawal::Queued, |c| c.withdraw(ticket))
 }
 
 /// Names the consumer of the host FIFO whose head is `head`; `helps`: host threads may do its
 /// work (`assist`), and count themselves in `gate` while they wait doing it.
 pub fn set_consumer(head: *const u64, work: Weak<dyn Assist>, helps: bool, gate: Arc<HelperGate>) {
     if let Some(e) = write(&HOST_FIFOS).get_mut(&(head as usize)) {
-        *e = Some(Consumer {
+        e.consumer = Some(Consumer {
             work,
             helps,
             direct: false,
@@ -82,14 +135,18 @@ pub fn set_consumer(head: *const u64, work: Weak<dyn Assist>, helps: bool, gate:
 /// directly (SHM over host memory): only then do `direct_signal` and `direct_put` try the
 /// consumer, whose lock they may have to wait a little for.
 pub fn set_direct(head: *const u64) {
-    if let Some(Some(c)) = write(&HOST_FIFOS).get_mut(&(head as usize)) {
+    if let Some(c) = consumer_mut(&mut write(&HOST_FIFOS), head) {
         c.direct = true;
     }
 }
 
+fn consumer_mut(fifos: &mut HostFifos, head: *const u64) -> Option<&mut Consumer> {
+    fifos.get_mut(&(head as usize))?.consumer.as_mut()
+}
+
 /// Names the ring of inline puts into connection `conn` of the host FIFO at `head`.
 pub fn set_inbox(head: *const u64, conn: usize, inbox: Arc<dyn Drain>) {
-    if let Some(Some(c)) = write(&HOST_FIFOS).get_mut(&(head as usize)) {
+    if let Some(c) = consumer_mut(&mut write(&HOST_FIFOS), head) {
         if c.inboxes.len() <= conn {
             c.inboxes.resize(conn + 1, None);
         }
@@ -105,7 +162,7 @@ pub fn drain_inbox(head: *const u64, conn: usize) -> crate::error::Result<()> {
     // thread shares).
     let inbox = host_fifos()
         .get(&(head as usize))
-        .and_then(|c| c.as_ref())
+        .and_then(|e| e.consumer.as_ref())
         .and_then(|c| c.inboxes.get(conn).cloned().flatten());
     match inbox {
         Some(i) => i.drain(),
@@ -123,6 +180,7 @@ fn lookup<T>(
     let fifos = host_fifos();
     let c = fifos
         .get(&(head as usize))?
+        .consumer
         .as_ref()
         .filter(|c| wanted(c))?;
     Some(take(c, c.work.upgrade()?))

@@ -16,17 +16,18 @@ pub use spin::Spin;
 
 use crate::abi::*;
 use crate::error::{Error, Result};
-use crate::fifo;
+use crate::fifo::{self, Withdrawal};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A connection checked to be a live host-memory connection of this process.
 pub struct Conn(mscclppDevConn);
 
 impl Conn {
-    /// Accepts `c` only if its FIFO is a live host FIFO: a CUDA buffer's connection (driven by
-    /// its kernel), a destroyed communicator's or a forged one is an error, not a stray access.
+    /// Accepts `c` only if its FIFO is a live host FIFO (its whole view: head, slots, tail): a
+    /// CUDA buffer's connection (driven by its kernel), a destroyed communicator's (head
+    /// addresses are never reused) or a forged one is an error, not a stray access.
     pub fn new(c: mscclppDevConn) -> Result<Self> {
-        if !fifo::is_host_fifo(c.fifo.triggerFifoHead) {
+        if !fifo::is_host_fifo(&c.fifo) {
             return Err(Error::usage("this connection is not a live host-memory connection (a CUDA buffer's connection is driven by its kernel's device methods; or the communicator was destroyed)"));
         }
         Ok(Conn(c))
@@ -43,40 +44,71 @@ impl Conn {
     }
 
     /// `signal()`: the peer's `wait` returns once every earlier put on this connection arrived.
+    /// Each call that fails sent nothing (the informational count is bumped on success only).
     pub fn signal(&self) -> Result<()> {
-        self.epoch_increment();
         // SHM: straight into the peer's mapped epoch block when nothing is queued or
         // undelivered before it (no trigger, no thread hand-off); otherwise by the proxy.
-        if self.drained()
-            && fifo::direct_signal(self.0.fifo.triggerFifoHead, self.0.fifo.connId as usize)
+        if !(self.drained()
+            && fifo::direct_signal(self.0.fifo.triggerFifoHead, self.0.fifo.connId as usize))
         {
-            return Ok(());
+            self.push(mscclppFlag, 0, 0, 1)?;
         }
-        self.push(mscclppFlag, 0, 0, 1).map(|_| ())
+        self.epoch_increment();
+        Ok(())
     }
 
     /// `putWithSignal()`: a put followed by a signal, in one trigger.
     pub fn put_with_signal(&self, dst: u64, src: u64, size: u64) -> Result<()> {
         let triggers = self.put_triggers(mscclppData | mscclppFlag, dst, src, size)?;
-        self.epoch_increment();
-        if self.direct_put(dst, src, size, true) {
-            return Ok(());
+        if !self.direct_put(dst, src, size, true) {
+            self.push_all(triggers)?;
         }
-        self.push_all(triggers).map(|_| ())
+        self.epoch_increment();
+        Ok(())
     }
 
-    /// `putWithSignalAndFlush()`: put, signal, and wait until both have completed.
+    /// `putWithSignalAndFlush()`: put, signal, and wait until both have completed. When the
+    /// wait times out, the trigger is taken back if the proxy has not started it, and then
+    /// nothing was sent (the error says which).
     pub fn put_with_signal_and_flush(&self, dst: u64, src: u64, size: u64) -> Result<()> {
         let triggers =
             self.put_triggers(mscclppData | mscclppFlag | mscclppSync, dst, src, size)?;
-        self.epoch_increment();
-        // Inline, the flush still waits until the peer applied it (flush means "arrived").
+        let parts = triggers.count(); // (a copy: PutTriggers is Copy)
+                                      // Inline, the flush still waits until the peer applied it (flush means "arrived").
         if self.direct_put(dst, src, size, true) {
-            return self.flush();
+            self.epoch_increment();
+            return self.flush().map_err(|e| {
+                e.within("the put and its signal were sent inline; only their flush failed (retry with mscclppDevConnFlush, not the put)")
+            });
         }
         // The last trigger carries the Sync: retiring it proves the earlier chunks done.
         let h = self.push_all(triggers)?;
-        self.wait_retired(h)
+        match self.wait_retired(h) {
+            Err(e @ Error::Timeout { .. }) => {
+                match fifo::withdraw(self.0.fifo.triggerFifoHead, h) {
+                    Withdrawal::Withdrawn if parts == 1 => Err(
+                        e.within("taken back before the proxy started it: nothing of it was sent")
+                    ),
+                    Withdrawal::Withdrawn => Err(e.within(
+                        "its last part, which carries the signal, was taken back before the proxy started it: the signal was not sent, earlier parts of the put may have been (retry the whole call)",
+                    )),
+                    // Completed between the deadline and the withdrawal.
+                    Withdrawal::Retired => {
+                        self.epoch_increment();
+                        Ok(())
+                    }
+                    Withdrawal::Queued => {
+                        self.epoch_increment();
+                        Err(e.within("the proxy could not give it back (it was busy with it, or failed): the put and its signal may still be sent (retry with mscclppDevConnFlush, not the put)"))
+                    }
+                }
+            }
+            r => {
+                // Completed, or the communicator was aborted (then nothing more is sent).
+                self.epoch_increment();
+                r
+            }
+        }
     }
 
     /// `flush()`: returns once every earlier put and signal on this connection has completed
@@ -87,29 +119,34 @@ impl Conn {
     }
 
     /// `wait()`: waits for the peer's next signal on this connection; the data of every put
-    /// before that signal is then readable.
+    /// before that signal is then readable. A wait that fails consumes no signal: its retry
+    /// waits for the same one.
     pub fn wait(&self) -> Result<()> {
         let c = &self.0;
         // SAFETY: waitEpochId and localSignalEpochId point into the connection's live epoch
         // block; waitEpochId is only touched by this connection's waiter.
-        let (wait, proxy) = unsafe {
-            let w = AtomicU64::from_ptr(c.waitEpochId);
+        let (waited, proxy) = unsafe {
             (
-                w.fetch_add(1, Ordering::Relaxed) + 1,
+                AtomicU64::from_ptr(c.waitEpochId),
                 AtomicU64::from_ptr(std::ptr::addr_of_mut!((*c.localSignalEpochId).proxy)),
             )
         };
+        // Relaxed: only this connection's waiter touches it. Stored only once the signal came
+        // (the kernel's wait() stores it first: on the GPU the only failure is the abort, which
+        // is final, but a host wait may time out and be retried).
+        let target = waited.load(Ordering::Relaxed) + 1;
         let mut spin = Spin::new(
             &c.fifo,
             crate::config::wait_timeout(),
             crate::proxy::WaitOp::Wait,
-            wait,
+            target,
         );
         // Acquire pairs with the peer's write of the signal count, which the transport orders
         // after the data. Ends when the count arrives, on abort, or at the deadline.
-        while proxy.load(Ordering::Acquire) < wait {
+        while proxy.load(Ordering::Acquire) < target {
             spin.step("wait: no signal from the peer")?;
         }
+        waited.store(target, Ordering::Relaxed);
         // SHM over host memory: the peer's inline puts before this signal are in our ring
         // (the count's Acquire above pairs with the peer's Release after writing them); apply
         // them before the caller reads the buffer.

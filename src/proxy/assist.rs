@@ -3,7 +3,10 @@
 //! idle SHM connection a record in the peer's ring of inline puts.
 
 use super::conn::{direct_flag, direct_put};
+use super::thread::panic_error;
 use super::work::ProxyWork;
+use crate::fifo::Withdrawal;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, MutexGuard};
 
 /// Host threads that push into, or wait on, a host FIFO do the proxy's work themselves when
@@ -17,11 +20,35 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
             return false;
         };
         if w.active {
-            if let Err(e) = w.service(false, true) {
+            // A panic in the work (a bug) fails the communicator now, as an error does, not
+            // only when the proxy is stopped. AssertUnwindSafe: after it the work is failed,
+            // so nobody consumes from its state again.
+            let r = catch_unwind(AssertUnwindSafe(|| w.service(false, true)))
+                .unwrap_or_else(|p| Err(panic_error(p)));
+            if let Err(e) = r {
                 w.fail(&e);
             }
         }
         true
+    }
+
+    fn withdraw(&self, ticket: u64) -> Withdrawal {
+        let Some(mut w) = locked(self) else {
+            return Withdrawal::Queued;
+        };
+        if w.sticky.get().is_some() {
+            // A failure may have come in the middle of this very trigger.
+            return Withdrawal::Queued;
+        }
+        if ticket < w.fifo.ticket() {
+            return Withdrawal::Retired;
+        }
+        // Holding the lock, nobody is executing it; not retired, so not started.
+        if w.fifo.withdraw(ticket) {
+            Withdrawal::Withdrawn
+        } else {
+            Withdrawal::Queued
+        }
     }
 
     fn direct_signal(&self, conn: usize) -> bool {
@@ -45,16 +72,22 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
 /// its rounds (short unless it is stuck in the transport), and the trigger path, which has
 /// bounded waits, is always there.
 fn idle(m: &Mutex<ProxyWork>) -> Option<MutexGuard<'_, ProxyWork>> {
+    let w = locked(m)?;
+    (w.active && w.fifo.all_retired()).then_some(w)
+}
+
+/// The consumer, locked, if the lock is had within a few tries (see `idle`).
+fn locked(m: &Mutex<ProxyWork>) -> Option<MutexGuard<'_, ProxyWork>> {
     let mut tries = 0;
-    let w = loop {
+    // Ends: the lock is had, or after 64 tries.
+    loop {
         match m.try_lock() {
-            Ok(w) => break w,
+            Ok(w) => return Some(w),
             Err(_) if tries < 64 => {
                 tries += 1;
                 std::hint::spin_loop();
             }
             Err(_) => return None,
         }
-    };
-    (w.active && w.fifo.all_retired()).then_some(w)
+    }
 }

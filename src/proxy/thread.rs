@@ -37,7 +37,13 @@ pub fn launch(work: SharedWork) -> Result<Running> {
         // primary context.
         crate::cuda::bind_proxy_thread(device);
         gate.set_proxy_thread(assisted.then(std::thread::current));
-        let r = run(&work2, &stop2, assisted.then_some(&*gate));
+        // A panic (a bug) fails the communicator at once, as an error does: sticky error and
+        // abort word now, not when the thread is joined at stop. AssertUnwindSafe: after it
+        // the work is failed, so nobody consumes from its state again.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run(&work2, &stop2, assisted.then_some(&*gate))
+        }))
+        .unwrap_or_else(|p| Err(fail_and_quiesce(&mut lock(&work2), panic_error(p))));
         gate.set_proxy_thread(None);
         r
     });
@@ -177,6 +183,16 @@ fn fail_and_quiesce(w: &mut ProxyWork, e: Error) -> Error {
         crate::warn!("{}: after the error, quiescing failed too: {q}", w.name);
     }
     e
+}
+
+/// The error a panic in the proxy's work becomes: `mscclppInternalError`, with the panic's text.
+pub(super) fn panic_error(p: Box<dyn std::any::Any + Send>) -> Error {
+    let what = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    Error::internal(format!("the proxy's work panicked: {what}"))
 }
 
 /// An idle proxy's nap: short, because device producers (GPU FIFOs) wait for it to notice

@@ -128,6 +128,7 @@ impl ProxyWork {
         while n < BATCH {
             let Some(words) = self.fifo.peek() else { break };
             let t = Trigger::decode(words).map_err(|r| refused(self, &r))?;
+            test_panic(self.handled);
             handle(self, &t)?;
             self.fifo.pop(t.ty & mscclppSync != 0);
             n += 1;
@@ -219,6 +220,17 @@ pub(super) fn progress_idle(endpoint: &SharedEndpoint) -> Result<()> {
     let mut ep = lock(endpoint);
     ep.progress()?;
     ep.poll_incoming()
+}
+
+/// `MSCCLPP_TEST_PROXY_PANIC=N` (tests): panics before the N-th trigger, `handled` having
+/// been executed before it.
+fn test_panic(handled: u32) {
+    if crate::config::get().test_proxy_panic == Some(handled as u64 + 1) {
+        panic!(
+            "MSCCLPP_TEST_PROXY_PANIC: the proxy's work panics at trigger {}",
+            handled as u64 + 1
+        );
+    }
 }
 
 /// Triggers one `service` round executes before it lets go of the lock.
