@@ -16,7 +16,7 @@ mod gate;
 mod registry;
 
 pub use gate::HelperGate;
-pub(crate) use registry::{assist_after_push, consumer_and_gate};
+pub(crate) use registry::{assist_after_push, consumer_and_gate, hold};
 pub use registry::{
     direct_put, direct_signal, drain_inbox, is_host_fifo, set_consumer, set_direct, set_inbox,
     Assist, Drain,
@@ -74,7 +74,9 @@ pub struct Fifo {
     /// same as the consumer's for a host FIFO).
     prod_slots: *mut mscclppTrigger,
     prod_ctrl: *mut u64,
-    _mem: FifoMem,
+    /// Freed on drop unless [`Fifo::leak_memory`] was called.
+    _mem: std::mem::ManuallyDrop<FifoMem>,
+    leaked: bool,
 }
 
 // SAFETY: the raw pointers point into `_mem`, which the Fifo owns; only the proxy thread that
@@ -113,7 +115,9 @@ const DEV_DONE: usize = 2;
 const DEV_DONE_ON: usize = 3;
 const DEV_WORDS: usize = 8;
 
-/// Shared handle to a FIFO's abort word, for the API thread (valid while the comm lives).
+/// Shared handle to a FIFO's abort word, for the communicator's abort (`proxy::Sticky`), which
+/// raises the words of all its FIFOs together; valid until the communicator detaches it at
+/// destroy, before the FIFO's memory goes.
 #[derive(Clone, Copy)]
 pub struct AbortWord(*mut u64);
 // SAFETY: the word is only touched through atomics; the comm keeps its memory alive.
@@ -127,6 +131,12 @@ impl AbortWord {
     pub fn set(&self, code: mscclppResult_t) {
         // SAFETY: points to a live, 8-byte aligned u64 (see type doc).
         unsafe { AtomicU64::from_ptr(self.0) }.store(code as u64, Ordering::Release);
+    }
+
+    /// Lowers the word again (`mscclppProxyLaunch` after a stop). Release, as in `set`.
+    pub fn clear(&self) {
+        // SAFETY: as in `set`.
+        unsafe { AtomicU64::from_ptr(self.0) }.store(0, Ordering::Release);
     }
 }
 
@@ -144,11 +154,12 @@ impl Fifo {
             tail: 0,
             prod_slots: slots.ptr().cast(),
             prod_ctrl: ctrl.ptr().cast(),
-            _mem: FifoMem::Host {
+            _mem: std::mem::ManuallyDrop::new(FifoMem::Host {
                 _slots: slots,
                 _ctrl: ctrl,
                 _head: head,
-            },
+            }),
+            leaked: false,
         })
     }
 
@@ -184,17 +195,18 @@ impl Fifo {
             tail: 0,
             prod_slots: host.dev() as usize as *mut mscclppTrigger,
             prod_ctrl,
-            _mem: FifoMem::Cuda {
+            _mem: std::mem::ManuallyDrop::new(FifoMem::Cuda {
                 device,
                 _host: host,
                 _head: head,
-            },
+            }),
+            leaked: false,
         })
     }
 
     /// The CUDA device whose kernels produce into this FIFO (None: host producers).
     pub fn device(&self) -> Option<i32> {
-        match &self._mem {
+        match &*self._mem {
             FifoMem::Host { .. } => None,
             FifoMem::Cuda { device, .. } => Some(*device),
         }
@@ -214,7 +226,7 @@ impl Fifo {
     /// clears after it has itself seen the completion. Producers look at it only once
     /// [`Fifo::enable_done_word`] was called. None for host FIFOs.
     pub fn done_word(&self) -> Option<u64> {
-        match &self._mem {
+        match &*self._mem {
             FifoMem::Host { .. } => None,
             FifoMem::Cuda { _head, .. } => Some(_head.ptr() + DEV_DONE as u64 * 8),
         }
@@ -223,7 +235,7 @@ impl Fifo {
     /// Tells the producers to poll the done word in their flush() (once, before any kernel
     /// uses the FIFO: a stream write followed by a wait).
     pub fn enable_done_word(&self) -> Result<()> {
-        match &self._mem {
+        match &*self._mem {
             FifoMem::Host { .. } => Ok(()),
             FifoMem::Cuda { _head, .. } => _head.write_u64(DEV_DONE_ON * 8, 1),
         }
@@ -242,6 +254,29 @@ impl Fifo {
     pub fn abort_word(&self) -> AbortWord {
         // SAFETY: ctrl points to two u64; the second is the abort word.
         AbortWord(unsafe { self.ctrl.add(1) })
+    }
+
+    /// The abort word's value (0: not raised). Acquire pairs with `AbortWord::set`.
+    pub fn aborted(&self) -> u64 {
+        // SAFETY: ctrl points to two live u64; the second is the abort word, touched only
+        // atomically.
+        unsafe { AtomicU64::from_ptr(self.ctrl.add(1)) }.load(Ordering::Acquire)
+    }
+
+    /// Retires every trigger now in the FIFO without executing it (at most `SIZE`, so that a
+    /// producer that keeps pushing cannot hold the caller), publishes the tail, and returns
+    /// how many. For triggers pushed after the communicator's abort.
+    pub fn discard(&mut self) -> u64 {
+        let mut n = 0;
+        // Ends when the FIFO is empty or after SIZE triggers.
+        while n < SIZE && self.peek().is_some() {
+            self.pop(false);
+            n += 1;
+        }
+        if n > 0 {
+            self.publish_tail();
+        }
+        n
     }
 
     fn slot_words(&self, idx: u64) -> (&AtomicU64, &AtomicU64) {
@@ -307,12 +342,25 @@ impl Fifo {
     }
 }
 
+impl Fifo {
+    /// Keeps the FIFO's memory for good instead of freeing it on drop: a kernel (or the SM
+    /// engine) that has not ended may still poll or store into it (teardown says why, at WARN).
+    pub fn leak_memory(&mut self) {
+        self.leaked = true;
+    }
+}
+
 impl Drop for Fifo {
     fn drop(&mut self) {
-        if !matches!(self._mem, FifoMem::Host { .. }) {
-            return;
+        if matches!(*self._mem, FifoMem::Host { .. }) {
+            registry::remove(self.head);
         }
-        registry::remove(self.head);
+        if !self.leaked {
+            // SAFETY: dropped once, here; nothing uses the memory after the Fifo is gone
+            // (producers' copies of the pointers are the caller's to stop first, see
+            // `leak_memory`).
+            unsafe { std::mem::ManuallyDrop::drop(&mut self._mem) };
+        }
     }
 }
 

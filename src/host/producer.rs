@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// `fifo` must be the producer view of a live host-memory FIFO.
 pub unsafe fn host_push(fifo: &mscclppConcurrentFifo, w: [u64; 2]) -> Result<u64> {
     debug_assert!(w[0] != 0 && w[1] != 0);
+    // After the abort nothing is queued (no ticket taken): a stop or destroy released the FIFO.
+    super::aborted(fifo, "push")?;
     // SAFETY: the caller passes a live host FIFO's view: head and tail are its aligned,
     // live control words, touched only atomically.
     let (head, tail) = unsafe {

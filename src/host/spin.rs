@@ -2,7 +2,7 @@
 //! the proxy's work itself where it may (`fifo::Assist`).
 
 use crate::abi::mscclppConcurrentFifo;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fifo::{consumer_and_gate, Assist, HelperGate};
 use crate::sync::{Backoff, Nap, Policy};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -102,7 +102,7 @@ impl Spin {
         // SAFETY: `abort` points into a live FIFO control block (the caller's DevConn).
         let a = unsafe { AtomicU64::from_ptr(self.abort as *mut u64) }.load(Ordering::Acquire);
         if a != 0 {
-            return Err(Error::remote(format!("{what}: the communicator was aborted (error code {a}); see mscclppCommGetAsyncError")));
+            return Err(super::abort_error(what, a));
         }
         self.n = self.n.saturating_add(1);
         // What we wait for may need the proxy's work (our trigger executed, the endpoint through

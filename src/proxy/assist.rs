@@ -37,7 +37,8 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
     }
 }
 
-/// The consumer, locked, if it is active and every ticket taken from its FIFO was retired (a
+/// The consumer, locked, if it is active, its FIFO's abort word is down (after the abort
+/// nothing is delivered, directly or not), and every ticket taken from its FIFO was retired (a
 /// ticket taken and not yet written counts: with three threads on one FIFO, checking for an
 /// empty ring let a thread's direct put overtake its own earlier trigger): then every trigger
 /// the calling thread pushed before was executed, and a direct signal or put follows them as a trigger
@@ -56,5 +57,5 @@ fn idle(m: &Mutex<ProxyWork>) -> Option<MutexGuard<'_, ProxyWork>> {
             Err(_) => return None,
         }
     };
-    (w.active && w.fifo.all_retired()).then_some(w)
+    (w.active && w.fifo.aborted() == 0 && w.fifo.all_retired()).then_some(w)
 }

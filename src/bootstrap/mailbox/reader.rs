@@ -23,8 +23,8 @@ struct Conn {
     auth_by: Instant,
     /// The peer said `Bye`: its closing is deliberate, and nothing more may come.
     bye: bool,
-    /// The peer sent `Abort` on it (its closing follows from that failure).
-    aborted: bool,
+    /// The peer sent `Abort` on it, with why (its closing follows from that failure).
+    aborted: Option<String>,
 }
 
 pub(super) struct Reader {
@@ -202,7 +202,7 @@ impl Reader {
                         asm: Assembler::new(),
                         auth_by: Instant::now() + self.timeout,
                         bye: false,
-                        aborted: false,
+                        aborted: None,
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -312,8 +312,8 @@ impl Reader {
                         c.bye = true;
                     }
                     Kind::Abort => {
-                        c.aborted = true;
                         let why = String::from_utf8_lossy(&payload).into_owned();
+                        c.aborted = Some(why.clone());
                         let mut st = lock(&self.shared.st);
                         if st.aborted.is_none() {
                             st.aborted =
@@ -366,8 +366,8 @@ impl Reader {
             });
             return;
         }
-        let lost = if c.aborted {
-            format!("rank {p} aborted its bootstrap and {why}")
+        let lost = if let Some(reason) = &c.aborted {
+            format!("rank {p} aborted its bootstrap ({reason}) and {why}")
         } else if why == "closed its connection" {
             format!(
                 "rank {p} closed its bootstrap connection without saying goodbye (process exited or crashed?)"
