@@ -106,11 +106,13 @@ impl Comm {
             done(slots)
         };
         if !until(&self.slots, DRAIN) {
-            crate::info!(
-                "rank {}: the proxies did not go quiet within {DRAIN:?} of the stop: raising the abort (what is pushed from now on is not executed)",
-                self.rank()
-            );
-            self.sticky.release(false);
+            if !destroying {
+                crate::info!(
+                    "rank {}: the proxies did not go quiet within {DRAIN:?} of the stop: raising the abort (what is pushed from now on is not executed)",
+                    self.rank()
+                );
+                self.sticky.release(false);
+            }
             if !until(&self.slots, CUT) {
                 crate::warn!(
                     "rank {}: the proxies' final flushes did not end within {CUT:?} of the stop: ending them (their peers may not have everything)",
