@@ -22,6 +22,8 @@
 #      processes per GPU), with the SM copy engine (default) and with the copy engines only
 #      (both Flag paths), and once under mpirun (OMPI_* environment); registered writes from
 #      GPU memory over P2P (c_examples/cuda/regwrite.cu),
+#   3b. tears down stuck kernels (in wait(), in flush(), ping-ponging) on one GPU with and
+#      without MPS: mscclppProxyStop and mscclppCommDestroy bounded, every kernel released,
 #   4. runs the benchmarks: signal latency and FIFO costs, put bandwidth, all-gather (CUDA
 #      graph timing; also with the copy engines only), and a profile (time in put/flush/wait
 #      inside the kernel; the proxy's driver calls and SM engine waits, MSCCLPP_P2P_STATS=1),
@@ -215,13 +217,13 @@ build_examples() {
       -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_BUILD_TYPE=Release -DMSCCLPP_EXAMPLES_STATIC=OFF &&
     cmake --build "$WORK/ex" -j 8 --target allgather pingpong bandwidth regwrite bigput stuck \
-      allgather_perf alltoall_perf sendrecv_perf &&
+      stuck_teardown allgather_perf alltoall_perf sendrecv_perf &&
     cp "$WORK/ex/allgather" "$WORK/ex/pingpong" "$WORK/ex/bandwidth" "$WORK/ex/regwrite" \
-      "$WORK/ex/bigput" "$WORK/ex/stuck" "$WORK/ex/allgather_perf" "$WORK/ex/alltoall_perf" \
-      "$WORK/ex/sendrecv_perf" "$BIN/"
+      "$WORK/ex/bigput" "$WORK/ex/stuck" "$WORK/ex/stuck_teardown" "$WORK/ex/allgather_perf" \
+      "$WORK/ex/alltoall_perf" "$WORK/ex/sendrecv_perf" "$BIN/"
 }
 build_examples_nvcc() {
-  mkdir -p "$BIN" && for ex in allgather pingpong bandwidth regwrite bigput stuck; do
+  mkdir -p "$BIN" && for ex in allgather pingpong bandwidth regwrite bigput stuck stuck_teardown; do
     local extra=()
     [[ $ex == regwrite ]] && extra=(--default-stream=per-thread)
     "$NVCC" -O2 -std=c++17 -arch=sm_90 "${extra[@]}" -I"$PREFIX/include" \
@@ -465,6 +467,46 @@ else
   FAILED+=("examples missing")
 fi
 
+# 3b. Stuck jobs tear down (issue 28): two ranks on one GPU over P2P, their kernels stuck in
+#     wait() (a deadlock), in flush() (one hardware queue: the proxy's copy queues behind the
+#     kernel), in flush() with no proxy launched, or ping-ponging putWithSignal + wait(); the
+#     host calls mscclppProxyStop then mscclppCommDestroy (and once destroy alone) under the
+#     program's watchdog, with MPS and without (the daemon restarted before every case, so a
+#     case that wedges the server does not fail the next). Each rank prints a RESULT
+#     stuck_teardown line (how long the stop and destroy took, whether and when its kernel
+#     ended) and exits 1 past a bound or when its kernel did not end, 3 on a hang.
+stuck_case() { # MODE MPS [ARGS...]
+  local mode=$1 mps=$2 port pids=() rc=0 r p
+  shift 2
+  mps_down
+  ((mps)) && mps_up
+  port=$("$ROOT/scripts/free-port.sh") || return 1
+  for r in 0 1; do
+    CUDA_VISIBLE_DEVICES=${STUCK_GPU:-0} "$BIN/stuck_teardown" --mode "$mode" "$@" \
+      -r $r -n 2 -a "127.0.0.1:$port" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do
+    wait "$p" || rc=$?
+  done
+  return $rc
+}
+export -f stuck_case
+if [[ -x $BIN/stuck_teardown ]]; then
+  for mps in 1 0; do
+    [[ $mps == 1 && ${GPU_CHECK_MPS:-1} == 0 ]] && continue
+    for args in "wait" "flush" "flush-noproxy" "push" "wait --no-stop"; do
+      read -r mode extra <<<"$args"
+      run_step "test stuck teardown: $args, mps=$mps" 100 bash -c "stuck_case $mode $mps $extra"
+      grep -h '^RESULT stuck_teardown' "$LAST_OUT" |
+        sed "s/^RESULT stuck_teardown /RESULT stuck_teardown mps=$mps /" >>"$RES"
+    done
+  done
+  mps_down
+else
+  FAILED+=("stuck_teardown not built")
+fi
+
 # 5a. GPU memory through FI_HMEM (issue 15): Debian's libfabric 2.x source (carried, see the
 #     header) built here with CUDA, so that its shm provider registers GPU memory; the same
 #     all-gather, ping-pong and bandwidth over the IB transport on every provider that reports
@@ -681,7 +723,7 @@ r8 = res.get("allgather_r8", [])
 if r8:
     print(f"all-gather, 8 ranks on the machine's {ngpu} GPU(s), us per all-gather: " +
           ", ".join(f"{int(kv['bytes']) >> 20} MiB {fmt(kv)}" for kv in r8))
-for k in ("pingpong", "pingpong_ce", "fifo", "fifo_ce", "profile"):
+for k in ("pingpong", "pingpong_ce", "fifo", "fifo_ce", "profile", "stuck_teardown"):
     for kv in res.get(k, []):
         print(k, " ".join(f"{a}={b}" for a, b in kv.items()))
 bw = res.get("bandwidth", [])

@@ -834,7 +834,9 @@ fn registered_write_many_ranges_shm_2() {
 // ---- faults ---------------------------------------------------------------------------------
 
 /// A put beyond the peer's buffer is refused by the sender's proxy: nothing is written, the
-/// error is sticky and reported by flush, mscclppCommGetAsyncError and mscclppProxyStop.
+/// error is sticky and reported by flush, mscclppCommGetAsyncError and mscclppProxyStop. It
+/// aborts the communicator, and the peer learns that as it learns of a lost peer: its proxy
+/// fails at once, with the reason.
 fn out_of_range_trigger(e: Env) {
     let mut buf = vec![0u8; 4096];
     let c = connected_pair(&e, 0, &mut buf);
@@ -849,19 +851,26 @@ fn out_of_range_trigger(e: Env) {
         );
         assert_eq!(async_error(c), mscclppInvalidArgument);
         assert!(last_error().contains("aborted"), "{}", last_error());
-    }
-    ok(mscclppBootstrapBarrier(c));
-    if e.rank == 1 {
+        assert_eq!(mscclppProxyStop(c), mscclppRemoteError);
+        // Sticky: later calls that need the proxies report it too.
+        assert_eq!(mscclppProxyLaunch(c), mscclppRemoteError);
+    } else {
+        let t0 = std::time::Instant::now();
+        // Ends when the abort arrives (milliseconds), or fails at 20 s (wait timeout 30 s).
+        while async_error(c) == mscclppSuccess {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the peer's abort never arrived"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(async_error(c), mscclppRemoteError);
         assert!(
             buf.iter().all(|&b| b == 0),
             "a refused put must not write a byte"
         );
-        assert_eq!(async_error(c), mscclppSuccess);
-        ok(mscclppProxyStop(c));
-    } else {
         assert_eq!(mscclppProxyStop(c), mscclppRemoteError);
-        // Sticky: later calls that need the proxies report it too.
-        assert_eq!(mscclppProxyLaunch(c), mscclppRemoteError);
+        assert!(last_error().contains("put refused"), "{}", last_error());
     }
     ok(mscclppCommDestroy(c));
 }

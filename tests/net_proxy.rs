@@ -71,10 +71,10 @@ fn proxy_moves_data_and_refuses_out_of_range_triggers() {
         undelivered: false,
         regain_direct: false,
     };
-    let sticky = Arc::new(Sticky::default());
     // The proxy watches its bootstrap for lost peers: a one-rank communicator on a free port.
     let port = common::free_port();
     let boot = Arc::new(Bootstrap::from_addr(&format!("127.0.0.1:{port}"), 0, 1).unwrap());
+    let sticky = Arc::new(Sticky::new(boot.clone()));
     let work = ProxyWork::new(
         fifo,
         a.clone(),

@@ -24,6 +24,15 @@ impl Bootstrap {
         Ok(())
     }
 
+    /// Gives up on the whole communicator because of `why` (the communicator's abort after an
+    /// error, `proxy::Sticky::abort`): as a failed collective does, this bootstrap fails for
+    /// good and tells the peers (an `Abort`, then every connection closed without a goodbye),
+    /// so each connected peer records this rank as lost, with `why`, and its proxies fail as
+    /// for a dead peer. Bounded (at most a second). Idempotent.
+    pub fn abort(&self, why: &str) {
+        self.poison(why);
+    }
+
     /// Makes the failure sticky and spreads it: an Abort to every open connection and to both
     /// ring neighbours, then every connection closed. Ranks blocked on this one fail at once
     /// instead of at their deadline.

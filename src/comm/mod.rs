@@ -19,8 +19,8 @@ pub use blob::{ConnBlob, TAG_ACK, TAG_CONN, TAG_REG, TAG_UNMAPPED};
 use crate::abi::*;
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
-use crate::fifo::AbortWord;
 use crate::proxy::{self, Running, SharedEndpoint, SharedWork, Sticky};
+use crate::sync::lock;
 use crate::transport::epoch::EpochMem;
 use crate::transport::{Caps, EndpointKey, MemKind, PeerId, RemoteId};
 use std::collections::HashMap;
@@ -57,7 +57,6 @@ struct Slot {
     /// The FIFO and the connections' proxy state, shared with the proxy thread (and with host
     /// producers, which may do its work).
     work: SharedWork,
-    abort: AbortWord,
     running: Option<Running>,
     peers: HashMap<usize, PeerId>,
     /// Its proxy thread never stopped (`proxy::Running::stop`): the endpoint may be wedged and
@@ -96,8 +95,10 @@ pub struct Comm {
     hang: Option<Arc<hang::Source>>,
 }
 
-// SAFETY: the raw pointers inside `dev_conns` and slots point to memory the Comm owns; the C API
-// documents that one communicator is used from one thread at a time.
+// SAFETY: the raw pointers inside `dev_conns` (and the epoch and FIFO memory they name) point to
+// memory the Comm owns, or leaks at teardown while something may still use it; nothing in it is
+// tied to the creating thread. Any thread may call on a communicator (RELIABILITY.md,
+// "Threads"), but only through `&mut Comm` under the Mutex of its `capi::Entry`, so one at a time.
 unsafe impl Send for Comm {}
 
 impl Comm {
@@ -109,14 +110,15 @@ impl Comm {
                 boot.rank()
             );
         }
+        let boot = Arc::new(boot);
         Comm {
-            boot: Arc::new(boot),
+            sticky: Arc::new(Sticky::new(boot.clone())),
+            boot,
             phase: Phase::Declaring,
             requests: Vec::new(),
             conns: Vec::new(),
             dev_conns: Vec::new(),
             slots: Vec::new(),
-            sticky: Arc::new(Sticky::default()),
             registered: Vec::new(),
             proxies_running: false,
             hang: None,
@@ -233,13 +235,21 @@ impl Comm {
                 "mscclppProxyLaunch: proxies are already running",
             ));
         }
+        // After a stop: what its FIFOs still hold was pushed after its drain ended (by a kernel
+        // it then released), and is not executed; then the abort words are cleared.
+        for s in &self.slots {
+            lock(&s.work).retire_released();
+        }
+        if !self.sticky.rearm() {
+            return self.check_sticky();
+        }
         self.proxies_running = true;
         for i in 0..self.slots.len() {
             match proxy::launch(self.slots[i].work.clone()) {
                 Ok(r) => self.slots[i].running = Some(r),
                 Err(e) => {
                     // Leave nothing half-started behind.
-                    self.stop_all();
+                    self.stop_all(false);
                     return Err(e);
                 }
             }
@@ -247,7 +257,10 @@ impl Comm {
         Ok(())
     }
 
-    /// Stops every proxy after it has drained its FIFO; returns the first error any met.
+    /// Stops every proxy after it has drained its FIFO (bounded), then raises the abort word of
+    /// every FIFO, so that kernels and host threads still waiting on them return (the next
+    /// `proxy_launch` clears them). Returns the first error any proxy met. Bounded by
+    /// `MSCCLPP_WAIT_TIMEOUT` + `STOP_SLACK` (teardown.rs).
     pub fn proxy_stop(&mut self) -> Result<()> {
         self.require_ready("mscclppProxyStop")?;
         if !self.proxies_running {
@@ -255,7 +268,7 @@ impl Comm {
                 "mscclppProxyStop: no proxy is running (call mscclppProxyLaunch first)",
             ));
         }
-        self.stop_all();
+        self.stop_all(false);
         self.check_sticky()
     }
 }

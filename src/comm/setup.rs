@@ -105,7 +105,6 @@ impl Comm {
         crate::info!("rank {}: opened endpoint {}", self.rank(), ep.describe());
         let caps = ep.caps();
         let fifo = Fifo::for_device(key.device())?;
-        let abort = fifo.abort_word();
         if let Some(word) = fifo.done_word() {
             if ep.use_done_word(word)? {
                 fifo.enable_done_word()?;
@@ -128,7 +127,6 @@ impl Comm {
             caps,
             ep,
             work,
-            abort,
             running: None,
             abandoned: false,
             peers: HashMap::new(),

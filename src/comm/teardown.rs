@@ -1,23 +1,41 @@
 //! Stopping proxies and releasing a communicator, in an order that neither hangs on a dead
-//! peer nor frees memory something may still write: proxies drain and stop (bounded), network
-//! endpoints linger for peers' last flushes, endpoints close (their registrations first), CUDA
-//! IPC peers confirm they closed their mappings of our memory (bounded), then FIFOs and epoch
-//! memory go. What a dead peer may have wedged, or a live one may still map, is leaked, never
-//! touched.
+//! peer or a stuck kernel nor frees memory something may still use: the abort words are raised
+//! so that kernels and host threads spinning on our FIFOs return, proxies stop (bounded, all
+//! against one deadline), network endpoints linger for peers' last flushes, endpoints close
+//! (their registrations first), CUDA IPC peers confirm they closed their mappings of our memory
+//! (bounded), then FIFOs and epoch memory go. What a dead peer may have wedged, a live one may
+//! still map, or a kernel, our SM engine, a copy or a host thread may still touch, is leaked
+//! (said at WARN), never freed under it.
 
 use super::{Comm, Conn, Slot, TAG_UNMAPPED};
-use crate::abi::{mscclppResult_t, mscclppTransport_t};
+use crate::abi::mscclppTransport_t;
 use crate::proxy::SharedEndpoint;
 use crate::sync::lock;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// How long a destroyed communicator keeps progressing its network endpoints before closing
 /// them. A peer that signalled us and then flushes confirms delivery with a marker write that
 /// our endpoint must still accept (software providers move it only while we progress); closing
 /// at once would cancel it and fail the peer's flush. The marker follows the signal by
 /// microseconds in the usual put-signal-flush sequence.
-const LINGER: std::time::Duration = std::time::Duration::from_millis(50);
+const LINGER: Duration = Duration::from_millis(50);
 /// How long stopping a proxy may take once a peer of it died (see `stop_all`).
-const STOP_AFTER_LOSS: std::time::Duration = std::time::Duration::from_secs(2);
+const STOP_AFTER_LOSS: Duration = Duration::from_secs(2);
+/// How long a stop lets the proxies execute what is queued: a FIFO that does not go quiet
+/// within it (a kernel that keeps pushing) stops being served. The abort is then raised: what
+/// comes is retired unexecuted.
+pub(super) const DRAIN: Duration = Duration::from_secs(1);
+/// How long after it began a stop still lets the transport waits of its final flushes run
+/// (a flush to a peer that does not progress, a host thread inside one): past it they end at
+/// once, as an error.
+pub(super) const CUT: Duration = Duration::from_secs(3);
+/// A stop returns within `MSCCLPP_WAIT_TIMEOUT` plus this (the drain, then the final flushes,
+/// which share one deadline); a proxy thread still running then is abandoned.
+pub(super) const STOP_SLACK: Duration = Duration::from_secs(2);
+/// How long destroy waits, after the stop, for the host threads and kernels its abort
+/// released to leave our memory; what one still uses then is leaked.
+const RELEASED_LEAVE: Duration = Duration::from_secs(2);
 
 impl Comm {
     /// Progresses the endpoints that asked for it (`Caps::linger`) for `LINGER`.
@@ -33,7 +51,7 @@ impl Comm {
         if lingering.is_empty() || self.conns.is_empty() {
             return;
         }
-        let t0 = std::time::Instant::now();
+        let t0 = Instant::now();
         // Ends after LINGER; errors (a peer already gone) do not matter any more.
         while t0.elapsed() < LINGER {
             for ep in &lingering {
@@ -60,55 +78,133 @@ impl Comm {
         self.boot.lost_peer_among(&peers).is_some()
     }
 
-    pub(super) fn stop_all(&mut self) {
+    /// Stops every running proxy, all against one deadline: each executes what its FIFO holds
+    /// (for `DRAIN` at most), flushes its peers and quiesces its endpoint. If they are not all
+    /// done within `DRAIN`, the abort is raised (what still comes is retired unexecuted); within
+    /// `CUT`, transport waits end too. A thread still running at `MSCCLPP_WAIT_TIMEOUT` +
+    /// `STOP_SLACK` (2 s after the stop began when a peer of it died) is abandoned. Unless
+    /// `destroying` (destroy raised the abort before), the abort words are raised at the end,
+    /// releasing every kernel and host thread still spinning on a FIFO.
+    pub(super) fn stop_all(&mut self, destroying: bool) {
+        let t0 = Instant::now();
         let lost: Vec<bool> = self.slots.iter().map(|s| self.lost_a_peer(s)).collect();
+        for s in &self.slots {
+            if let Some(r) = &s.running {
+                r.ask_stop();
+            }
+        }
+        let done = |slots: &[Slot]| {
+            slots
+                .iter()
+                .all(|s| s.running.as_ref().is_none_or(|r| r.is_finished()))
+        };
+        let until = |slots: &[Slot], bound: Duration| {
+            // Ends when every proxy finished, or at the bound.
+            while !done(slots) && t0.elapsed() < bound {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            done(slots)
+        };
+        if !until(&self.slots, DRAIN) {
+            if !destroying {
+                crate::info!(
+                    "rank {}: the proxies did not go quiet within {DRAIN:?} of the stop: raising the abort (what is pushed from now on is not executed)",
+                    self.rank()
+                );
+                self.sticky.release(false);
+            }
+            if !until(&self.slots, CUT) {
+                crate::warn!(
+                    "rank {}: the proxies' final flushes did not end within {CUT:?} of the stop: ending them (their peers may not have everything)",
+                    self.rank()
+                );
+                self.sticky.release(true);
+            }
+        }
+        let healthy = t0 + crate::config::wait_timeout().saturating_add(STOP_SLACK);
         for (s, lost) in self.slots.iter_mut().zip(lost) {
             if let Some(r) = s.running.take() {
-                // A healthy proxy stops within its final flushes, each bounded by the wait
-                // timeout; after a peer of it died they end at once.
-                let bound = if lost {
-                    STOP_AFTER_LOSS
-                } else {
-                    crate::config::wait_timeout()
-                        .saturating_mul(1 + s.peers.len() as u32)
-                        .saturating_add(STOP_AFTER_LOSS)
-                };
-                // The thread records its own failure (sticky error, abort word); a panic or
-                // an abandoned thread is recorded here.
-                let (r, abandoned) = r.stop_within(bound);
+                let deadline = if lost { t0 + STOP_AFTER_LOSS } else { healthy };
+                // The thread records its own failure (`Sticky::abort`); a panic or an
+                // abandoned thread is recorded here.
+                let (r, abandoned) =
+                    r.stop_within(deadline.saturating_duration_since(Instant::now()));
                 if let Err(e) = r {
-                    let code = e.code();
-                    self.sticky.set(code, format!("proxy for {:?}: {e}", s.key));
-                    s.abort.set(code);
+                    self.sticky
+                        .abort(e.code(), format!("proxy for {:?}: {e}", s.key));
                 }
                 s.abandoned |= abandoned;
             }
         }
         self.proxies_running = false;
+        if !destroying {
+            self.sticky.release(false);
+        }
+    }
+
+    /// Per slot, why its FIFO and the GPU memory of its connections may still be in use after
+    /// the stop (None: free it): our SM engine or copies still running (`Endpoint::gpu_busy`),
+    /// or a kernel of this process on its device not ended by `deadline`
+    /// (`cuda::blocking_work_done_by`); a host FIFO whose consumer a host thread still holds
+    /// (it is inside a call on one of its connections) until `deadline`.
+    fn still_in_use(&self, skip: &[bool], deadline: Instant) -> Vec<Option<String>> {
+        let mut kernels: Vec<(i32, bool)> = Vec::new();
+        self.slots
+            .iter()
+            .zip(skip)
+            .map(|(s, &skip)| {
+                let Some(d) = s.key.device() else {
+                    // A host FIFO: the communicator and the proxy thread (joined, or abandoned
+                    // and then its FIFO is its) hold the consumer; a host call holds it too.
+                    let held = |s: &Slot| !s.abandoned && Arc::strong_count(&s.work) > 1;
+                    // Ends when no host call holds it, or at the deadline.
+                    while held(s) && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    return held(s).then(|| "a host thread is still inside a call on one of its connections".to_string());
+                };
+                if !skip {
+                    if let Some(why) = lock(&s.ep).gpu_busy() {
+                        return Some(why);
+                    }
+                }
+                let ended = match kernels.iter().find(|k| k.0 == d) {
+                    Some(k) => k.1,
+                    None => {
+                        let e = crate::cuda::blocking_work_done_by(d, deadline).unwrap_or_else(|e| {
+                            crate::warn!("rank {}: cannot tell whether the kernels on CUDA device {d} ended: {e}", self.rank());
+                            false
+                        });
+                        kernels.push((d, e));
+                        e
+                    }
+                };
+                (!ended).then(|| format!("a kernel on CUDA device {d} has not ended (it was released by the abort word but still runs, or it runs on a stream that waits behind one that does)"))
+            })
+            .collect()
     }
 }
 
 impl Drop for Comm {
     fn drop(&mut self) {
+        let t0 = Instant::now();
         // First, while everything it reads still lives: a hang report still wanted is written
         // (a program that destroys its communicator after a timeout sees it), and the report's
         // source is closed.
         if let Some(h) = self.hang.take() {
             super::hang::close(&h);
         }
-        // Producers still spinning on our FIFOs must stop; proxies drain, then endpoints close
-        // (their registrations before the endpoint), then FIFOs and epoch memory go.
-        for s in &self.slots {
-            if s.running.is_some() {
-                s.abort.set(mscclppResult_t::mscclppInvalidUsage);
-            }
-        }
-        self.stop_all();
+        // The abort: kernels and host threads still spinning on our FIFOs return, and the
+        // proxies execute nothing pushed from now on. No error: peers see our goodbye.
+        self.sticky.closing();
+        self.sticky.release(false);
+        self.stop_all(true);
         self.close_inboxes();
         self.linger();
         self.registered.clear();
         self.dev_conns.clear();
         let skip = self.untouchable();
+        let in_use = self.still_in_use(&skip, Instant::now() + RELEASED_LEAVE);
         // CUDA IPC peers of healthy slots: they map our epoch blocks (`wait_for_unmaps`).
         let ipc: Vec<bool> = self
             .slots
@@ -124,15 +220,19 @@ impl Drop for Comm {
             .collect();
         ipc_peers.sort_unstable();
         ipc_peers.dedup();
+        // No later abort (an abandoned proxy thread's) may touch a FIFO from here on.
+        self.sticky.detach();
         let slots = std::mem::take(&mut self.slots);
         // An untouchable endpoint is leaked, not closed (closing calls into it). Peers may
         // still write into its connections' epoch blocks (shm writes straight into our
-        // memory): those are kept too. The FIFO goes; no transport call is involved.
+        // memory): those are kept too. So are the epoch blocks of a slot whose memory is still
+        // in use (a kernel, a host thread). The FIFO goes unless it is still in use.
         let (keep, conns): (Vec<Conn>, Vec<Conn>) = std::mem::take(&mut self.conns)
             .into_iter()
-            .partition(|c| skip[c.slot]);
+            .partition(|c| skip[c.slot] || in_use[c.slot].is_some());
         std::mem::forget(keep);
-        for (s, skip) in slots.into_iter().zip(skip) {
+        for ((s, skip), in_use) in slots.into_iter().zip(skip).zip(in_use) {
+            let p2p = s.key.transport() == mscclppTransport_t::mscclppTransportP2P;
             if skip {
                 crate::warn!(
                     "rank {}: leaking endpoint {:?}: a peer died and the endpoint may be wedged",
@@ -140,19 +240,43 @@ impl Drop for Comm {
                     s.key
                 );
                 std::mem::forget(s.ep);
+            } else if let Some(why) = &in_use {
+                // The P2P endpoint holds the IPC mappings kernels store through
+                // (`remoteBuff`), and its engine stores into the FIFO's done word.
+                crate::warn!(
+                    "rank {}: leaking the FIFO of endpoint {:?}, its connections' epoch blocks{}, rather than free them under a user: {why}",
+                    self.rank(),
+                    s.key,
+                    if p2p { " and the endpoint with its CUDA IPC mappings" } else { "" }
+                );
+                if p2p {
+                    std::mem::forget(s.ep.clone());
+                }
+                if !s.abandoned {
+                    lock(&s.work).fifo.leak_memory();
+                }
+                drop(s.ep);
             } else {
                 drop(s.ep);
             }
             drop(s.work);
         }
         // Epoch memory goes after the endpoints that registered it, and after every CUDA IPC
-        // peer has closed its mapping of it; a peer that does not say so in time keeps it.
-        let unanswered = self.wait_for_unmaps(&ipc_peers);
+        // peer has closed its mapping of it; a peer that does not say so in time keeps it. The
+        // wait shares the stop's deadline (at least a second of it is left for it).
+        let unmaps_by = (t0 + crate::config::wait_timeout().saturating_add(STOP_SLACK))
+            .max(Instant::now() + Duration::from_secs(1));
+        let unanswered = self.wait_for_unmaps(&ipc_peers, unmaps_by);
         let (keep, conns): (Vec<Conn>, Vec<Conn>) = conns
             .into_iter()
             .partition(|c| ipc[c.slot] && unanswered.contains(&c.remote_rank));
         std::mem::forget(keep);
         drop(conns);
+        crate::info!(
+            "rank {}: communicator destroyed in {:?}",
+            self.rank(),
+            t0.elapsed()
+        );
     }
 }
 
@@ -173,10 +297,11 @@ impl Comm {
     /// their proxies stop: freeing a block while a peer still maps it would let such a store
     /// land in whatever the driver hands that memory to next. Called once our endpoints are
     /// closed (our own mappings of the peers' memory with them): tells each peer so, then
-    /// waits, at most `MSCCLPP_WAIT_TIMEOUT` for all, until each says the same or is gone (it
+    /// waits, until `deadline` for all, until each says the same or is gone (it
     /// destroyed its communicator or died: its mappings went with it). Returns the peers that
-    /// did neither; their blocks are leaked, with a warning, rather than freed under them.
-    fn wait_for_unmaps(&self, peers: &[usize]) -> Vec<usize> {
+    /// did neither by `deadline`; their blocks are leaked, with a warning, rather than freed
+    /// under them.
+    fn wait_for_unmaps(&self, peers: &[usize], deadline: Instant) -> Vec<usize> {
         if peers.is_empty() {
             return Vec::new();
         }
@@ -184,11 +309,10 @@ impl Comm {
             // A peer already gone cannot take it and needs no answer.
             let _ = self.boot.send(p, TAG_UNMAPPED, b"");
         }
-        let t0 = std::time::Instant::now();
-        let bound = crate::config::wait_timeout();
+        let t0 = Instant::now();
         let mut unanswered = Vec::new();
         for &p in peers {
-            let left = bound.saturating_sub(t0.elapsed());
+            let left = deadline.saturating_duration_since(Instant::now());
             match self.boot.recv_unless_gone(p, TAG_UNMAPPED, left) {
                 Ok(_) => {}
                 Err(e) => {

@@ -49,6 +49,39 @@ pub fn sync_stream(stream: i64) -> Result<()> {
     })
 }
 
+/// Whether the work this process queued on `device`'s blocking streams before this call (its
+/// kernels on the legacy default stream, per-thread default streams and streams created
+/// without `cudaStreamNonBlocking`) has ended, waiting for it until `deadline` at most: an event
+/// recorded on the legacy stream completes only after all of it. Never blocks in the driver
+/// (`cuMemFree` and `cuMemFreeHost` may wait for a running kernel; this check lets teardown
+/// leak what such a kernel may still touch instead). Kernels on non-blocking streams are not
+/// seen. Host mode: true.
+pub fn blocking_work_done_by(device: i32, deadline: std::time::Instant) -> Result<bool> {
+    if !available() {
+        return Ok(true);
+    }
+    let _g = CtxGuard::enter(device)?;
+    let ev = stream::Event::new(device)?;
+    ev.record_legacy()?;
+    let bound = deadline.saturating_duration_since(std::time::Instant::now());
+    // A kernel released by the abort ends within microseconds; one that does not may take
+    // the whole bound, which naps rather than holds a core.
+    let poll = crate::sync::Policy {
+        spins: 64,
+        yield_for: std::time::Duration::from_millis(1),
+        nap: crate::sync::Nap::Fixed(std::time::Duration::from_micros(200)),
+    };
+    let mut b = crate::sync::Backoff::new(poll, bound);
+    // Ends when the event completes, or at the deadline.
+    while !ev.query()? {
+        if b.expired() {
+            return Ok(false);
+        }
+        b.pause();
+    }
+    Ok(true)
+}
+
 /// The PCI address of a device as the driver writes it (`00000000:1b:00.0`, lower-cased);
 /// None without a driver or device.
 pub fn pci_bus_id(device: i32) -> Option<String> {

@@ -101,8 +101,10 @@ impl IpcMapping {
 impl Drop for IpcMapping {
     fn drop(&mut self) {
         let g = CtxGuard::enter(self.device);
-        // SAFETY: `ptr` came from cuIpcOpenMemHandle in `open` and is closed once; owners
-        // wait for the streams that use it before dropping it.
+        // SAFETY: `ptr` came from cuIpcOpenMemHandle in `open` and is closed once. Its owner
+        // (the P2P endpoint) drops it only once its engine kernel and streams are seen ended,
+        // and teardown drops that endpoint only once the process's kernels are (they may
+        // store through the mapping, `remoteBuff`); on any other path the mapping is leaked.
         let r = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
         if r != sys::CUresult::CUDA_SUCCESS {
             crate::warn!(

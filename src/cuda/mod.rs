@@ -27,7 +27,7 @@ mod stream;
 
 use ctx::with_util_stream;
 pub use ctx::{bind_proxy_thread, Ctx, CtxGuard};
-pub use device::{flush_gpudirect_rdma_writes, pci_bus_id, sync_stream};
+pub use device::{blocking_work_done_by, flush_gpudirect_rdma_writes, pci_bus_id, sync_stream};
 pub(crate) use ipc::IPC_HANDLE_BYTES;
 pub use ipc::{address_range, ipc_handle, IpcMapping};
 pub use kernel::{Function, Module, P2P_ENGINE_PTX};

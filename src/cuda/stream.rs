@@ -194,6 +194,18 @@ impl Event {
         })
     }
 
+    /// Captures the work queued so far on the legacy default stream, which comes after all
+    /// work queued before it on the context's blocking streams (the legacy stream, per-thread
+    /// default streams, and streams created without `cudaStreamNonBlocking`).
+    pub fn record_legacy(&self) -> Result<()> {
+        // SAFETY: a live event; CU_STREAM_LEGACY (0x1) is a special handle the driver accepts
+        // for any context; the event's context is current (type doc).
+        check(
+            unsafe { sys::cuEventRecord(self.raw, 1usize as sys::CUstream) },
+            || "cuEventRecord(CU_STREAM_LEGACY)".into(),
+        )
+    }
+
     /// True once the captured work has completed; an error if it failed.
     pub fn query(&self) -> Result<bool> {
         // SAFETY: a live event of the current context.

@@ -25,7 +25,7 @@ pub use registry::{
     abandon, direct_put, direct_signal, drain_inbox, is_host_fifo, set_consumer, set_direct,
     set_inbox, withdraw, Assist, Drain, Withdrawal,
 };
-pub(crate) use registry::{assist_after_push, consumer_and_gate};
+pub(crate) use registry::{assist_after_push, consumer_and_gate, hold};
 
 use crate::abi::*;
 use crate::error::Result;
@@ -242,7 +242,9 @@ pub struct Fifo {
     prod_ctrl: *mut u64,
     /// Host FIFOs: tickets whose slot will never be written (see `abandoned.rs`).
     abandoned: Option<Arc<Abandoned>>,
-    _mem: FifoMem,
+    /// Freed on drop unless [`Fifo::leak_memory`] was called.
+    _mem: std::mem::ManuallyDrop<FifoMem>,
+    leaked: bool,
 }
 
 // SAFETY: the raw pointers point into `_mem`, which the Fifo owns; only the proxy thread that
@@ -286,7 +288,9 @@ const DEV_DONE: usize = 2;
 const DEV_DONE_ON: usize = 3;
 const DEV_WORDS: usize = 8;
 
-/// Shared handle to a FIFO's abort word, for the API thread (valid while the comm lives).
+/// Shared handle to a FIFO's abort word, for the communicator's abort (`proxy::Sticky`), which
+/// raises the words of all its FIFOs together; valid until the communicator detaches it at
+/// destroy, before the FIFO's memory goes.
 #[derive(Clone, Copy)]
 pub struct AbortWord(*mut u64);
 // SAFETY: the word is only touched through atomics; the comm keeps its memory alive.
@@ -300,6 +304,12 @@ impl AbortWord {
     pub fn set(&self, code: mscclppResult_t) {
         // SAFETY: points to a live, 8-byte aligned u64 (see type doc).
         unsafe { AtomicU64::from_ptr(self.0) }.store(code as u64, Ordering::Release);
+    }
+
+    /// Lowers the word again (`mscclppProxyLaunch` after a stop). Release, as in `set`.
+    pub fn clear(&self) {
+        // SAFETY: as in `set`.
+        unsafe { AtomicU64::from_ptr(self.0) }.store(0, Ordering::Release);
     }
 }
 
@@ -319,11 +329,12 @@ impl Fifo {
             prod_slots: slots.ptr().cast(),
             prod_ctrl: ctrl.ptr().cast(),
             abandoned: Some(abandoned.clone()),
-            _mem: FifoMem::Host {
+            _mem: std::mem::ManuallyDrop::new(FifoMem::Host {
                 _slots: slots,
                 _ctrl: ctrl,
                 _head: Some(head),
-            },
+            }),
+            leaked: false,
         };
         registry::add(&f.producer_view(0), abandoned);
         Ok(f)
@@ -366,17 +377,18 @@ impl Fifo {
             prod_slots: host.dev() as usize as *mut mscclppTrigger,
             prod_ctrl,
             abandoned: None,
-            _mem: FifoMem::Cuda {
+            _mem: std::mem::ManuallyDrop::new(FifoMem::Cuda {
                 device,
                 _host: host,
                 _head: head,
-            },
+            }),
+            leaked: false,
         })
     }
 
     /// The CUDA device whose kernels produce into this FIFO (None: host producers).
     pub fn device(&self) -> Option<i32> {
-        match &self._mem {
+        match &*self._mem {
             FifoMem::Host { .. } => None,
             FifoMem::Cuda { device, .. } => Some(*device),
         }
@@ -396,7 +408,7 @@ impl Fifo {
     /// clears after it has itself seen the completion. Producers look at it only once
     /// [`Fifo::enable_done_word`] was called. None for host FIFOs.
     pub fn done_word(&self) -> Option<u64> {
-        match &self._mem {
+        match &*self._mem {
             FifoMem::Host { .. } => None,
             FifoMem::Cuda { _head, .. } => Some(_head.ptr() + DEV_DONE as u64 * 8),
         }
@@ -405,7 +417,7 @@ impl Fifo {
     /// Tells the producers to poll the done word in their flush() (once, before any kernel
     /// uses the FIFO: a stream write followed by a wait).
     pub fn enable_done_word(&self) -> Result<()> {
-        match &self._mem {
+        match &*self._mem {
             FifoMem::Host { .. } => Ok(()),
             FifoMem::Cuda { _head, .. } => _head.write_u64(DEV_DONE_ON * 8, 1),
         }
@@ -482,6 +494,29 @@ impl Fifo {
             self.record_word(i).store(*x, Ordering::Relaxed);
         }
         seq.store(w[MSCCLPP_RECORD_SEQ], Ordering::Release);
+    }
+
+    /// The abort word's value (0: not raised). Acquire pairs with `AbortWord::set`.
+    pub fn aborted(&self) -> u64 {
+        // SAFETY: ctrl points to two live u64; the second is the abort word, touched only
+        // atomically.
+        unsafe { AtomicU64::from_ptr(self.ctrl.add(1)) }.load(Ordering::Acquire)
+    }
+
+    /// Retires every trigger now in the FIFO without executing it (at most `SIZE`, so that a
+    /// producer that keeps pushing cannot hold the caller), publishes the tail, and returns
+    /// how many. For triggers pushed after the communicator's abort.
+    pub fn discard(&mut self) -> u64 {
+        let mut n = 0;
+        // Ends when the FIFO is empty or after SIZE triggers.
+        while n < SIZE && self.peek().is_some() {
+            self.pop(false);
+            n += 1;
+        }
+        if n > 0 {
+            self.publish_tail();
+        }
+        n
     }
 
     fn slot_words(&self, idx: u64) -> (&AtomicU64, &AtomicU64) {
@@ -604,14 +639,27 @@ fn device_wait_bounds_ns() -> (u64, u64) {
 /// than forgotten, so that leak checkers see them reachable.
 static RETIRED_HEADS: std::sync::Mutex<Vec<HostBlock>> = std::sync::Mutex::new(Vec::new());
 
+impl Fifo {
+    /// Keeps the FIFO's memory for good instead of freeing it on drop: a kernel (or the SM
+    /// engine) that has not ended may still poll or store into it (teardown says why, at WARN).
+    pub fn leak_memory(&mut self) {
+        self.leaked = true;
+    }
+}
+
 impl Drop for Fifo {
     fn drop(&mut self) {
-        let FifoMem::Host { _head, .. } = &mut self._mem else {
-            return;
-        };
-        registry::remove(self.head);
-        if let Some(h) = _head.take() {
-            crate::sync::lock(&RETIRED_HEADS).push(h);
+        if let FifoMem::Host { _head, .. } = &mut *self._mem {
+            registry::remove(self.head);
+            if let Some(h) = _head.take() {
+                crate::sync::lock(&RETIRED_HEADS).push(h);
+            }
+        }
+        if !self.leaked {
+            // SAFETY: dropped once, here; nothing uses the memory after the Fifo is gone
+            // (producers' copies of the pointers are the caller's to stop first, see
+            // `leak_memory`).
+            unsafe { std::mem::ManuallyDrop::drop(&mut self._mem) };
         }
     }
 }

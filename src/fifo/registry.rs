@@ -186,6 +186,13 @@ fn lookup<T>(
     Some(take(c, c.work.upgrade()?))
 }
 
+/// The consumer of the live host FIFO at `head`, whoever may do its work: a host call holds it
+/// for its whole length, which keeps the FIFO's memory alive (the consumer owns it) and tells
+/// destroy that a call is still inside (`comm::teardown`).
+pub(crate) fn hold(head: *const u64) -> Option<Arc<dyn Assist>> {
+    consumer(head, |_| true)
+}
+
 /// The consumer of the host FIFO at `head`, if it has one that `wanted` accepts.
 fn consumer(head: *const u64, wanted: impl Fn(&Consumer) -> bool) -> Option<Arc<dyn Assist>> {
     lookup(head, wanted, |_, work| work)

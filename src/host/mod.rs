@@ -19,8 +19,17 @@ use crate::error::{Error, Result};
 use crate::fifo::{self, Withdrawal};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A connection checked to be a live host-memory connection of this process.
-pub struct Conn(mscclppDevConn);
+/// A connection checked to be a live host-memory connection of this process, held for one call.
+pub struct Conn(
+    mscclppDevConn,
+    /// The FIFO's consumer, held for the call: it owns the FIFO's memory, and a destroy that
+    /// starts meanwhile waits (bounded) for it to be let go before freeing the epoch blocks.
+    #[allow(dead_code)] // held, never read
+    std::sync::Arc<dyn fifo::Assist>,
+);
+
+/// Why a `mscclppDevConn` is refused by the host API.
+const NOT_LIVE: &str = "this connection is not a live host-memory connection (a CUDA buffer's connection is driven by its kernel's device methods; or the communicator was destroyed)";
 
 impl Conn {
     /// Accepts `c` only if its FIFO is a live host FIFO (its whole view: head, slots, tail): a
@@ -28,9 +37,12 @@ impl Conn {
     /// addresses are never reused) or a forged one is an error, not a stray access.
     pub fn new(c: mscclppDevConn) -> Result<Self> {
         if !fifo::is_host_fifo(&c.fifo) {
-            return Err(Error::usage("this connection is not a live host-memory connection (a CUDA buffer's connection is driven by its kernel's device methods; or the communicator was destroyed)"));
+            return Err(Error::usage(NOT_LIVE));
         }
-        Ok(Conn(c))
+        match fifo::hold(c.fifo.triggerFifoHead) {
+            Some(h) => Ok(Conn(c, h)),
+            None => Err(Error::usage(NOT_LIVE)),
+        }
     }
 
     /// `put()`: queues a copy of `size` bytes from `localBuff + src` to the peer's buffer at
@@ -217,6 +229,28 @@ impl Conn {
         // producer.
         unsafe { AtomicU64::from_ptr(std::ptr::addr_of_mut!((*self.0.localSignalEpochId).device)) }
             .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Fails once the FIFO's abort word is raised: the communicator was aborted, or its proxies
+/// were stopped (`mscclppProxyStop`, until the next `mscclppProxyLaunch`) or it is being
+/// destroyed. `what`: the call, for the message.
+pub(crate) fn aborted(fifo: &mscclppConcurrentFifo, what: &str) -> Result<()> {
+    // SAFETY: the abort word follows the tail in every FIFO's control block; the FIFO is live
+    // (the caller's `Conn` holds its consumer, or `host_push`'s contract says so).
+    let a = unsafe { AtomicU64::from_ptr(fifo.triggerFifoTail.add(1)) }.load(Ordering::Acquire);
+    match a {
+        0 => Ok(()),
+        a => Err(abort_error(what, a)),
+    }
+}
+
+/// The error of a host call ended by the abort word `code`.
+pub(crate) fn abort_error(what: &str, code: u64) -> Error {
+    if code == mscclppResult_t::mscclppInvalidUsage as u64 {
+        Error::remote(format!("{what}: released: the proxies were stopped (mscclppProxyStop) or the communicator is being destroyed; mscclppProxyLaunch makes the connection usable again"))
+    } else {
+        Error::remote(format!("{what}: the communicator was aborted (error code {code}); see mscclppCommGetAsyncError"))
     }
 }
 

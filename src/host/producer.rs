@@ -26,6 +26,8 @@ pub unsafe fn host_push(fifo: &mscclppConcurrentFifo, w: [u64; 2]) -> Result<u64
 /// As for [`host_push`].
 unsafe fn push_within(fifo: &mscclppConcurrentFifo, w: [u64; 2], limit: Duration) -> Result<u64> {
     debug_assert!(w[0] != 0 && w[1] != 0);
+    // After the abort nothing is queued (no ticket taken): a stop or destroy released the FIFO.
+    super::aborted(fifo, "push")?;
     // SAFETY: the caller passes a live host FIFO's view: head and tail are its aligned,
     // live control words, touched only atomically.
     let (head, tail) = unsafe {

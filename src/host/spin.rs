@@ -153,7 +153,7 @@ impl Spin {
         // SAFETY: `abort` points into a live FIFO control block (the caller's DevConn).
         let a = unsafe { AtomicU64::from_ptr(self.abort as *mut u64) }.load(Ordering::Acquire);
         if a != 0 {
-            return Err(self.fail(Error::remote(format!("{what}: the communicator was aborted (error code {a}); see mscclppCommGetAsyncError"))));
+            return Err(self.fail(super::abort_error(what, a)));
         }
         self.n = self.n.saturating_add(1);
         if self.n == LIST_AFTER {

@@ -64,7 +64,8 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
     }
 }
 
-/// The consumer, locked, if it is active and every ticket taken from its FIFO was retired (a
+/// The consumer, locked, if it is active, its FIFO's abort word is down (after the abort
+/// nothing is delivered, directly or not), and every ticket taken from its FIFO was retired (a
 /// ticket taken and not yet written counts: with three threads on one FIFO, checking for an
 /// empty ring let a thread's direct put overtake its own earlier trigger): then every trigger
 /// the calling thread pushed before was executed, and a direct signal or put follows them as a trigger
@@ -73,7 +74,7 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
 /// bounded waits, is always there.
 fn idle(m: &Mutex<ProxyWork>) -> Option<MutexGuard<'_, ProxyWork>> {
     let w = locked(m)?;
-    (w.active && w.fifo.all_retired()).then_some(w)
+    (w.active && w.fifo.aborted() == 0 && w.fifo.all_retired()).then_some(w)
 }
 
 /// The consumer, locked, if the lock is had within a few tries (see `idle`).

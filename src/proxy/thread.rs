@@ -19,14 +19,23 @@ pub fn launch(work: SharedWork) -> Result<Running> {
     let (name, device, assisted, gate) = {
         let mut w = lock(&work);
         // A peer that dies while the transport waits for it (a flush, a full queue) ends that
-        // wait at once, as it ends an idle proxy's loop (`check_peers`).
-        let (boot, ranks) = (
+        // wait at once, as it ends an idle proxy's loop (`check_peers`); so does the
+        // communicator's abort (an error, or a stop past its drain bound).
+        let (boot, ranks, sticky) = (
             w.boot.clone(),
             w.conns.iter().map(|c| c.remote_rank).collect::<Vec<_>>(),
+            w.sticky.clone(),
         );
-        lock(&w.endpoint).set_abort_check(Box::new(move || lost_peer_of(&boot, &ranks)));
+        lock(&w.endpoint).set_abort_check(Box::new(move || {
+            lost_peer_of(&boot, &ranks).or_else(|| {
+                sticky
+                    .cuts_waits()
+                    .then(|| "the communicator was aborted or its proxies stopped".to_string())
+            })
+        }));
         w.active = true;
         w.stop_seen = None;
+        w.stop_asked = None;
         (w.name.clone(), w.fifo.device(), w.assisted, w.gate.clone())
     };
     let stop = Arc::new(AtomicBool::new(false));
@@ -57,6 +66,17 @@ pub fn launch(work: SharedWork) -> Result<Running> {
 }
 
 impl Running {
+    /// Asks the thread to finish the triggers already in the FIFO and stop, without waiting.
+    pub fn ask_stop(&self) {
+        // Release pairs with the Acquire load in `run`.
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// The thread has ended (joining it will not wait).
+    pub fn is_finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+
     /// Asks the thread to finish the triggers already in the FIFO, then joins it.
     pub fn stop(self) -> Result<()> {
         self.stop_within(Duration::MAX).0
@@ -68,8 +88,7 @@ impl Running {
     /// the provider left held). It keeps what it holds (the FIFO, the endpoint and its locks);
     /// the caller must not touch them again.
     pub fn stop_within(self, bound: Duration) -> (Result<()>, bool) {
-        // Release pairs with the Acquire load in `run`.
-        self.stop.store(true, Ordering::Release);
+        self.ask_stop();
         let t0 = Instant::now();
         // Ends when the thread finishes, or at `bound`.
         while !self.handle.is_finished() {

@@ -40,6 +40,12 @@ pub struct ProxyWork {
     /// Rounds of `service` so far (the clock is read once every `WATCH_EVERY` of them).
     rounds: u32,
     pub(super) stop_seen: Option<Instant>,
+    /// When the proxy first saw the stop request: its final flushes share one deadline
+    /// from there (`MSCCLPP_WAIT_TIMEOUT`).
+    pub(super) stop_asked: Option<Instant>,
+    /// Triggers retired unexecuted because they were pushed after the communicator's abort,
+    /// not yet reported (said at WARN when the proxy stops).
+    unexecuted: u64,
     /// Host threads waiting on this FIFO while doing its work (host FIFOs only).
     pub(super) gate: Arc<crate::fifo::HelperGate>,
     /// The kernels' wait record as last seen (`device_wait.rs`).
@@ -76,6 +82,7 @@ impl ProxyWork {
             .is_none()
             .then(|| fifo.producer_view(0).triggerFifoHead);
         let gate = Arc::new(crate::fifo::HelperGate::default());
+        sticky.add_fifo(fifo.abort_word());
         let work = Arc::new(Mutex::new(ProxyWork {
             fifo,
             conns: Vec::new(),
@@ -89,6 +96,8 @@ impl ProxyWork {
             last_watch: Instant::now(),
             rounds: 0,
             stop_seen: None,
+            stop_asked: None,
+            unexecuted: 0,
             gate: gate.clone(),
             watched: Default::default(),
         }));
@@ -100,13 +109,40 @@ impl ProxyWork {
         work
     }
 
-    /// Records `e` as the communicator's sticky error, raises the abort word and stops
-    /// consuming.
+    /// Aborts the communicator with `e` (`Sticky::abort`: the sticky error, every FIFO's abort
+    /// word, the peers told) and stops consuming.
     pub(super) fn fail(&mut self, e: &Error) {
-        let code = e.code();
-        self.sticky.set(code, format!("{}: {e}", self.name));
-        self.fifo.abort_word().set(code);
+        // (An error met because the communicator was already aborted changes nothing there.)
+        self.sticky.abort(e.code(), format!("{}: {e}", self.name));
         self.active = false;
+    }
+
+    /// Retires, unexecuted, what the FIFO holds now that its abort word is raised (a stop or
+    /// destroy released it; an error stops the proxy before this), and counts them.
+    fn retire_unexecuted(&mut self) {
+        self.unexecuted += self.fifo.discard();
+    }
+
+    /// `mscclppProxyLaunch` after a stop that raised the abort: retires what the FIFO holds
+    /// (pushed after that stop's drain, by kernels it released) without executing it, said at
+    /// WARN. Nothing when the abort word is down.
+    pub fn retire_released(&mut self) {
+        if self.fifo.aborted() != 0 {
+            self.retire_unexecuted();
+            self.report_unexecuted("at mscclppProxyLaunch");
+        }
+    }
+
+    /// Says at WARN how many triggers were retired unexecuted since the last report.
+    pub(super) fn report_unexecuted(&mut self, when: &str) {
+        if self.unexecuted > 0 {
+            crate::warn!(
+                "{}: {} triggers pushed after the communicator's abort were retired without being executed ({when})",
+                self.name,
+                self.unexecuted
+            );
+            self.unexecuted = 0;
+        }
     }
 
     /// One round of the proxy's work: up to a batch of triggers, or, when the FIFO is empty,
@@ -115,6 +151,11 @@ impl ProxyWork {
     /// (`progress_idle`): host threads' direct signals and puts need it, and progress is the
     /// long part of an idle round.
     pub(super) fn service(&mut self, stopping: bool, progress: bool) -> Result<Round> {
+        // Another proxy of the communicator (or a host thread doing its work) failed: the
+        // abort is the communicator's, so this one stops consuming too.
+        if self.sticky.failed() {
+            return Err(self.sticky.earlier());
+        }
         // Reading the clock on every round cost ~1% of a tcp transfer's CPU time (`perf`, 2-core
         // VM); a dead peer is noticed within the period plus WATCH_EVERY rounds.
         self.rounds = self.rounds.wrapping_add(1);
@@ -127,6 +168,13 @@ impl ProxyWork {
         let mut n = 0;
         while n < BATCH {
             let Some(words) = self.fifo.peek() else { break };
+            // After the abort nothing more is executed. The word is read after the slot (the
+            // Acquire loads in `peek` keep it there), so a trigger stored after the raise was
+            // visible here is retired, not executed.
+            if self.fifo.aborted() != 0 {
+                self.retire_unexecuted();
+                break;
+            }
             let t = Trigger::decode(words).map_err(|r| refused(self, &r))?;
             test_panic(self.handled);
             handle(self, &t)?;
@@ -150,24 +198,13 @@ impl ProxyWork {
             return Ok(Round::Busy);
         }
         if stopping {
+            let asked = *self.stop_asked.get_or_insert_with(Instant::now);
             // A producer may have taken a ticket and not yet written its slot; give it a short
-            // grace period, then finish.
+            // grace period (retired triggers do not count as work), then finish. Once the
+            // abort is raised there is nothing to wait for: what comes is not executed.
             let t0 = *self.stop_seen.get_or_insert_with(Instant::now);
-            if t0.elapsed() > Duration::from_millis(20) {
-                self.drain_inboxes()?;
-                let mut peers: Vec<PeerId> = self.conns.iter().map(|c| c.peer).collect();
-                peers.sort_unstable();
-                peers.dedup();
-                for &p in &peers {
-                    wait_inline_taken(self, p)?;
-                }
-                let mut ep = lock(&self.endpoint);
-                ep.poll_incoming()?;
-                for p in peers {
-                    ep.flush(p)?;
-                }
-                // Nothing of ours may keep running on the GPU once the proxy is stopped.
-                ep.quiesce()?;
+            if self.fifo.aborted() != 0 || t0.elapsed() > Duration::from_millis(20) {
+                self.finish(asked + crate::config::wait_timeout())?;
                 return Ok(Round::Done);
             }
         }
@@ -187,6 +224,39 @@ impl ProxyWork {
         self.last_watch = Instant::now()
             .checked_sub(2 * PEER_WATCH_PERIOD)
             .unwrap_or(self.last_watch);
+    }
+
+    /// The end of a stop: inline puts applied, every peer flushed, the endpoint quiesced. The
+    /// waits share one `deadline`, not one wait timeout per peer.
+    fn finish(&mut self, deadline: Instant) -> Result<()> {
+        let past = |what: &str| -> Result<()> {
+            if Instant::now() > deadline {
+                return Err(Error::timeout(
+                    format!("{}: stopping: {what}", self.name),
+                    crate::config::wait_timeout(),
+                ));
+            }
+            Ok(())
+        };
+        self.drain_inboxes()?;
+        let mut peers: Vec<PeerId> = self.conns.iter().map(|c| c.peer).collect();
+        peers.sort_unstable();
+        peers.dedup();
+        for &p in &peers {
+            past("waiting for peers to apply our inline puts")?;
+            wait_inline_taken(self, p)?;
+        }
+        let mut ep = lock(&self.endpoint);
+        ep.poll_incoming()?;
+        for p in peers {
+            past("the final flushes")?;
+            ep.flush(p)?;
+        }
+        // Nothing of ours may keep running on the GPU once the proxy is stopped.
+        ep.quiesce()?;
+        drop(ep);
+        self.report_unexecuted("at the stop");
+        Ok(())
     }
 
     /// Applies the inline puts peers wrote into our rings (SHM over host memory) to our

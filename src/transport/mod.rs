@@ -176,6 +176,13 @@ pub trait Endpoint: Send {
     /// when it returns why, the wait fails at once instead of running to its timeout. The
     /// proxy installs "a peer of this endpoint died". Default: ignored.
     fn set_abort_check(&mut self, _check: AbortCheck) {}
+    /// After `quiesce`: what this endpoint still has running on the GPU (a kernel that did not
+    /// stop, copies that did not finish), or None. Teardown then leaks the endpoint and its
+    /// FIFO (that work stores into both) rather than free memory under it. Must not block.
+    /// Default: None.
+    fn gpu_busy(&mut self) -> Option<String> {
+        None
+    }
 }
 
 /// The questions about a transport whose answers change what the communicator does around it.

@@ -25,8 +25,8 @@ struct Conn {
     auth_by: Instant,
     /// The peer said `Bye`: its closing is deliberate, and nothing more may come.
     bye: bool,
-    /// The peer sent `Abort` on it (its closing follows from that failure).
-    aborted: bool,
+    /// The peer sent `Abort` on it, with why (its closing follows from that failure).
+    aborted: Option<String>,
 }
 
 /// One of this rank's outgoing connections, watched: the peer writes nothing on it but the
@@ -210,7 +210,7 @@ impl Reader {
                         asm: Assembler::new(),
                         auth_by: Instant::now() + self.timeout,
                         bye: false,
-                        aborted: false,
+                        aborted: None,
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -419,8 +419,8 @@ impl Reader {
                     }
                     Kind::ReportAsk => self.answer_report(i, h.tag),
                     Kind::Abort => {
-                        c.aborted = true;
                         let why = String::from_utf8_lossy(&payload).into_owned();
+                        c.aborted = Some(why.clone());
                         let mut st = lock(&self.shared.st);
                         if st.aborted.is_none() {
                             st.aborted =
@@ -473,8 +473,8 @@ impl Reader {
             });
             return;
         }
-        let lost = if c.aborted {
-            format!("rank {p} aborted its bootstrap and {why}")
+        let lost = if let Some(reason) = &c.aborted {
+            format!("rank {p} aborted its bootstrap ({reason}) and {why}")
         } else if why == "closed its connection" {
             format!(
                 "rank {p} closed its bootstrap connection without saying goodbye (process exited or crashed?)"

@@ -80,6 +80,11 @@ impl PeerStream {
         self.stream.wait(what)
     }
 
+    /// True once everything queued has completed (never waits); an error if some failed.
+    pub(super) fn idle(&self) -> Result<bool> {
+        self.stream.query()
+    }
+
     /// Queues the put.
     pub(super) fn copy(&mut self, put: &PutTarget) -> Result<()> {
         self.stream.copy(put.dst, put.src, put.size, put.d2d)?;

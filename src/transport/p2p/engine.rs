@@ -83,6 +83,9 @@ pub struct Engine {
     timing_base: [u64; STAT_WORDS],
     /// The kernel records them (for the endpoint's `MSCCLPP_P2P_STATS=1` report).
     timing_on: bool,
+    /// A `stop` failed with the kernel still running: its memory is leaked at drop, and drop
+    /// does not wait for it a second time.
+    gave_up: bool,
     /// Time the engine's round trips once it starts (`MSCCLPP_P2P_SM_SELFTEST=1`).
     selftest: bool,
     pub jobs: u64,
@@ -152,6 +155,7 @@ impl Engine {
             done_word: 0,
             timing_base: [0; STAT_WORDS],
             timing_on: cfg.stats,
+            gave_up: false,
             selftest: cfg.sm_selftest,
             jobs: 0,
         })
@@ -246,10 +250,14 @@ impl Engine {
             (&mut timing as *mut u32).cast(),
         ];
         // SAFETY: the ten parameters match `mscclpp_p2p_engine(const Job*, u64*, u64*, u32,
-        // u64, u64, u64, u32, u64*, u32)` in type and order; ring, ctrl and counters live in `self`,
-        // the done word in the FIFO, which outlives the endpoint's proxy; `self`'s drop
-        // stops the kernel and waits for it before freeing them; the proxy thread has the
-        // engine's context current.
+        // u64, u64, u64, u32, u64*, u32)` in type and order; the proxy thread has the engine's
+        // context current. What the kernel touches outlives it, on every path: ring, ctrl
+        // and counters live in `self`, whose drop frees them only once the kernel is seen
+        // ended and leaks them otherwise; the peers' memory it stores into is mapped by the
+        // endpoint, whose drop closes the mappings only if this engine stopped (and leaks
+        // them otherwise); the done word lives in the FIFO, which teardown frees only after
+        // the endpoint reported nothing running on the GPU (`Endpoint::gpu_busy`), leaking it
+        // otherwise.
         unsafe {
             self.stream
                 .launch(self.func, self.blocks, THREADS, &mut params)
@@ -395,16 +403,25 @@ impl Engine {
         let waited = self.wait(self.next - 1, "the SM copy engine's last jobs");
         // Release: as in idle_tick. A kernel still Starting sees it as soon as it runs.
         self.word(STOP).store(1, Ordering::Release);
-        self.stream.wait(|| "the SM copy engine to stop".into())?;
+        if let Err(e) = self.stream.wait(|| "the SM copy engine to stop".into()) {
+            self.gave_up = true;
+            return Err(e);
+        }
         self.state = State::Off;
         waited
+    }
+
+    /// The kernel is known to have ended (or was never launched).
+    pub fn is_off(&self) -> bool {
+        self.state == State::Off
     }
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
         let mut stopped = self.state == State::Off;
-        if !stopped {
+        // A stop that already gave up is not waited for a second time.
+        if !stopped && !self.gave_up {
             match self.stop() {
                 Ok(()) => stopped = true,
                 Err(e) if self.state == State::Off => {
@@ -413,6 +430,8 @@ impl Drop for Engine {
                 }
                 Err(e) => crate::warn!("{e}; its memory is leaked rather than freed under it"),
             }
+        } else if !stopped {
+            crate::warn!("the SM copy engine's kernel did not stop: its job ring, control block and counters are leaked rather than freed under it");
         }
         if stopped {
             // SAFETY: each field is dropped once, here, and never used again; the kernel that

@@ -354,6 +354,26 @@ impl Endpoint for P2p {
         Ok(())
     }
 
+    fn gpu_busy(&mut self) -> Option<String> {
+        let mut busy: Vec<String> = Vec::new();
+        if self.engine.as_ref().is_some_and(|e| !e.is_off()) {
+            busy.push("the SM copy engine's kernel did not stop".into());
+        }
+        match CtxGuard::enter_ctx(self.ctx) {
+            Ok(_g) => {
+                for p in &self.peers {
+                    match p.ce.idle() {
+                        Ok(true) => {}
+                        Ok(false) => busy.push(format!("copies to rank {} did not finish", p.rank)),
+                        Err(e) => busy.push(format!("copies to rank {} failed ({e})", p.rank)),
+                    }
+                }
+            }
+            Err(e) => busy.push(format!("its CUDA context could not be entered ({e})")),
+        }
+        (!busy.is_empty()).then(|| busy.join("; "))
+    }
+
     fn progress(&mut self) -> Result<()> {
         // Copies progress by themselves; an engine idle for its linger time stops.
         if let Some(e) = self.engine.as_mut() {
@@ -367,23 +387,52 @@ impl Endpoint for P2p {
 impl Drop for P2p {
     fn drop(&mut self) {
         // Streams first (queued copies read and write the mappings), then the mappings, then the
-        // streams and staging rings (dropped with `peers`).
-        if let Ok(_g) = CtxGuard::enter_ctx(self.ctx) {
-            // The engine's kernel stores into the mappings too: stopped first.
-            if let Some(e) = self.engine.take() {
-                self.stats.sm_jobs = e.jobs;
-                self.stats.sm_timing = e.timing();
-                self.stats.sm_launches = e.launches();
-                drop(e);
-            }
-            for p in &self.peers {
-                if let Err(e) = p.ce.wait(|| "P2P copies at teardown".into()) {
-                    crate::warn!("p2p:cuda{} teardown: {e}", self.device);
+        // streams and staging rings (dropped with `peers`). What may still run (the engine's
+        // kernel, a stream's copies) keeps what it uses: the mappings, streams and rings are
+        // then leaked, never freed under it.
+        let mut busy: Vec<String> = Vec::new();
+        match CtxGuard::enter_ctx(self.ctx) {
+            Ok(_g) => {
+                // The engine's kernel stores into the mappings too: stopped first.
+                if let Some(mut e) = self.engine.take() {
+                    self.stats.sm_jobs = e.jobs;
+                    self.stats.sm_timing = e.timing();
+                    self.stats.sm_launches = e.launches();
+                    match e.stop() {
+                        Ok(()) => {}
+                        Err(err) if e.is_off() => {
+                            crate::warn!("p2p:cuda{} teardown: {err}", self.device)
+                        }
+                        Err(err) => {
+                            busy.push(format!("the SM copy engine's kernel did not stop ({err})"))
+                        }
+                    }
+                    // Frees its own memory only if the kernel ended.
+                    drop(e);
+                }
+                for p in &self.peers {
+                    if let Err(e) = p.ce.wait(|| "P2P copies at teardown".into()) {
+                        busy.push(format!("copies to rank {} did not finish ({e})", p.rank));
+                    }
                 }
             }
+            Err(e) => busy.push(format!("its CUDA context could not be entered ({e})")),
         }
         self.stats.report(self.device);
-        self.regions.unmap();
-        self.peers.clear();
+        if busy.is_empty() {
+            self.regions.unmap();
+            self.peers.clear();
+        } else {
+            crate::warn!(
+                "p2p:cuda{} teardown: leaking its CUDA IPC mappings of the peers' memory, its copy streams and flag rings, which may still be in use: {}",
+                self.device,
+                busy.join("; ")
+            );
+            std::mem::forget(std::mem::replace(
+                &mut self.regions,
+                Regions::new(self.device),
+            ));
+            std::mem::forget(std::mem::take(&mut self.peers));
+        }
     }
 }
