@@ -259,9 +259,27 @@ mod tests {
     use super::*;
     use crate::fifo::{Fifo, Trigger};
 
-    /// A connection on a host FIFO with no consumer: what its calls queue stays in the FIFO.
+    /// A consumer that never consumes: what a connection's calls queue stays in the FIFO.
+    struct Idle;
+    impl fifo::Assist for Idle {
+        fn assist(&self) -> bool {
+            false
+        }
+        fn direct_signal(&self, _: usize) -> bool {
+            false
+        }
+        fn direct_put(&self, _: usize, _: u64, _: u64, _: u64, _: bool) -> bool {
+            false
+        }
+        fn withdraw(&self, _: u64) -> Withdrawal {
+            Withdrawal::Queued
+        }
+    }
+
+    /// A connection on a host FIFO with no consumer (`Conn::new` would refuse it: only a
+    /// consumer makes a FIFO live), built directly.
     fn conn(f: &Fifo, epoch: &mut mscclppDevConnSignalEpochId, wait: &mut u64) -> Conn {
-        Conn::new(mscclppDevConn {
+        let c = mscclppDevConn {
             remoteRank: 1,
             tag: 0,
             localBuff: std::ptr::null_mut(),
@@ -270,8 +288,9 @@ mod tests {
             waitEpochId: wait,
             remoteBuff: std::ptr::null_mut(),
             fifo: f.producer_view(4),
-        })
-        .unwrap()
+        };
+        assert!(fifo::is_host_fifo(&c.fifo));
+        Conn(c, std::sync::Arc::new(Idle))
     }
 
     fn drain(f: &mut Fifo) -> Vec<Trigger> {

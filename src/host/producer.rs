@@ -176,7 +176,7 @@ mod tests {
             assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
         }
         for i in 0..SIZE {
-            let t = Trigger::decode(f.peek().expect("a queued trigger"));
+            let t = Trigger::decode(f.peek().expect("a queued trigger")).unwrap();
             assert_eq!(t.dst_off, i);
             f.pop(false);
         }
@@ -185,7 +185,7 @@ mod tests {
         // SAFETY: as above.
         let h = unsafe { host_push(&view, flag(0, 7).encode()) }.unwrap();
         assert_eq!(h, SIZE + 2);
-        assert_eq!(Trigger::decode(f.peek().unwrap()).dst_off, 7);
+        assert_eq!(Trigger::decode(f.peek().unwrap()).unwrap().dst_off, 7);
         f.pop(false);
         assert!(f.all_retired());
     }
@@ -202,13 +202,13 @@ mod tests {
             tickets.push(unsafe { host_push(&view, flag(0, i).encode()) }.unwrap());
         }
         assert!(f.withdraw(tickets[1]));
-        assert_eq!(Trigger::decode(f.peek().unwrap()).dst_off, 0);
+        assert_eq!(Trigger::decode(f.peek().unwrap()).unwrap().dst_off, 0);
         f.pop(false);
         assert!(
             !f.withdraw(tickets[0]),
             "a retired trigger cannot be taken back"
         );
-        assert_eq!(Trigger::decode(f.peek().unwrap()).dst_off, 2);
+        assert_eq!(Trigger::decode(f.peek().unwrap()).unwrap().dst_off, 2);
         f.pop(false);
         assert!(f.is_empty() && f.all_retired());
     }

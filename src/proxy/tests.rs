@@ -37,8 +37,8 @@ pub(crate) fn work() -> crate::proxy::SharedWork {
     let w = ProxyWork::new(
         Fifo::new_host().unwrap(),
         ep,
-        boot,
-        Arc::new(Sticky::default()),
+        boot.clone(),
+        Arc::new(Sticky::new(boot.clone())),
         "proxy-test".into(),
         false,
     );
