@@ -3,7 +3,7 @@
  * the proxy reports what it waited for, and the communicator fails with a timeout.
  *
  *   MSCCLPP_WAIT_TIMEOUT=2 MSCCLPP_DEVICE_WAIT_TIMEOUT=5 \
- *     stuck [-r R -n 2 -a IP:PORT] --case wait|flush|push [--warn 2] [--limit 5]
+ *     stuck [-r R -n 2 -a IP:PORT] --case wait|flush|push|deadlock [--warn 2] [--limit 5]
  *
  * `--warn` / `--limit` must be the two variables' values (the program only checks timings
  * against them). Rank 0 runs the stuck kernel; rank 1 only takes part in the barriers.
@@ -17,6 +17,11 @@
  *   push:  as flush, but 300 signal()s into the 128-slot FIFO: the 129th push waits for room
  *          until the limit, and the 171 after it return at once (the expired wait raised the
  *          FIFO's abort word): the kernel is back at ~limit s, not 172 x limit.
+ *   deadlock: both ranks' kernels wait() before they signal() (a planted deadlock): at ~warn s
+ *          each rank's hang report names the cycle ("cycle 0 -> 1 -> 0"), at ~limit s the
+ *          kernels are back and both communicators have failed.
+ * Once a communicator failed, its peer learns it as a lost peer: rank 1's stop may then
+ * return mscclppRemoteError too, and the bootstrap barrier after the kernels may fail.
  * Every log line is printed with its time since the kernel's launch. Then both ranks stop
  * their proxies (rank 0: the sticky error, whose text is printed) and destroy, timed.
  * Prints "stuck <case>: PASSED" on rank 0, exits 1 on any failed expectation.
@@ -27,7 +32,7 @@
 #include <mutex>
 #include <string>
 
-enum Case { kWait, kFlush, kPush };
+enum Case { kWait, kFlush, kPush, kDeadlock };
 
 static std::atomic<double> gT0{0};
 static std::mutex gLogMu;
@@ -58,14 +63,22 @@ __global__ void flushKernel()
   gConns[0].flush();
 }
 
+__global__ void deadlockKernel()
+{
+  gConns[0].wait();
+  gConns[0].signal();
+}
+
 __global__ void pushKernel(int n)
 {
   for (int i = 0; i < n; i++) gConns[0].signal();
 }
 
+static int gRank = 0;
+
 static int expect(bool ok, const char* what)
 {
-  printf("rank 0: %s: %s\n", what, ok ? "ok" : "FAILED");
+  printf("rank %d: %s: %s\n", gRank, what, ok ? "ok" : "FAILED");
   return ok ? 0 : 1;
 }
 
@@ -82,9 +95,10 @@ int main(int argc, char** argv)
   const Case which = cs == nullptr || strcmp(cs, "wait") == 0 ? kWait
                      : strcmp(cs, "flush") == 0              ? kFlush
                      : strcmp(cs, "push") == 0               ? kPush
+                     : strcmp(cs, "deadlock") == 0           ? kDeadlock
                                                              : (Case)-1;
   if ((int)which < 0) {
-    fprintf(stderr, "--case wait|flush|push\n");
+    fprintf(stderr, "--case wait|flush|push|deadlock\n");
     return 2;
   }
   double warn = 2, limit = 5;
@@ -94,16 +108,20 @@ int main(int argc, char** argv)
   void* buf = nullptr;
   CUDACHECK(cudaMalloc(&buf, bytes));
   CUDACHECK(cudaMemset(buf, 0, bytes));
-  connectPeers(c, buf, bytes, {1 - c.rank}, /*launchProxy=*/which == kWait);
-  if (which != kWait && c.rank == 1) MSCCLPPCHECK(mscclppProxyLaunch(c.comm));
+  gRank = c.rank;
+  const bool proxied = which == kWait || which == kDeadlock;
+  connectPeers(c, buf, bytes, {1 - c.rank}, /*launchProxy=*/proxied);
+  if (!proxied && c.rank == 1) MSCCLPPCHECK(mscclppProxyLaunch(c.comm));
   cudaStream_t s;
   CUDACHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
 
   int failures = 0;
-  if (c.rank == 0) {
+  if (c.rank == 0 || which == kDeadlock) {
     gT0.store(now_sec());
-    if (which == kWait)
+    if (which == kDeadlock)
+      deadlockKernel<<<1, 1, 0, s>>>();
+    else if (which == kWait)
       waitKernel<<<1, 1, 0, s>>>();
     else if (which == kFlush)
       flushKernel<<<1, 1, 0, s>>>();
@@ -112,10 +130,10 @@ int main(int argc, char** argv)
     KERNELCHECK();
     CUDACHECK(cudaStreamSynchronize(s));
     const double back = now_sec() - gT0.load();
-    printf("rank 0: the kernel returned after %.3f s\n", back);
+    printf("rank %d: the kernel returned after %.3f s\n", c.rank, back);
     failures += expect(back >= 0.9 * limit && back <= limit + 3,
                        "the kernel returned at the device wait timeout");
-    if (which != kWait) {
+    if (!proxied) {
       /* The proxy starts only now: it must find the expired record. */
       MSCCLPPCHECK(mscclppProxyLaunch(c.comm));
     }
@@ -126,16 +144,22 @@ int main(int argc, char** argv)
       MSCCLPPCHECK(mscclppCommGetAsyncError(c.comm, &async));
       if (async == mscclppSuccess) usleep(1000);
     }
-    printf("rank 0: mscclppCommGetAsyncError: %s (%d) after %.3f s\n",
+    printf("rank %d: mscclppCommGetAsyncError: %s (%d) after %.3f s\n", c.rank,
            mscclppGetErrorString(async), (int)async, now_sec() - gT0.load());
     failures += expect(async == mscclppRemoteError, "the communicator failed with mscclppRemoteError");
-    const char* record = which == kWait    ? "wait() on connection 0 (to rank 1) for signal 1, has 0"
+    const std::string waitRecord =
+      "wait() on connection 0 (to rank " + std::to_string(1 - c.rank) + ") for signal 1, has 0";
+    const char* record = proxied           ? waitRecord.c_str()
                          : which == kFlush ? "flush() on connection 0 (to rank 1) for ticket 1"
                                            : "push on connection 0 (to rank 1) into the full FIFO for ticket 128";
-    failures += expect(logHas("MSCCLPP_DEVICE_WAIT_TIMEOUT") && logHas(record) &&
-                         logHas("proxy error (sticky"),
+    /* In the deadlock, the rank whose kernel expired second may have been aborted by its
+     * peer first (a lost peer): the record is in its WARN, the sticky error names the peer. */
+    failures += expect(logHas(record) && logHas("proxy error (sticky") &&
+                         (which == kDeadlock || logHas("MSCCLPP_DEVICE_WAIT_TIMEOUT")),
                        "the error in the log carries the record");
-    if (which == kWait) {
+    if (which == kDeadlock)
+      failures += expect(logHas("cycle 0 -> 1 -> 0"), "the hang report names the cycle");
+    if (proxied) {
       double at;
       {
         std::lock_guard<std::mutex> g(gLogMu);
@@ -147,15 +171,17 @@ int main(int argc, char** argv)
     }
   }
 
-  MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+  /* Fails at once where the failed communicator told its peer (Bootstrap abort). */
+  const mscclppResult_t bar = mscclppBootstrapBarrier(c.comm);
+  printf("rank %d: barrier after the kernels: %s\n", c.rank, mscclppGetErrorString(bar));
   const mscclppResult_t stop = mscclppProxyStop(c.comm);
   printf("rank %d: mscclppProxyStop: %s%s%s\n", c.rank, mscclppGetErrorString(stop),
          stop == mscclppSuccess ? "" : ": ", stop == mscclppSuccess ? "" : mscclppGetLastError());
-  if (c.rank == 0) {
-    failures += expect(stop == mscclppRemoteError && strstr(mscclppGetLastError(), "MSCCLPP_DEVICE_WAIT_TIMEOUT") != nullptr,
-                       "mscclppProxyStop returns the timeout with the record");
-  } else if (stop != mscclppSuccess) {
-    failures++;
+  if (c.rank == 0 || which == kDeadlock) {
+    failures += expect(stop == mscclppRemoteError, "mscclppProxyStop returns the failure");
+  } else {
+    failures += expect(stop == mscclppSuccess || stop == mscclppRemoteError,
+                       "the peer's mscclppProxyStop returns (its peer failed)");
   }
   CUDACHECK(cudaDeviceSynchronize());
   const double t = now_sec();
@@ -163,6 +189,7 @@ int main(int argc, char** argv)
   printf("rank %d: mscclppCommDestroy returned in %.3f s\n", c.rank, now_sec() - t);
   CUDACHECK(cudaFree(buf));
   CUDACHECK(cudaStreamDestroy(s));
-  if (c.rank == 0) printf("stuck %s: %s\n", cs ? cs : "wait", failures ? "FAILED" : "PASSED");
+  if (c.rank == 0 || which == kDeadlock)
+    printf("stuck %s: %s\n", cs ? cs : "wait", failures ? "FAILED" : "PASSED");
   return failures ? 1 : 0;
 }
