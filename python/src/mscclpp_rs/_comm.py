@@ -411,17 +411,19 @@ class Communicator:
     def proxy(self) -> Iterator["Communicator"]:
         """Sets up the connections declared (if any are new), runs the proxies for the body, and
         stops them after it: on a clean exit a proxy's error is raised; when the body raised,
-        its exception is the one that propagates."""
+        its exception is the one that propagates. A :meth:`close` in the body stops them too."""
         if self._pending:
             self.setup()
         self.launch_proxy()
         try:
             yield self
         except BaseException:
-            with contextlib.suppress(MscclppError):
-                self.stop_proxy()
+            if not self.closed:
+                with contextlib.suppress(MscclppError):
+                    self.stop_proxy()
             raise
-        self.stop_proxy()
+        if not self.closed:  # close() in the body stopped the proxies already
+            self.stop_proxy()
 
     def async_error(self) -> Optional[MscclppError]:
         """A proxy thread's sticky error (``mscclppCommGetAsyncError``) as an exception, or None."""

@@ -70,7 +70,9 @@ class MscclppError(Exception):
         self.code = code
         self.message = message
         self.call = call
-        super().__init__(f"{call}: {code.name.lower()}: {message}" if message else f"{call}: {code.name.lower()}")
+        # The library's messages start with the C function's name already.
+        text = message if message.startswith(call) else f"{call}: {message or 'failed'}"
+        super().__init__(f"{text} [{code.name}]")
 
 
 class UnhandledCudaError(MscclppError):
