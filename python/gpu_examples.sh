@@ -40,11 +40,11 @@ export MSCCLPP_RUN_TIMEOUT=${MSCCLPP_RUN_TIMEOUT:-240}
 export TORCH_EXTENSIONS_DIR=$WORK/torch_extensions PYTHONUNBUFFERED=1
 
 names=() results=()
-step() { # step NAME SECONDS CMD...
+step() { # step NAME SECONDS CMD... (CMD may be a function exported with export -f)
   local name=$1 t=$2 rc
   shift 2
   printf '\n=== %s: %s\n' "$name" "$*"
-  timeout -k 5 "$t" "$@"
+  timeout -k 5 "$t" bash -c '"$@"' step "$@"
   rc=$?
   names+=("$name")
   if ((rc == 0)); then results+=(PASS); else results+=("FAIL (exit $rc)"); fi
@@ -60,14 +60,17 @@ if ((ngpu < 2)) && command -v nvidia-cuda-mps-control >/dev/null; then
   nvidia-cuda-mps-control -d && echo "MPS daemon started (2 ranks share the GPU)"
 fi
 
-install() {
+install_wheel() {
   python3 -m pip install --no-deps --no-index --force-reinstall "$WHEEL" &&
     (cd "$WORK" && python3 -c 'import mscclpp_rs as m, sys
 print("mscclpp_rs", m.__version__, "library", m.version(), "at", m.library_path())
 print("libfabric:", m.libfabric_path(), "python", sys.version.split()[0])')
 }
-step install 120 install
+export WHEEL WORK
+export -f install_wheel
+step install 120 install_wheel
 ranks() { scripts/run-local-ranks.sh 2 python3 "$@"; }
+export -f ranks
 step "cupy nvrtc" 240 ranks python/examples/allgather_cupy.py --compiler nvrtc
 step "cupy nvcc" 240 ranks python/examples/allgather_cupy.py --compiler nvcc
 step "cupy ib" 240 ranks python/examples/allgather_cupy.py --transport ib --sizes 4,4084,1048576

@@ -43,8 +43,9 @@ def main() -> int:
     env = m.launch_env(args.root)
     cp.cuda.Device(env.local_rank % cp.cuda.runtime.getDeviceCount()).use()
     sizes = [int(s) for s in args.sizes.split(",")]
-    kernel = cp.RawModule(code=KERNEL.read_text(), options=tuple(m.compile_flags(args.compiler)),
-                          backend=args.compiler).get_function("mscclppAllGather")
+    kernel = cp.RawModule(
+        code=KERNEL.read_text(), options=tuple(m.compile_flags(args.compiler)), backend=args.compiler
+    ).get_function("mscclppAllGather")
 
     with m.Communicator(env.root, env.rank, env.nranks) as comm:
         n, me = comm.size, comm.rank
@@ -59,7 +60,7 @@ def main() -> int:
                 elapsed = 0.0
                 for it in range(args.iters):
                     buf.fill(0xEE)  # poison: a byte that did not arrive is seen
-                    buf[me * size:(me + 1) * size] = pattern(me, size, it)
+                    buf[me * size : (me + 1) * size] = pattern(me, size, it)
                     cp.cuda.get_current_stream().synchronize()
                     comm.barrier()  # nobody puts before every rank has poisoned its buffer
                     t0 = time.perf_counter()
@@ -67,15 +68,19 @@ def main() -> int:
                     cp.cuda.get_current_stream().synchronize()
                     elapsed += time.perf_counter() - t0
                     for r in range(n):
-                        bad = int(cp.count_nonzero(buf[r * size:(r + 1) * size] != pattern(r, size, it)))
+                        bad = int(cp.count_nonzero(buf[r * size : (r + 1) * size] != pattern(r, size, it)))
                         if bad:
-                            print(f"rank {me}: {size} bytes, iteration {it}: {bad} wrong bytes in rank {r}'s slice",
-                                  file=sys.stderr)
+                            print(
+                                f"rank {me}: {size} bytes, iteration {it}: {bad} wrong bytes in rank {r}'s slice",
+                                file=sys.stderr,
+                            )
                         wrong += bad
                     comm.barrier()  # nobody overwrites a peer's buffer before it has checked
                 if me == 0:
-                    print(f"cupy ({args.compiler}) all-gather of {size} bytes per rank, {n} ranks over "
-                          f"{args.transport}: {elapsed / args.iters * 1e6:.1f} us")
+                    print(
+                        f"cupy ({args.compiler}) all-gather of {size} bytes per rank, {n} ranks over "
+                        f"{args.transport}: {elapsed / args.iters * 1e6:.1f} us"
+                    )
         print(f"rank {me}: {'FAILED' if wrong else 'PASSED'} ({wrong} wrong bytes)")
         return 1 if wrong else 0
 

@@ -41,7 +41,7 @@ def main() -> int:
             elapsed = 0.0
             for it in range(args.iters):
                 buf[:] = 0xEE  # poison: a byte that did not arrive is seen
-                buf[me * size:(me + 1) * size] = pattern(me, size, it)
+                buf[me * size : (me + 1) * size] = pattern(me, size, it)
                 comm.barrier()  # nobody puts before every rank has poisoned its buffer
                 t0 = time.perf_counter()
                 for c in conns:
@@ -52,14 +52,16 @@ def main() -> int:
                     c.wait()
                 elapsed += time.perf_counter() - t0
                 for r in range(n):
-                    bad = int(np.count_nonzero(buf[r * size:(r + 1) * size] != pattern(r, size, it)))
+                    bad = int(np.count_nonzero(buf[r * size : (r + 1) * size] != pattern(r, size, it)))
                     if bad:
                         print(f"rank {me}: iteration {it}: {bad} wrong bytes in rank {r}'s slice", file=sys.stderr)
                     wrong += bad
                 comm.barrier()  # nobody overwrites a peer's buffer before it has checked
         if me == 0:
-            print(f"all-gather of {size} bytes per rank, {n} ranks over {args.transport}: "
-                  f"{elapsed / args.iters * 1e6:.1f} us per all-gather, {wrong} wrong bytes on rank 0")
+            print(
+                f"all-gather of {size} bytes per rank, {n} ranks over {args.transport}: "
+                f"{elapsed / args.iters * 1e6:.1f} us per all-gather, {wrong} wrong bytes on rank 0"
+            )
         return 1 if wrong else 0
 
 

@@ -77,7 +77,7 @@ def main() -> int:
                 elapsed = 0.0
                 for it in range(args.iters):
                     buf.fill_(0xEE)  # poison: a byte that did not arrive is seen
-                    buf[me * size:(me + 1) * size] = pattern(me, size, it, device)
+                    buf[me * size : (me + 1) * size] = pattern(me, size, it, device)
                     torch.cuda.synchronize()
                     comm.barrier()  # nobody puts before every rank has poisoned its buffer
                     t0 = time.perf_counter()
@@ -85,15 +85,19 @@ def main() -> int:
                     torch.cuda.synchronize()
                     elapsed += time.perf_counter() - t0
                     for r in range(n):
-                        bad = int((buf[r * size:(r + 1) * size] != pattern(r, size, it, device)).sum())
+                        bad = int((buf[r * size : (r + 1) * size] != pattern(r, size, it, device)).sum())
                         if bad:
-                            print(f"rank {me}: {size} bytes, iteration {it}: {bad} wrong bytes in rank {r}'s slice",
-                                  file=sys.stderr)
+                            print(
+                                f"rank {me}: {size} bytes, iteration {it}: {bad} wrong bytes in rank {r}'s slice",
+                                file=sys.stderr,
+                            )
                         wrong += bad
                     comm.barrier()  # nobody overwrites a peer's buffer before it has checked
                 if me == 0:
-                    print(f"torch all-gather of {size} bytes per rank, {n} ranks over {args.transport}: "
-                          f"{elapsed / args.iters * 1e6:.1f} us")
+                    print(
+                        f"torch all-gather of {size} bytes per rank, {n} ranks over {args.transport}: "
+                        f"{elapsed / args.iters * 1e6:.1f} us"
+                    )
         print(f"rank {me}: {'FAILED' if wrong else 'PASSED'} ({wrong} wrong bytes)")
         return 1 if wrong else 0
 

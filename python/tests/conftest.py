@@ -45,8 +45,9 @@ class Rank:
     seconds: float
 
 
-def run_ranks(nranks: int, *args: str, timeout: float = 90, env: Optional[dict] = None,
-              script: Path = RANKS) -> list[Rank]:
+def run_ranks(
+    nranks: int, *args: str, timeout: float = 90, env: Optional[dict] = None, script: Path = RANKS
+) -> list[Rank]:
     """Runs ``nranks`` processes of ``python script args`` (for ranks.py: a scenario and its
     arguments) with the launcher variables of scripts/run-local-ranks.sh; waits for all
     (killing what is left after ``timeout`` s)."""
@@ -55,14 +56,22 @@ def run_ranks(nranks: int, *args: str, timeout: float = 90, env: Optional[dict] 
     start = time.monotonic()
     for r in range(nranks):
         e = dict(os.environ)
-        e.update(MSCCLPP_RANK=str(r), MSCCLPP_NRANKS=str(nranks), MSCCLPP_LOCAL_RANK=str(r), MSCCLPP_ROOT=root,
-                 PYTHONUNBUFFERED="1")
+        e.update(
+            MSCCLPP_RANK=str(r),
+            MSCCLPP_NRANKS=str(nranks),
+            MSCCLPP_LOCAL_RANK=str(r),
+            MSCCLPP_ROOT=root,
+            PYTHONUNBUFFERED="1",
+        )
         # Bounded: a rank that fails is noticed by the others within these, not at 30 s.
         e.setdefault("MSCCLPP_BOOTSTRAP_TIMEOUT", "20")
         e.setdefault("MSCCLPP_WAIT_TIMEOUT", "20")
         e.update(env or {})
-        procs.append(subprocess.Popen([sys.executable, str(script), *args], env=e,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), *args], env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     results = []
     for r, p in enumerate(procs):
         left = max(1.0, timeout - (time.monotonic() - start))

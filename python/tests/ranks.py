@@ -21,12 +21,14 @@ def pattern(rank: int, nbytes: int, round_: int) -> np.ndarray:
 
 def check(buf: np.ndarray, nranks: int, chunk: int, round_: int, me: int) -> None:
     for r in range(nranks):
-        got = buf[r * chunk:(r + 1) * chunk]
+        got = buf[r * chunk : (r + 1) * chunk]
         want = pattern(r, chunk, round_)
         bad = np.flatnonzero(got != want)
         if bad.size:
-            raise AssertionError(f"rank {me}, round {round_}: {bad.size} wrong bytes in rank {r}'s slice, "
-                                 f"first at {bad[0]}: {got[bad[0]]} != {want[bad[0]]}")
+            raise AssertionError(
+                f"rank {me}, round {round_}: {bad.size} wrong bytes in rank {r}'s slice, "
+                f"first at {bad[0]}: {got[bad[0]]} != {want[bad[0]]}"
+            )
 
 
 def allgather(transport: str, sizes: str) -> None:
@@ -44,7 +46,7 @@ def allgather(transport: str, sizes: str) -> None:
                 for _ in range(3):
                     round_ += 1
                     buf[:] = 0xEE  # poison: a byte that did not arrive is seen
-                    buf[me * chunk:(me + 1) * chunk] = pattern(me, chunk, round_)
+                    buf[me * chunk : (me + 1) * chunk] = pattern(me, chunk, round_)
                     comm.barrier()  # nobody puts before every rank has poisoned
                     for c in conns:
                         c.put_with_signal(me * chunk, chunk)
@@ -52,7 +54,7 @@ def allgather(transport: str, sizes: str) -> None:
                         c.flush()
                     for c in conns:
                         c.wait()
-                    check(buf[:n * chunk], n, chunk, round_, me)
+                    check(buf[: n * chunk], n, chunk, round_, me)
                     comm.barrier()  # nobody overwrites before every rank has checked
     print(f"rank {me}: allgather over {transport} ok")
 
@@ -78,7 +80,7 @@ def put_signal_split(transport: str) -> None:
                 c.wait()
             for c in conns:
                 r = c.remote_rank
-                got = bytes(buf[4096 * (r + 1):4096 * (r + 1) + 1000])
+                got = bytes(buf[4096 * (r + 1) : 4096 * (r + 1) + 1000])
                 assert got == pattern(r, 1000, 5).tobytes(), f"rank {me}: bytes from rank {r} differ"
             comm.barrier()
     print(f"rank {me}: split put/signal ok")
@@ -135,7 +137,7 @@ def registered_write(transport: str) -> None:
 
 def _with_mine(buf: np.ndarray, src: np.ndarray, me: int) -> np.ndarray:
     out = buf.copy()
-    out[512 * me:512 * (me + 1)] = src  # a rank writes only to its peers
+    out[512 * me : 512 * (me + 1)] = src  # a rank writes only to its peers
     return out
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import free_port
 
 import mscclpp_rs as m
-from conftest import free_port
 
 
 @pytest.fixture
@@ -99,8 +99,13 @@ def test_one_rank_collectives(comm1) -> None:
 
 class _CAI:
     def __init__(self, address: int, shape, typestr: str, strides=None, readonly=False) -> None:
-        self.__cuda_array_interface__ = {"data": (address, readonly), "shape": shape, "typestr": typestr,
-                                         "strides": strides, "version": 3}
+        self.__cuda_array_interface__ = {
+            "data": (address, readonly),
+            "shape": shape,
+            "typestr": typestr,
+            "strides": strides,
+            "version": 3,
+        }
 
 
 class _OnlyDLPack:
@@ -140,20 +145,25 @@ def test_buffers_from_every_protocol() -> None:
 
 
 def test_launch_env() -> None:
-    e = m.launch_env(environ={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.1.2.3",
-                              "MASTER_PORT": "29500"})
+    e = m.launch_env(
+        environ={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29500"}
+    )
     assert e == m.LaunchEnv(1, 2, 1, "10.1.2.3:29501", "torchrun")
     e = m.launch_env(environ={"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "MSCCLPP_ROOT": "h:5"})
     assert e == m.LaunchEnv(3, 4, 3, "h:5", "mpirun")
-    e = m.launch_env("a:1", environ={"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_LOCALID": "0",
-                                     "MSCCLPP_ROOT": "ignored:2"})
+    e = m.launch_env(
+        "a:1", environ={"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_LOCALID": "0", "MSCCLPP_ROOT": "ignored:2"}
+    )
     assert e == m.LaunchEnv(0, 8, 0, "a:1", "Slurm")
     # The first launcher in launch_env.h's order wins.
-    e = m.launch_env(environ={"MSCCLPP_RANK": "0", "MSCCLPP_NRANKS": "2", "RANK": "5", "WORLD_SIZE": "9",
-                              "MSCCLPP_ROOT": "r:1"})
+    e = m.launch_env(
+        environ={"MSCCLPP_RANK": "0", "MSCCLPP_NRANKS": "2", "RANK": "5", "WORLD_SIZE": "9", "MSCCLPP_ROOT": "r:1"}
+    )
     assert (e.rank, e.nranks, e.source) == (0, 2, "MSCCLPP_RANK/MSCCLPP_NRANKS")
-    assert m.launch_env(environ={"PMI_RANK": "1", "PMI_SIZE": "2", "MASTER_ADDR": "::1",
-                                 "MASTER_PORT": "7"}).root == "[::1]:8"
+    assert (
+        m.launch_env(environ={"PMI_RANK": "1", "PMI_SIZE": "2", "MASTER_ADDR": "::1", "MASTER_PORT": "7"}).root
+        == "[::1]:8"
+    )
     with pytest.raises(ValueError, match="no launcher"):
         m.launch_env(environ={})
     with pytest.raises(ValueError, match="rank < nranks"):
@@ -177,9 +187,11 @@ def test_paths_headers_and_flags(tmp_path: Path) -> None:
     if cxx is None:
         pytest.skip("no C++ compiler")
     src = tmp_path / "v.cpp"
-    src.write_text('#include <mscclpp.h>\n#include <cstdio>\nint main(){int v=0;'
-                   'if(mscclppGetVersion(&v)!=mscclppSuccess) return 1;'
-                   'static_assert(sizeof(mscclppDevConn_t)==80,"");std::printf("%d\\n",v);}\n')
+    src.write_text(
+        "#include <mscclpp.h>\n#include <cstdio>\nint main(){int v=0;"
+        "if(mscclppGetVersion(&v)!=mscclppSuccess) return 1;"
+        'static_assert(sizeof(mscclppDevConn_t)==80,"");std::printf("%d\\n",v);}\n'
+    )
     exe = tmp_path / "v"
     subprocess.run([cxx, "-std=c++17", *m.compile_flags(), str(src), "-o", str(exe), *m.link_flags()], check=True)
     assert subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.strip() == "100"
@@ -192,14 +204,15 @@ def test_kernel_source_compiles_with_nvcc(tmp_path: Path) -> None:
     kernel = Path(__file__).resolve().parent.parent / "examples" / "allgather_kernel.cuh"
     src = tmp_path / "k.cu"
     src.write_text(f'#include "{kernel}"\n')
-    subprocess.run([nvcc, "-arch=sm_90", *m.compile_flags(), "-c", str(src), "-o", str(tmp_path / "k.o")],
-                   check=True)
+    subprocess.run([nvcc, "-arch=sm_90", *m.compile_flags(), "-c", str(src), "-o", str(tmp_path / "k.o")], check=True)
 
 
 def test_bundled_libfabric_loads() -> None:
     # A process that takes the wheel's libfabric even where the system has one.
-    code = ("import mscclpp_rs as m; p = m.libfabric_path(); print(p); "
-            "assert p and '/mscclpp_rs/lib/libfabric/' in p, p; assert m.version() == 100")
+    code = (
+        "import mscclpp_rs as m; p = m.libfabric_path(); print(p); "
+        "assert p and '/mscclpp_rs/lib/libfabric/' in p, p; assert m.version() == 100"
+    )
     env = dict(os.environ, MSCCLPP_PY_LIBFABRIC="bundled")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr

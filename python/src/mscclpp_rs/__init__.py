@@ -14,7 +14,6 @@ Named ``mscclpp_rs`` so that it can be installed next to MSCCL++'s own ``mscclpp
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 from . import _native

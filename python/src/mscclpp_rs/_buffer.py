@@ -66,7 +66,10 @@ def _from_cai(obj: Any) -> Buffer:
 def _from_buffer_protocol(obj: Any) -> Buffer:
     view = memoryview(obj)
     if view.readonly:
-        raise _bad(f"{type(obj).__name__} is read-only: peers write into a connected buffer (use a bytearray or a writable array)")
+        raise _bad(
+            f"{type(obj).__name__} is read-only: peers write into a connected buffer "
+            "(use a bytearray or a writable array)"
+        )
     if not view.c_contiguous:
         raise _bad(f"{type(obj).__name__} is not C-contiguous")
     nbytes = view.nbytes
@@ -120,7 +123,9 @@ def _from_dlpack(obj: Any) -> Buffer:
     shape = tuple(t.shape[i] for i in range(t.ndim))
     strides = None if not t.strides else tuple(t.strides[i] * itemsize for i in range(t.ndim))
     if not _contiguous(shape, strides, itemsize):
-        raise _bad(f"the tensor is not contiguous (shape {shape}, element strides {t.strides and [t.strides[i] for i in range(t.ndim)]})")
+        raise _bad(
+            f"the tensor is not contiguous (shape {shape}, byte strides {strides})"
+        )
     address = (t.data or 0) + t.byte_offset
     device = _DL_DEVICES.get(t.device.device_type, "unknown")
     return Buffer(address, math.prod(shape) * itemsize, "dlpack", (obj, capsule), device)

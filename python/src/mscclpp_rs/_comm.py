@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import operator
 import struct
 import threading
 from typing import Any, Iterator, Optional, Union
@@ -19,14 +20,13 @@ _U32_MAX = (1 << 32) - 1
 
 def _check_int(name: str, value: Any, hi: int, call: str, lo: int = 0) -> int:
     """``value`` as an int in [lo, hi], else InvalidArgumentError (ctypes would wrap it)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            value = value.__index__()
-        except AttributeError:
-            raise TypeError(f"{call}: {name} must be an int, not {type(value).__name__}") from None
-    if not lo <= value <= hi:
-        raise InvalidArgumentError(Result.INVALID_ARGUMENT, f"{name} = {value} is out of range [{lo}, {hi}]", call)
-    return value
+    try:
+        v = operator.index(value)  # ints and NumPy integers, not floats
+    except TypeError:
+        raise TypeError(f"{call}: {name} must be an int, not {type(value).__name__}") from None
+    if not lo <= v <= hi:
+        raise InvalidArgumentError(Result.INVALID_ARGUMENT, f"{name} = {v} is out of range [{lo}, {hi}]", call)
+    return v
 
 
 class UniqueId(bytes):
@@ -94,8 +94,15 @@ class Connection:
     ``MSCCLPP_WAIT_TIMEOUT`` where it waits and raises on a proxy error or a dead peer.
     """
 
-    def __init__(self, comm: "Communicator", remote_rank: int, tag: int, buffer: Buffer, transport: Transport,
-                 ib_dev: Optional[str]) -> None:
+    def __init__(
+        self,
+        comm: "Communicator",
+        remote_rank: int,
+        tag: int,
+        buffer: Buffer,
+        transport: Transport,
+        ib_dev: Optional[str],
+    ) -> None:
         self.comm = comm
         self.remote_rank = remote_rank
         self.tag = tag
@@ -106,8 +113,10 @@ class Connection:
 
     def __repr__(self) -> str:
         state = "set up" if self._devconn else "declared"
-        return (f"Connection(remote_rank={self.remote_rank}, tag={self.tag}, transport={self.transport.name}, "
-                f"nbytes={self.buffer.nbytes}, {state})")
+        return (
+            f"Connection(remote_rank={self.remote_rank}, tag={self.tag}, transport={self.transport.name}, "
+            f"nbytes={self.buffer.nbytes}, {state})"
+        )
 
     @property
     def nbytes(self) -> int:
@@ -213,8 +222,9 @@ class RegisteredMemory:
         self.buffer = buffer
         self._handle = handle
 
-    def write(self, src: Any, size: Optional[int] = None, src_offset: int = 0, dst_offset: int = 0,
-              stream: int = 0) -> None:
+    def write(
+        self, src: Any, size: Optional[int] = None, src_offset: int = 0, dst_offset: int = 0, stream: int = 0
+    ) -> None:
         """Writes ``size`` bytes (default: all of ``src`` from ``src_offset``) of ``src`` at
         ``src_offset`` to ``dst_offset`` of every connected peer's registered buffer, and returns
         once they arrived (``mscclppRegisteredBufferWrite``; for CUDA memory, work queued on
@@ -225,10 +235,20 @@ class RegisteredMemory:
         size = buf.nbytes - so if size is None else _check_int("size", size, _U64_MAX, "write")
         if so + size > buf.nbytes:
             raise InvalidArgumentError(
-                Result.INVALID_ARGUMENT, f"src_offset {so} + size {size} is past the source's {buf.nbytes} bytes", "write"
+                Result.INVALID_ARGUMENT,
+                f"src_offset {so} + size {size} is past the source's {buf.nbytes} bytes",
+                "write",
             )
-        n.call("mscclppRegisteredBufferWrite", self.comm._handle_or_raise("write"), ctypes.byref(self._handle),
-               buf.address, size, so, do, _check_int("stream", stream, 2**63 - 1, "write"))
+        n.call(
+            "mscclppRegisteredBufferWrite",
+            self.comm._handle_or_raise("write"),
+            ctypes.byref(self._handle),
+            buf.address,
+            size,
+            so,
+            do,
+            _check_int("stream", stream, 2**63 - 1, "write"),
+        )
 
 
 Root = Union[str, bytes, UniqueId]
@@ -313,7 +333,9 @@ class Communicator:
         if width == 0:
             return [b""] * self.size
         if width > 2**31 - 1:
-            raise InvalidArgumentError(Result.INVALID_ARGUMENT, f"{width} bytes per rank: at most 2^31 - 1", "all_gather")
+            raise InvalidArgumentError(
+                Result.INVALID_ARGUMENT, f"{width} bytes per rank: at most 2^31 - 1", "all_gather"
+            )
         padded = self._gather_fixed(h, data.ljust(width, b"\0"))
         return [chunk[:size] for chunk, size in zip(padded, sizes)]
 
@@ -323,7 +345,7 @@ class Communicator:
         ctypes.memmove(ctypes.addressof(buf) + self.rank * width, mine, width)
         n.call("mscclppBootstrapAllGather", h, buf, width)
         raw = buf.raw
-        return [raw[r * width:(r + 1) * width] for r in range(self.size)]
+        return [raw[r * width : (r + 1) * width] for r in range(self.size)]
 
     def barrier(self) -> None:
         """Returns once every rank has called it (bounded by the bootstrap timeout)."""
@@ -331,9 +353,16 @@ class Communicator:
 
     # --- Connections -----------------------------------------------------------------------
 
-    def connect(self, remote_rank: int, buffer: Any, *, tag: int = 0,
-                transport: Union[Transport, str] = Transport.IB, ib_dev: Optional[str] = None,
-                nbytes: Optional[int] = None) -> Connection:
+    def connect(
+        self,
+        remote_rank: int,
+        buffer: Any,
+        *,
+        tag: int = 0,
+        transport: Union[Transport, str] = Transport.IB,
+        ib_dev: Optional[str] = None,
+        nbytes: Optional[int] = None,
+    ) -> Connection:
         """Declares a connection to ``remote_rank`` over ``buffer`` (``mscclppConnect``).
 
         Args:
@@ -362,8 +391,16 @@ class Communicator:
         tag = _check_int("tag", tag, 2**31 - 1, "connect", lo=-(2**31))
         if ib_dev is not None and not isinstance(ib_dev, str):
             raise TypeError(f"ib_dev must be a str or None, not {type(ib_dev).__name__}")
-        n.call("mscclppConnect", h, peer, tag, buf.address or None, size, int(t),
-               ib_dev.encode() if ib_dev is not None else None)
+        n.call(
+            "mscclppConnect",
+            h,
+            peer,
+            tag,
+            buf.address or None,
+            size,
+            int(t),
+            ib_dev.encode() if ib_dev is not None else None,
+        )
         conn = Connection(self, peer, tag, buf, t, ib_dev)
         self._connections.append(conn)
         self._pending.append(conn)
@@ -392,7 +429,7 @@ class Communicator:
         ptr = ctypes.c_void_p()
         count = ctypes.c_int()
         n.call("mscclppGetAllDeviceConnections", h, ctypes.byref(ptr), ctypes.byref(count))
-        data = ctypes.string_at(ptr.value, count.value * DEVCONN_BYTES) if count.value else b""
+        data = ctypes.string_at(ptr.value or 0, count.value * DEVCONN_BYTES) if count.value else b""
         ranks = [struct.unpack_from("<i", data, i * DEVCONN_BYTES)[0] for i in range(count.value)]
         return DeviceConnections(data, ptr.value or 0, ranks)
 
@@ -431,16 +468,24 @@ class Communicator:
         n.call("mscclppCommGetAsyncError", self._handle_or_raise("async_error"), ctypes.byref(code))
         if code.value == 0:
             return None
-        return n.error(code.value, "a proxy thread failed (its error was logged; stop_proxy() raises it)",
-                       "mscclppCommGetAsyncError")
+        return n.error(
+            code.value,
+            "a proxy thread failed (its error was logged; stop_proxy() raises it)",
+            "mscclppCommGetAsyncError",
+        )
 
     def register_buffer(self, buffer: Any) -> RegisteredMemory:
         """Registers ``buffer`` with every connection and exchanges it with the connected peers
         (``mscclppRegisterBuffer``; collective, after :meth:`setup`)."""
         buf = as_buffer(buffer)
         handle = n.RegisteredMemoryStruct()
-        n.call("mscclppRegisterBuffer", self._handle_or_raise("register_buffer"), buf.address, buf.nbytes,
-               ctypes.byref(handle))
+        n.call(
+            "mscclppRegisterBuffer",
+            self._handle_or_raise("register_buffer"),
+            buf.address,
+            buf.nbytes,
+            ctypes.byref(handle),
+        )
         reg = RegisteredMemory(self, buf, handle)
         self._registered.append(reg)
         return reg

@@ -82,7 +82,9 @@ def launch_env(root: Optional[str] = None, environ: Optional[Mapping[str, str]] 
     if root is None:
         addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
         if not addr or port is None:
-            raise ValueError("no root address: pass root='ip:port' or set MSCCLPP_ROOT (or MASTER_ADDR and MASTER_PORT)")
+            raise ValueError(
+                "no root address: pass root='ip:port' or set MSCCLPP_ROOT (or MASTER_ADDR and MASTER_PORT)"
+            )
         p = _int("MASTER_PORT", port)
         if p >= 65535:
             raise ValueError(f"MASTER_PORT={port}: no port above it for the bootstrap")

@@ -264,8 +264,15 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "mscclppRegisterBuffer": (c_int, [c_voidp, c_voidp, ctypes.c_size_t, ctypes.POINTER(RegisteredMemoryStruct)]),
     "mscclppRegisteredBufferWrite": (
         c_int,
-        [c_voidp, ctypes.POINTER(RegisteredMemoryStruct), c_voidp, ctypes.c_size_t, ctypes.c_uint32,
-         ctypes.c_uint32, ctypes.c_int64],
+        [
+            c_voidp,
+            ctypes.POINTER(RegisteredMemoryStruct),
+            c_voidp,
+            ctypes.c_size_t,
+            ctypes.c_uint32,
+            ctypes.c_uint32,
+            ctypes.c_int64,
+        ],
     ),
 }
 
