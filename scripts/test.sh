@@ -10,7 +10,8 @@
 # local ranks (shared and static library); allgather_host with 32 ranks over tcp and shm,
 # twice each; ASan/UBSan and valgrind runs (scripts/sanitize.sh);
 # the libfabric suites again against libfabric 2.x built from Debian's source
-# (scripts/libfabric2.sh); a bounded soak of 4 ranks over tcp and shm (examples/soak.rs).
+# (scripts/libfabric2.sh); the Python package built with pip into a venv and its pytest suite
+# (python/tests); a bounded soak of 4 ranks over tcp and shm (examples/soak.rs).
 #
 # Needs Debian/Ubuntu (missing packages are installed with apt-get) and a Rust toolchain.
 # Environment: CARGO_TARGET_DIR (default ./target), MSCCLPP_TEST_BUILD_DIR (default
@@ -156,6 +157,16 @@ soak() {
   done
 }
 
+# The Python package (python/): pip builds it into a venv (scikit-build-core from PyPI; cargo
+# reuses the release build of "cmake install" in $CARGO_TARGET_DIR), then its pytest suite on
+# host memory: 2-4 ranks over tcp and shm, bad arguments, dead peers, README's example.
+python_pkg() {
+  local venv=$build/python-venv
+  [[ -x $venv/bin/python ]] || python3 -m venv "$venv" || return 1
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check ./python pytest numpy || return 1
+  (cd python && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
+}
+
 total_start=$SECONDS
 if ! deps; then
   echo "test.sh: cannot set up the build environment (see above)" >&2
@@ -178,6 +189,7 @@ step "pkg-config build" needs="cmake install" -- pkgconfig_build
 step "c_examples run" needs="c_examples build" -- run_examples
 step scale needs="c_examples build" -- scale_runs
 step sanitize needs="cmake install" -- scripts/sanitize.sh "$prefix" "$build/sanitize"
+step python -- python_pkg
 step "libfabric 2.x" -- libfabric2
 step soak -- soak
 

@@ -1,0 +1,519 @@
+"""Communicator, connections and device connections: thin objects over the C handles."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import operator
+import struct
+import threading
+from typing import Any, Iterator, Optional, Union
+
+from . import _native as n
+from ._buffer import Buffer, as_buffer
+from ._launch import launch_env
+from ._native import DEVCONN_BYTES, InvalidArgumentError, InvalidUsageError, MscclppError, Result, Transport
+
+_U64_MAX = (1 << 64) - 1
+_U32_MAX = (1 << 32) - 1
+
+
+def _check_int(name: str, value: Any, hi: int, call: str, lo: int = 0) -> int:
+    """``value`` as an int in [lo, hi], else InvalidArgumentError (ctypes would wrap it)."""
+    try:
+        v = operator.index(value)  # ints and NumPy integers, not floats
+    except TypeError:
+        raise TypeError(f"{call}: {name} must be an int, not {type(value).__name__}") from None
+    if not lo <= v <= hi:
+        raise InvalidArgumentError(Result.INVALID_ARGUMENT, f"{name} = {v} is out of range [{lo}, {hi}]", call)
+    return v
+
+
+class UniqueId(bytes):
+    """The 128 bytes of an ``mscclppUniqueId``: rank 0's bootstrap address and a random magic.
+
+    Made by :func:`unique_id` on the process that becomes rank 0; send ``bytes(uid)`` to every
+    other rank by any means (a file, ``torch.distributed.broadcast_object_list``, MPI) and pass
+    it (or those bytes) to :class:`Communicator`.
+    """
+
+    def __new__(cls, data: bytes) -> "UniqueId":
+        data = bytes(data)
+        if len(data) != n.UNIQUE_ID_BYTES:
+            raise InvalidArgumentError(
+                Result.INVALID_ARGUMENT, f"a unique id is {n.UNIQUE_ID_BYTES} bytes, got {len(data)}", "UniqueId"
+            )
+        return super().__new__(cls, data)
+
+
+def unique_id() -> UniqueId:
+    """A new unique id (``mscclppGetUniqueId``). The calling process's host becomes the root:
+    rank 0 must run here. ``MSCCLPP_SOCKET_IFNAME`` picks the interface."""
+    uid = n.UniqueIdStruct()
+    n.call("mscclppGetUniqueId", ctypes.byref(uid))
+    return UniqueId(ctypes.string_at(ctypes.addressof(uid), n.UNIQUE_ID_BYTES))
+
+
+def version() -> int:
+    """``MSCCLPP_VERSION`` of the loaded library (major * 10000 + minor * 100 + patch)."""
+    v = ctypes.c_int()
+    n.call("mscclppGetVersion", ctypes.byref(v))
+    return v.value
+
+
+def set_bootstrap_timeout(seconds: int) -> None:
+    """Bounds every bootstrap connect, accept and receive of communicators created afterwards,
+    process-wide (``mscclppSetBootstrapConnTimeout``; default 30 s or ``MSCCLPP_BOOTSTRAP_TIMEOUT``)."""
+    n.call("mscclppSetBootstrapConnTimeout", _check_int("seconds", seconds, 2**31 - 1, "set_bootstrap_timeout"))
+
+
+def _transport(value: Union[Transport, str, int]) -> Transport:
+    if isinstance(value, str):
+        try:
+            return Transport[value.upper()]
+        except KeyError:
+            raise InvalidArgumentError(
+                Result.INVALID_ARGUMENT, f"transport {value!r}: expected 'p2p', 'shm' or 'ib'", "connect"
+            ) from None
+    try:
+        return Transport(value)
+    except ValueError:
+        raise InvalidArgumentError(
+            Result.INVALID_ARGUMENT, f"transport {value!r}: expected Transport.P2P, SHM or IB", "connect"
+        ) from None
+
+
+class Connection:
+    """One side of a connection to ``remote_rank`` over a local buffer (:meth:`Communicator.connect`).
+
+    After setup (:meth:`Communicator.setup`, or entering :meth:`Communicator.proxy`), a host
+    thread drives a connection over *host* memory with the methods below, as a kernel does with
+    the device methods of ``mscclppDevConn_t``. Offsets are bytes into the two buffers; ``offset``
+    is the destination's, ``src_offset`` (default: the same) the source's. Puts and signals
+    need the proxies running (inside :meth:`Communicator.proxy`). Each call is bounded by
+    ``MSCCLPP_WAIT_TIMEOUT`` where it waits and raises on a proxy error or a dead peer.
+    """
+
+    def __init__(
+        self,
+        comm: "Communicator",
+        remote_rank: int,
+        tag: int,
+        buffer: Buffer,
+        transport: Transport,
+        ib_dev: Optional[str],
+    ) -> None:
+        self.comm = comm
+        self.remote_rank = remote_rank
+        self.tag = tag
+        self.buffer = buffer
+        self.transport = transport
+        self.ib_dev = ib_dev
+        self._devconn: Optional[int] = None  # mscclppDevConn_t*, owned by the communicator
+
+    def __repr__(self) -> str:
+        state = "set up" if self._devconn else "declared"
+        return (
+            f"Connection(remote_rank={self.remote_rank}, tag={self.tag}, transport={self.transport.name}, "
+            f"nbytes={self.buffer.nbytes}, {state})"
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the local buffer of this connection."""
+        return self.buffer.nbytes
+
+    def _ptr(self, call: str) -> int:
+        self.comm._handle_or_raise(call)
+        if self._devconn is None:
+            raise InvalidUsageError(
+                Result.INVALID_USAGE,
+                f"the connection to rank {self.remote_rank} (tag {self.tag}) is not set up: call "
+                "setup() (or enter proxy()) first",
+                call,
+            )
+        return self._devconn
+
+    def _triple(self, offset: int, size: int, src_offset: Optional[int], call: str) -> tuple[int, int, int]:
+        dst = _check_int("offset", offset, _U64_MAX, call)
+        src = dst if src_offset is None else _check_int("src_offset", src_offset, _U64_MAX, call)
+        return dst, src, _check_int("size", size, _U64_MAX, call)
+
+    def put(self, offset: int, size: int, src_offset: Optional[int] = None) -> None:
+        """Queues a copy of ``size`` bytes from the local buffer at ``src_offset`` to the peer's
+        at ``offset`` (``mscclppDevConnPut``). Returns at once; the source must not change until
+        :meth:`flush` returns."""
+        dst, src, size = self._triple(offset, size, src_offset, "put")
+        n.call("mscclppDevConnPut", self._ptr("put"), dst, src, size)
+
+    def signal(self) -> None:
+        """The peer's next :meth:`wait` returns once every earlier put has arrived."""
+        n.call("mscclppDevConnSignal", self._ptr("signal"))
+
+    def put_with_signal(self, offset: int, size: int, src_offset: Optional[int] = None) -> None:
+        """:meth:`put` then :meth:`signal`, in one trigger."""
+        dst, src, size = self._triple(offset, size, src_offset, "put_with_signal")
+        n.call("mscclppDevConnPutWithSignal", self._ptr("put_with_signal"), dst, src, size)
+
+    def put_with_signal_and_flush(self, offset: int, size: int, src_offset: Optional[int] = None) -> None:
+        """:meth:`put_with_signal`, then waits until both have completed."""
+        dst, src, size = self._triple(offset, size, src_offset, "put_with_signal_and_flush")
+        n.call("mscclppDevConnPutWithSignalAndFlush", self._ptr("put_with_signal_and_flush"), dst, src, size)
+
+    def flush(self) -> None:
+        """Returns once every earlier put and signal on this connection has completed (the source
+        may change again)."""
+        n.call("mscclppDevConnFlush", self._ptr("flush"))
+
+    def wait(self) -> None:
+        """Waits for the peer's next signal; the data of every put before it is then readable.
+        Consumes one signal per call: use one waiting thread per connection."""
+        n.call("mscclppDevConnWait", self._ptr("wait"))
+
+
+class DeviceConnections:
+    """The ``mscclppDevConn_t`` array of a communicator, in :meth:`Communicator.connect` order:
+    what a kernel needs to put, signal, flush and wait.
+
+    ``bytes(dc)`` is the array (``len(dc) * 80`` bytes); :meth:`to_cupy` and :meth:`to_torch`
+    copy it to GPU memory, where a kernel takes it as ``const mscclppDevConn_t*`` (or copy the
+    bytes into a ``__constant__ mscclppDevConn_t conns[N]``). ``host_address`` is the library's
+    own host array (valid while the communicator lives).
+    """
+
+    def __init__(self, data: bytes, host_address: int, remote_ranks: list[int]) -> None:
+        self.data = data
+        self.host_address = host_address
+        self.remote_ranks = remote_ranks
+
+    def __len__(self) -> int:
+        return len(self.data) // DEVCONN_BYTES
+
+    def __bytes__(self) -> bytes:
+        return self.data
+
+    @property
+    def nbytes(self) -> int:
+        """``len(self) * 80``."""
+        return len(self.data)
+
+    def __repr__(self) -> str:
+        return f"DeviceConnections({len(self)} connections to ranks {self.remote_ranks})"
+
+    def to_cupy(self) -> Any:
+        """A CuPy ``uint8`` array on the current device holding the array."""
+        import cupy  # optional dependency
+        import numpy
+
+        return cupy.asarray(numpy.frombuffer(self.data, dtype=numpy.uint8))
+
+    def to_torch(self, device: Any = "cuda") -> Any:
+        """A PyTorch ``uint8`` tensor on ``device`` holding the array."""
+        import torch  # optional dependency
+
+        return torch.frombuffer(bytearray(self.data), dtype=torch.uint8).to(device)
+
+
+class RegisteredMemory:
+    """A buffer registered with every connected peer (:meth:`Communicator.register_buffer`)."""
+
+    def __init__(self, comm: "Communicator", buffer: Buffer, handle: n.RegisteredMemoryStruct) -> None:
+        self.comm = comm
+        self.buffer = buffer
+        self._handle = handle
+
+    def write(
+        self, src: Any, size: Optional[int] = None, src_offset: int = 0, dst_offset: int = 0, stream: int = 0
+    ) -> None:
+        """Writes ``size`` bytes (default: all of ``src`` from ``src_offset``) of ``src`` at
+        ``src_offset`` to ``dst_offset`` of every connected peer's registered buffer, and returns
+        once they arrived (``mscclppRegisteredBufferWrite``; for CUDA memory, work queued on
+        ``stream``, a ``cudaStream_t`` as an int, completes first). The peers' proxies must run."""
+        buf = as_buffer(src)
+        so = _check_int("src_offset", src_offset, _U32_MAX, "write")
+        do = _check_int("dst_offset", dst_offset, _U32_MAX, "write")
+        size = buf.nbytes - so if size is None else _check_int("size", size, _U64_MAX, "write")
+        if so + size > buf.nbytes:
+            raise InvalidArgumentError(
+                Result.INVALID_ARGUMENT,
+                f"src_offset {so} + size {size} is past the source's {buf.nbytes} bytes",
+                "write",
+            )
+        n.call(
+            "mscclppRegisteredBufferWrite",
+            self.comm._handle_or_raise("write"),
+            ctypes.byref(self._handle),
+            buf.address,
+            size,
+            so,
+            do,
+            _check_int("stream", stream, 2**63 - 1, "write"),
+        )
+
+
+Root = Union[str, bytes, UniqueId]
+
+
+class Communicator:
+    """A communicator of ``nranks`` processes (``mscclppComm_t``).
+
+    Create it on every rank with the same root: an ``"ip:port"`` (``"[ipv6]:port"``,
+    ``"host:port"``) where rank 0 listens, or a :class:`UniqueId` made by :func:`unique_id` on
+    rank 0; or from the launcher's environment with :meth:`from_env`. Creation returns once
+    every rank has joined, or raises within the bootstrap timeout.
+
+    Use it as a context manager (or call :meth:`close`) to free it: that stops the proxies and
+    frees every connection. Typical use::
+
+        with Communicator.from_env() as comm:
+            conns = [comm.connect(p, buf, transport="shm") for p in range(comm.size) if p != comm.rank]
+            with comm.proxy():          # setup, proxy launch ... proxy stop
+                ...                     # kernels with comm.device_connections(), or host puts
+
+    Collective calls (creation, :meth:`all_gather`, :meth:`barrier`, :meth:`setup`,
+    :meth:`register_buffer`) must be made in the same order on every rank, from one thread at a
+    time. The library serialises calls on one communicator.
+    """
+
+    def __init__(self, root: Root, rank: int, nranks: int) -> None:
+        handle = ctypes.c_void_p()
+        rank = _check_int("rank", rank, 2**31 - 1, "Communicator", lo=-(2**31))
+        nranks = _check_int("nranks", nranks, 2**31 - 1, "Communicator", lo=-(2**31))
+        if isinstance(root, str):
+            n.call("mscclppCommInitRank", ctypes.byref(handle), nranks, root.encode(), rank)
+        elif isinstance(root, (bytes, bytearray, memoryview)):
+            uid = UniqueId(bytes(root))
+            s = n.UniqueIdStruct()
+            ctypes.memmove(ctypes.addressof(s), uid, n.UNIQUE_ID_BYTES)
+            n.call("mscclppCommInitRankFromId", ctypes.byref(handle), nranks, s, rank)
+        else:
+            raise TypeError(f"root must be an 'ip:port' str or a UniqueId, not {type(root).__name__}")
+        self._handle: Optional[int] = handle.value
+        self._lock = threading.Lock()
+        self._connections: list[Connection] = []
+        self._pending: list[Connection] = []
+        self._registered: list[RegisteredMemory] = []
+        self._proxy_running = False
+        self.rank: int = self._query("mscclppCommRank")
+        """This process's rank."""
+        self.size: int = self._query("mscclppCommSize")
+        """The number of ranks."""
+
+    @classmethod
+    def from_env(cls, root: Optional[str] = None) -> "Communicator":
+        """A communicator from the launcher's environment (torchrun, mpirun, srun,
+        scripts/run-local-ranks.sh): see :func:`launch_env` for the variables read."""
+        env = launch_env(root)
+        return cls(env.root, env.rank, env.nranks)
+
+    def _query(self, name: str) -> int:
+        v = ctypes.c_int()
+        n.call(name, self._handle_or_raise(name), ctypes.byref(v))
+        return v.value
+
+    def _handle_or_raise(self, call: str) -> int:
+        if self._handle is None:
+            raise InvalidUsageError(Result.INVALID_USAGE, "the communicator is closed", call)
+        return self._handle
+
+    def __repr__(self) -> str:
+        state = "closed" if self._handle is None else f"{len(self._connections)} connections"
+        return f"Communicator(rank={getattr(self, 'rank', '?')}, size={getattr(self, 'size', '?')}, {state})"
+
+    # --- Bootstrap -------------------------------------------------------------------------
+
+    def all_gather(self, data: bytes) -> list[bytes]:
+        """Every rank's ``data`` (any length, lengths may differ), indexed by rank, over the
+        bootstrap sockets. Collective; bounded by the bootstrap timeout."""
+        data = bytes(data)
+        h = self._handle_or_raise("all_gather")
+        lengths = self._gather_fixed(h, struct.pack("<Q", len(data)))
+        sizes = [struct.unpack("<Q", x)[0] for x in lengths]
+        width = max(sizes)
+        if width == 0:
+            return [b""] * self.size
+        if width > 2**31 - 1:
+            raise InvalidArgumentError(
+                Result.INVALID_ARGUMENT, f"{width} bytes per rank: at most 2^31 - 1", "all_gather"
+            )
+        padded = self._gather_fixed(h, data.ljust(width, b"\0"))
+        return [chunk[:size] for chunk, size in zip(padded, sizes)]
+
+    def _gather_fixed(self, h: int, mine: bytes) -> list[bytes]:
+        width = len(mine)
+        buf = ctypes.create_string_buffer(width * self.size)
+        ctypes.memmove(ctypes.addressof(buf) + self.rank * width, mine, width)
+        n.call("mscclppBootstrapAllGather", h, buf, width)
+        raw = buf.raw
+        return [raw[r * width : (r + 1) * width] for r in range(self.size)]
+
+    def barrier(self) -> None:
+        """Returns once every rank has called it (bounded by the bootstrap timeout)."""
+        n.call("mscclppBootstrapBarrier", self._handle_or_raise("barrier"))
+
+    # --- Connections -----------------------------------------------------------------------
+
+    def connect(
+        self,
+        remote_rank: int,
+        buffer: Any,
+        *,
+        tag: int = 0,
+        transport: Union[Transport, str] = Transport.IB,
+        ib_dev: Optional[str] = None,
+        nbytes: Optional[int] = None,
+    ) -> Connection:
+        """Declares a connection to ``remote_rank`` over ``buffer`` (``mscclppConnect``).
+
+        Args:
+            remote_rank: the peer, which declares the counterpart with the same ``tag`` and
+                transport.
+            buffer: a CuPy/NumPy array, a torch tensor, a bytearray, any object with
+                ``__cuda_array_interface__``, the buffer protocol or ``__dlpack__``, or an
+                ``(address, nbytes)`` tuple; contiguous and writable. It is kept alive by the
+                connection.
+            tag: tells apart several connections to one peer.
+            transport: :class:`Transport` or ``"p2p"``, ``"shm"``, ``"ib"``.
+            ib_dev: for ``IB``, a libfabric domain (``None``: the library's choice); must be
+                ``None`` for the others.
+            nbytes: connect only the first ``nbytes`` of the buffer.
+
+        Nothing is created until :meth:`setup`.
+        """
+        h = self._handle_or_raise("connect")
+        buf = as_buffer(buffer)
+        size = buf.nbytes
+        if nbytes is not None:
+            size = _check_int("nbytes", nbytes, buf.nbytes, "connect")
+            buf = Buffer(buf.address, size, buf.kind, buf.owner, buf.device)
+        t = _transport(transport)
+        peer = _check_int("remote_rank", remote_rank, 2**31 - 1, "connect", lo=-(2**31))
+        tag = _check_int("tag", tag, 2**31 - 1, "connect", lo=-(2**31))
+        if ib_dev is not None and not isinstance(ib_dev, str):
+            raise TypeError(f"ib_dev must be a str or None, not {type(ib_dev).__name__}")
+        n.call(
+            "mscclppConnect",
+            h,
+            peer,
+            tag,
+            buf.address or None,
+            size,
+            int(t),
+            ib_dev.encode() if ib_dev is not None else None,
+        )
+        conn = Connection(self, peer, tag, buf, t, ib_dev)
+        self._connections.append(conn)
+        self._pending.append(conn)
+        return conn
+
+    @property
+    def connections(self) -> list[Connection]:
+        """Every connection declared, in :meth:`connect` order."""
+        return list(self._connections)
+
+    def setup(self) -> None:
+        """Establishes every connection declared since the last setup (``mscclppConnectionSetup``,
+        collective between the peers of each connection). Bounded by the bootstrap timeout."""
+        h = self._handle_or_raise("setup")
+        n.call("mscclppConnectionSetup", h)
+        for conn in self._pending:
+            ptr = ctypes.c_void_p()
+            n.call("mscclppGetDeviceConnection", h, conn.remote_rank, conn.tag, ctypes.byref(ptr))
+            conn._devconn = ptr.value
+        self._pending = []
+
+    def device_connections(self) -> DeviceConnections:
+        """The ``mscclppDevConn_t`` array of every connection set up, in :meth:`connect` order
+        (``mscclppGetAllDeviceConnections``): hand it to a kernel (see :class:`DeviceConnections`)."""
+        h = self._handle_or_raise("device_connections")
+        ptr = ctypes.c_void_p()
+        count = ctypes.c_int()
+        n.call("mscclppGetAllDeviceConnections", h, ctypes.byref(ptr), ctypes.byref(count))
+        data = ctypes.string_at(ptr.value or 0, count.value * DEVCONN_BYTES) if count.value else b""
+        ranks = [struct.unpack_from("<i", data, i * DEVCONN_BYTES)[0] for i in range(count.value)]
+        return DeviceConnections(data, ptr.value or 0, ranks)
+
+    def launch_proxy(self) -> None:
+        """Starts the proxy threads (``mscclppProxyLaunch``), after :meth:`setup`."""
+        n.call("mscclppProxyLaunch", self._handle_or_raise("launch_proxy"))
+        self._proxy_running = True
+
+    def stop_proxy(self) -> None:
+        """Lets the proxies finish what was pushed, joins them, and raises the first error any of
+        them met (``mscclppProxyStop``)."""
+        self._proxy_running = False
+        n.call("mscclppProxyStop", self._handle_or_raise("stop_proxy"))
+
+    @contextlib.contextmanager
+    def proxy(self) -> Iterator["Communicator"]:
+        """Sets up the connections declared (if any are new), runs the proxies for the body, and
+        stops them after it: on a clean exit a proxy's error is raised; when the body raised,
+        its exception is the one that propagates. A :meth:`close` in the body stops them too."""
+        if self._pending:
+            self.setup()
+        self.launch_proxy()
+        try:
+            yield self
+        except BaseException:
+            if not self.closed:
+                with contextlib.suppress(MscclppError):
+                    self.stop_proxy()
+            raise
+        if not self.closed:  # close() in the body stopped the proxies already
+            self.stop_proxy()
+
+    def async_error(self) -> Optional[MscclppError]:
+        """A proxy thread's sticky error (``mscclppCommGetAsyncError``) as an exception, or None."""
+        code = ctypes.c_int()
+        n.call("mscclppCommGetAsyncError", self._handle_or_raise("async_error"), ctypes.byref(code))
+        if code.value == 0:
+            return None
+        return n.error(
+            code.value,
+            "a proxy thread failed (its error was logged; stop_proxy() raises it)",
+            "mscclppCommGetAsyncError",
+        )
+
+    def register_buffer(self, buffer: Any) -> RegisteredMemory:
+        """Registers ``buffer`` with every connection and exchanges it with the connected peers
+        (``mscclppRegisterBuffer``; collective, after :meth:`setup`)."""
+        buf = as_buffer(buffer)
+        handle = n.RegisteredMemoryStruct()
+        n.call(
+            "mscclppRegisterBuffer",
+            self._handle_or_raise("register_buffer"),
+            buf.address,
+            buf.nbytes,
+            ctypes.byref(handle),
+        )
+        reg = RegisteredMemory(self, buf, handle)
+        self._registered.append(reg)
+        return reg
+
+    # --- Lifetime --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stops the proxies and frees the communicator and its connections
+        (``mscclppCommDestroy``). Idempotent. The connections' buffers may be freed after it."""
+        with self._lock:
+            h, self._handle = self._handle, None
+        if h is not None:
+            for c in self._connections:
+                c._devconn = None
+            n.call("mscclppCommDestroy", h)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran."""
+        return self._handle is None
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # At interpreter exit the module globals may be gone already: nothing to report then.
+        with contextlib.suppress(Exception):
+            self.close()

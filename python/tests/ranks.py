@@ -1,0 +1,193 @@
+"""One rank of a multi-process test: `python ranks.py SCENARIO [ARGS...]`, started by
+conftest.run_ranks with the launcher variables set. Exits 0 when every check passed, 1 with
+the reason on stdout otherwise; the last line says what happened (some tests read it)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import mscclpp_rs as m
+
+
+def pattern(rank: int, nbytes: int, round_: int) -> np.ndarray:
+    i = np.arange(nbytes, dtype=np.int64)
+    return ((rank * 37 + round_ * 11 + i % 251 + (i >> 12)) % 256).astype(np.uint8)
+
+
+def check(buf: np.ndarray, nranks: int, chunk: int, round_: int, me: int) -> None:
+    for r in range(nranks):
+        got = buf[r * chunk : (r + 1) * chunk]
+        want = pattern(r, chunk, round_)
+        bad = np.flatnonzero(got != want)
+        if bad.size:
+            raise AssertionError(
+                f"rank {me}, round {round_}: {bad.size} wrong bytes in rank {r}'s slice, "
+                f"first at {bad[0]}: {got[bad[0]]} != {want[bad[0]]}"
+            )
+
+
+def allgather(transport: str, sizes: str) -> None:
+    """Host puts over `transport`, each size in turn, 3 rounds each, every byte checked."""
+    with m.Communicator.from_env() as comm:
+        n, me = comm.size, comm.rank
+        chunks = [int(s) for s in sizes.split(",")]
+        buf = np.zeros(n * max(chunks), dtype=np.uint8)
+        conns = [comm.connect(p, buf, transport=transport) for p in range(n) if p != me]
+        with comm.proxy():
+            dc = comm.device_connections()
+            assert len(dc) == n - 1 and dc.remote_ranks == [c.remote_rank for c in conns], dc
+            round_ = 0
+            for chunk in chunks:
+                for _ in range(3):
+                    round_ += 1
+                    buf[:] = 0xEE  # poison: a byte that did not arrive is seen
+                    buf[me * chunk : (me + 1) * chunk] = pattern(me, chunk, round_)
+                    comm.barrier()  # nobody puts before every rank has poisoned
+                    for c in conns:
+                        c.put_with_signal(me * chunk, chunk)
+                    for c in conns:
+                        c.flush()
+                    for c in conns:
+                        c.wait()
+                    check(buf[: n * chunk], n, chunk, round_, me)
+                    comm.barrier()  # nobody overwrites before every rank has checked
+    print(f"rank {me}: allgather over {transport} ok")
+
+
+def put_signal_split(transport: str) -> None:
+    """put + signal as two calls, put_with_signal_and_flush, and offsets that differ on both
+    sides: rank r writes its bytes [0, 1000) to offset 4096 * (r + 1) of every peer."""
+    with m.Communicator.from_env() as comm:
+        n, me = comm.size, comm.rank
+        buf = bytearray(4096 * (n + 1))
+        src = pattern(me, 1000, 5).tobytes()
+        buf[:1000] = src
+        conns = [comm.connect(p, buf, transport=transport) for p in range(n) if p != me]
+        with comm.proxy():
+            for i, c in enumerate(conns):
+                if i % 2:
+                    c.put(4096 * (me + 1), 1000, src_offset=0)
+                    c.signal()
+                    c.flush()
+                else:
+                    c.put_with_signal_and_flush(4096 * (me + 1), 1000, src_offset=0)
+            for c in conns:
+                c.wait()
+            for c in conns:
+                r = c.remote_rank
+                got = bytes(buf[4096 * (r + 1) : 4096 * (r + 1) + 1000])
+                assert got == pattern(r, 1000, 5).tobytes(), f"rank {me}: bytes from rank {r} differ"
+            comm.barrier()
+    print(f"rank {me}: split put/signal ok")
+
+
+def bootstrap(mode: str, tmp: str) -> None:
+    """A communicator from a unique id (rank 0 writes it to a file) or from the environment;
+    all_gather of bytes of different lengths (one empty), and barriers."""
+    env = m.launch_env()
+    if mode == "uid":
+        path = Path(tmp) / "uid"
+        if env.rank == 0:
+            uid = m.unique_id()
+            (Path(tmp) / "uid.part").write_bytes(bytes(uid))
+            os.replace(Path(tmp) / "uid.part", path)
+        else:
+            deadline = time.monotonic() + 30
+            while not path.exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("rank 0 wrote no unique id")
+                time.sleep(0.01)
+        comm = m.Communicator(m.UniqueId(path.read_bytes()), env.rank, env.nranks)
+    else:
+        comm = m.Communicator.from_env()
+    with comm:
+        assert (comm.rank, comm.size) == (env.rank, env.nranks)
+        mine = b"" if comm.rank == 1 else bytes([comm.rank]) * (comm.rank * 1000 + 3)
+        got = comm.all_gather(mine)
+        want = [b"" if r == 1 else bytes([r]) * (r * 1000 + 3) for r in range(comm.size)]
+        assert got == want, [len(g) for g in got]
+        assert comm.all_gather(b"") == [b""] * comm.size
+        for _ in range(3):
+            comm.barrier()
+    print(f"rank {env.rank}: bootstrap ({mode}) ok")
+
+
+def registered_write(transport: str) -> None:
+    """register_buffer + write: rank r writes 512 bytes to offset 512 * r of every peer."""
+    with m.Communicator.from_env() as comm:
+        n, me = comm.size, comm.rank
+        buf = np.zeros(512 * n, dtype=np.uint8)
+        for p in range(n):
+            if p != me:
+                comm.connect(p, buf, transport=transport)
+        with comm.proxy():
+            reg = comm.register_buffer(buf)
+            src = pattern(me, 512, 9)
+            reg.write(src, dst_offset=512 * me)
+            comm.barrier()
+            check(_with_mine(buf, src, me), n, 512, 9, me)
+            comm.barrier()
+    print(f"rank {me}: registered write ok")
+
+
+def _with_mine(buf: np.ndarray, src: np.ndarray, me: int) -> np.ndarray:
+    out = buf.copy()
+    out[512 * me : 512 * (me + 1)] = src  # a rank writes only to its peers
+    return out
+
+
+def dead_peer(transport: str, when: str) -> None:
+    """Rank 1 dies (os._exit, no goodbye) `when` = "wait": while rank 0 waits for its signal;
+    "bootstrap": before joining at all. Rank 0 reports the exception it got and how long the
+    failing call took."""
+    env = m.launch_env()
+    if when == "bootstrap":
+        if env.rank == 1:
+            os._exit(3)
+        t0 = time.monotonic()
+        try:
+            m.Communicator.from_env()
+        except m.MscclppError as e:
+            print(f"RESULT {type(e).__name__} {e.code.name} {time.monotonic() - t0:.1f}s: {e}")
+            return
+        raise AssertionError("the communicator formed without rank 1")
+    with m.Communicator.from_env() as comm:
+        buf = np.zeros(4096, dtype=np.uint8)
+        conn = comm.connect(1 - comm.rank, buf, transport=transport)
+        with comm.proxy():
+            comm.barrier()
+            if comm.rank == 1:
+                os._exit(3)
+            t0 = time.monotonic()
+            try:
+                conn.wait()
+            except m.MscclppError as e:
+                print(f"RESULT {type(e).__name__} {e.code.name} {time.monotonic() - t0:.1f}s: {e}")
+                comm.close()  # proxy stop + destroy must not hang either
+                print(f"closed after {time.monotonic() - t0:.1f}s")
+                return
+    raise AssertionError("wait() returned although the peer died")
+
+
+SCENARIOS = {
+    "allgather": allgather,
+    "put_signal_split": put_signal_split,
+    "bootstrap": bootstrap,
+    "registered_write": registered_write,
+    "dead_peer": dead_peer,
+}
+
+if __name__ == "__main__":
+    try:
+        SCENARIOS[sys.argv[1]](*sys.argv[2:])
+    except BaseException as e:  # noqa: BLE001: the harness reads the reason from stdout
+        import traceback
+
+        traceback.print_exc(file=sys.stdout)
+        print(f"FAILED: {type(e).__name__}: {e}")
+        sys.exit(1)

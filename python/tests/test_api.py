@@ -1,0 +1,218 @@
+"""Single-process tests: arguments, errors, buffers, launcher variables, paths and flags."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import free_port
+
+import mscclpp_rs as m
+
+
+@pytest.fixture
+def comm1():
+    """A one-rank communicator on a free loopback port."""
+    with m.Communicator(f"127.0.0.1:{free_port()}", 0, 1) as c:
+        yield c
+
+
+def test_version_and_unique_id() -> None:
+    assert m.version() == 100  # 0.1.0
+    uid = m.unique_id()
+    assert isinstance(uid, m.UniqueId) and len(uid) == 128
+    assert m.unique_id() != uid  # a fresh magic each time
+
+
+def test_errors_carry_code_and_library_message() -> None:
+    with pytest.raises(m.InvalidArgumentError) as e:
+        m.Communicator(f"127.0.0.1:{free_port()}", 2, 2)
+    assert e.value.code == m.Result.INVALID_ARGUMENT
+    assert e.value.call == "mscclppCommInitRank"
+    assert "rank 2 is outside [0, 2)" in e.value.message  # the library's own text
+    assert isinstance(e.value, ValueError) and isinstance(e.value, m.MscclppError)
+    with pytest.raises(m.InvalidArgumentError, match="missing :port"):
+        m.Communicator("nonsense", 0, 1)
+    with pytest.raises(m.InvalidArgumentError, match="must be > 0"):
+        m.set_bootstrap_timeout(0)
+    with pytest.raises(m.InvalidArgumentError, match="128 bytes"):
+        m.Communicator(b"short", 0, 1)
+    with pytest.raises(TypeError):
+        m.Communicator(42, 0, 1)  # type: ignore[arg-type]
+
+
+def test_connect_bad_arguments(comm1) -> None:
+    buf = np.zeros(64, np.uint8)
+    with pytest.raises(m.InvalidArgumentError, match="not another rank") as e:
+        comm1.connect(0, buf)  # itself
+    assert e.value.call == "mscclppConnect"
+    with pytest.raises(m.InvalidArgumentError, match="not another rank"):
+        comm1.connect(5, buf)
+    with pytest.raises(m.InvalidArgumentError, match="read-only"):
+        comm1.connect(0, b"abc")
+    with pytest.raises(m.InvalidArgumentError, match="contiguous"):
+        comm1.connect(0, buf[::2])
+    with pytest.raises(TypeError, match="not a buffer"):
+        comm1.connect(0, 42)
+    with pytest.raises(m.InvalidArgumentError, match="transport 'x'"):
+        comm1.connect(0, buf, transport="x")
+    with pytest.raises(m.InvalidArgumentError, match="transport 7"):
+        comm1.connect(0, buf, transport=7)
+    with pytest.raises(m.InvalidArgumentError, match="out of range"):
+        comm1.connect(0, buf, nbytes=65)
+    with pytest.raises(m.InvalidArgumentError, match="out of range"):
+        comm1.connect(1 << 40, buf)
+
+
+def test_closed_communicator_and_unset_connection(comm1) -> None:
+    conn = m.Connection(comm1, 1, 0, m.as_buffer(bytearray(8)), m.Transport.IB, None)
+    with pytest.raises(m.InvalidUsageError, match="not set up") as e:
+        conn.put(0, 8)
+    assert e.value.code == m.Result.INVALID_USAGE
+    with pytest.raises(m.InvalidArgumentError, match="offset = -1"):
+        conn.put(-1, 8)
+    comm1.close()
+    comm1.close()  # idempotent
+    assert comm1.closed
+    with pytest.raises(m.InvalidUsageError, match="closed"):
+        comm1.barrier()
+    with pytest.raises(m.InvalidUsageError, match="closed"):
+        conn.wait()
+
+
+def test_one_rank_collectives(comm1) -> None:
+    assert (comm1.rank, comm1.size) == (0, 1)
+    assert comm1.all_gather(b"abc") == [b"abc"]
+    comm1.barrier()
+    comm1.setup()  # no connections: nothing to do
+    assert len(comm1.device_connections()) == 0
+    with comm1.proxy():
+        pass
+    assert comm1.async_error() is None
+
+
+class _CAI:
+    def __init__(self, address: int, shape, typestr: str, strides=None, readonly=False) -> None:
+        self.__cuda_array_interface__ = {
+            "data": (address, readonly),
+            "shape": shape,
+            "typestr": typestr,
+            "strides": strides,
+            "version": 3,
+        }
+
+
+class _OnlyDLPack:
+    def __init__(self, arr: np.ndarray) -> None:
+        self.arr = arr
+
+    def __dlpack__(self, *args, **kwargs):
+        return self.arr.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.arr.__dlpack_device__()
+
+
+def test_buffers_from_every_protocol() -> None:
+    arr = np.zeros((4, 8), np.float32)
+    b = m.as_buffer(arr)
+    assert (b.address, b.nbytes, b.kind, b.device) == (arr.ctypes.data, 128, "buffer", "cpu")
+    ba = bytearray(100)
+    assert m.as_buffer(ba).address == ctypes.addressof(ctypes.c_char.from_buffer(ba))
+    view = memoryview(ba)[10:30]
+    assert m.as_buffer(view).nbytes == 20
+    assert m.as_buffer(view).address == m.as_buffer(ba).address + 10
+    d = m.as_buffer(_OnlyDLPack(arr[1:]))
+    assert (d.address, d.nbytes, d.kind, d.device) == (arr.ctypes.data + 32, 96, "dlpack", "cpu")
+    with pytest.raises(m.InvalidArgumentError, match="contiguous"):
+        m.as_buffer(_OnlyDLPack(arr[:, ::2]))
+    c = m.as_buffer(_CAI(0x7000_0000_0000, (3, 5), "<f8"))
+    assert (c.address, c.nbytes, c.kind, c.device) == (0x7000_0000_0000, 120, "cuda_array_interface", "cuda")
+    assert m.as_buffer(_CAI(0x1000, (3, 5), "<f8", strides=(40, 8))).nbytes == 120
+    with pytest.raises(m.InvalidArgumentError, match="contiguous"):
+        m.as_buffer(_CAI(0x1000, (3, 5), "<f8", strides=(80, 16)))
+    with pytest.raises(m.InvalidArgumentError, match="read-only"):
+        m.as_buffer(_CAI(0x1000, (3,), "<f8", readonly=True))
+    assert m.as_buffer((0x1234, 10)).nbytes == 10
+    with pytest.raises(m.InvalidArgumentError):
+        m.as_buffer((-1, 10))
+
+
+def test_launch_env() -> None:
+    e = m.launch_env(
+        environ={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29500"}
+    )
+    assert e == m.LaunchEnv(1, 2, 1, "10.1.2.3:29501", "torchrun")
+    e = m.launch_env(environ={"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "MSCCLPP_ROOT": "h:5"})
+    assert e == m.LaunchEnv(3, 4, 3, "h:5", "mpirun")
+    e = m.launch_env(
+        "a:1", environ={"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_LOCALID": "0", "MSCCLPP_ROOT": "ignored:2"}
+    )
+    assert e == m.LaunchEnv(0, 8, 0, "a:1", "Slurm")
+    # The first launcher in launch_env.h's order wins.
+    e = m.launch_env(
+        environ={"MSCCLPP_RANK": "0", "MSCCLPP_NRANKS": "2", "RANK": "5", "WORLD_SIZE": "9", "MSCCLPP_ROOT": "r:1"}
+    )
+    assert (e.rank, e.nranks, e.source) == (0, 2, "MSCCLPP_RANK/MSCCLPP_NRANKS")
+    assert (
+        m.launch_env(environ={"PMI_RANK": "1", "PMI_SIZE": "2", "MASTER_ADDR": "::1", "MASTER_PORT": "7"}).root
+        == "[::1]:8"
+    )
+    with pytest.raises(ValueError, match="no launcher"):
+        m.launch_env(environ={})
+    with pytest.raises(ValueError, match="rank < nranks"):
+        m.launch_env(environ={"RANK": "2", "WORLD_SIZE": "2", "MSCCLPP_ROOT": "r:1"})
+    with pytest.raises(ValueError, match="not a non-negative integer"):
+        m.launch_env(environ={"RANK": "x", "WORLD_SIZE": "2", "MSCCLPP_ROOT": "r:1"})
+    with pytest.raises(ValueError, match="no root address"):
+        m.launch_env(environ={"RANK": "0", "WORLD_SIZE": "2"})
+
+
+def test_paths_headers_and_flags(tmp_path: Path) -> None:
+    inc = Path(m.include_dir())
+    assert (inc / "mscclpp.h").is_file() and (inc / "mscclpp" / "devconn_methods.inc").is_file()
+    assert Path(m.library_path()).is_file()
+    assert m.compile_flags() == ["-I" + str(inc)]
+    assert "--device-as-default-execution-space" in m.compile_flags("nvrtc")
+    with pytest.raises(ValueError):
+        m.compile_flags("clang")
+    # Host C++ that includes the header and calls the library, built with the package's flags.
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    src = tmp_path / "v.cpp"
+    src.write_text(
+        "#include <mscclpp.h>\n#include <cstdio>\nint main(){int v=0;"
+        "if(mscclppGetVersion(&v)!=mscclppSuccess) return 1;"
+        'static_assert(sizeof(mscclppDevConn_t)==80,"");std::printf("%d\\n",v);}\n'
+    )
+    exe = tmp_path / "v"
+    subprocess.run([cxx, "-std=c++17", *m.compile_flags(), str(src), "-o", str(exe), *m.link_flags()], check=True)
+    assert subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.strip() == "100"
+
+
+def test_kernel_source_compiles_with_nvcc(tmp_path: Path) -> None:
+    nvcc = os.environ.get("NVCC") or shutil.which("nvcc")
+    if not nvcc:
+        pytest.skip("no nvcc (set NVCC)")
+    kernel = Path(__file__).resolve().parent.parent / "examples" / "allgather_kernel.cuh"
+    src = tmp_path / "k.cu"
+    src.write_text(f'#include "{kernel}"\n')
+    subprocess.run([nvcc, "-arch=sm_90", *m.compile_flags(), "-c", str(src), "-o", str(tmp_path / "k.o")], check=True)
+
+
+def test_bundled_libfabric_loads() -> None:
+    # A process that takes the wheel's libfabric even where the system has one.
+    code = (
+        "import mscclpp_rs as m; p = m.libfabric_path(); print(p); "
+        "assert p and '/mscclpp_rs/lib/libfabric/' in p, p; assert m.version() == 100"
+    )
+    env = dict(os.environ, MSCCLPP_PY_LIBFABRIC="bundled")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr

@@ -1,0 +1,59 @@
+"""Multi-process tests on host memory: 2 to 4 ranks over libfabric tcp (IB) and shm (SHM)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import assert_all_ok, run_ranks
+
+
+@pytest.mark.parametrize(
+    "nranks,transport",
+    [(2, "ib"), (2, "shm"), (4, "ib"), (3, "shm")],
+)
+def test_allgather_every_byte(nranks: int, transport: str) -> None:
+    # 1 byte, an odd size, 1 MiB per rank; three rounds each with fresh patterns.
+    assert_all_ok(run_ranks(nranks, "allgather", transport, "1,4093,1048576"))
+
+
+@pytest.mark.parametrize("transport", ["ib", "shm"])
+def test_put_signal_flush_separately(transport: str) -> None:
+    assert_all_ok(run_ranks(3, "put_signal_split", transport))
+
+
+@pytest.mark.parametrize("mode", ["uid", "env"])
+def test_bootstrap_all_gather_and_barrier(mode: str, tmp_path) -> None:
+    assert_all_ok(run_ranks(3, "bootstrap", mode, str(tmp_path)))
+
+
+def test_registered_buffer_write() -> None:
+    assert_all_ok(run_ranks(2, "registered_write", "ib"))
+
+
+def _result(out: str) -> tuple[str, str, float]:
+    m = re.search(r"^RESULT (\w+) (\w+) ([\d.]+)s", out, re.M)
+    assert m, out
+    return m.group(1), m.group(2), float(m.group(3))
+
+
+@pytest.mark.parametrize("transport", ["ib", "shm"])
+def test_dead_peer_raises_in_time(transport: str) -> None:
+    # MSCCLPP_WAIT_TIMEOUT is 20 s (conftest); a peer whose connection closes is noticed sooner.
+    # The bound is a hang bound, not a timing claim.
+    r0, r1 = run_ranks(2, "dead_peer", transport, "wait", timeout=60)
+    assert r1.returncode == 3, r1.out
+    assert r0.returncode == 0, r0.out
+    kind, code, seconds = _result(r0.out)
+    assert kind == "RemoteError" and code == "REMOTE_ERROR", r0.out
+    assert seconds < 25, r0.out
+    assert "closed after" in r0.out, r0.out
+
+
+def test_missing_peer_at_bootstrap_raises_in_time() -> None:
+    r0, r1 = run_ranks(2, "dead_peer", "ib", "bootstrap", env={"MSCCLPP_BOOTSTRAP_TIMEOUT": "3"}, timeout=60)
+    assert r1.returncode == 3, r1.out
+    assert r0.returncode == 0, r0.out
+    kind, code, seconds = _result(r0.out)
+    assert kind == "RemoteError" and code == "REMOTE_ERROR", r0.out
+    assert seconds < 15, r0.out
