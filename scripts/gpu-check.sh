@@ -35,7 +35,9 @@
 # GPU_CHECK_QUICK=1: while tuning, only the 2-rank test and the P2P benchmarks (no NCCL, no
 # network or scaling runs); the profile then runs at 1 MiB alone. GPU_CHECK_LIMITS=1: with
 # QUICK, also the tests of issue 28 (puts of 4 GiB and more, device wait timeouts; ~1 min).
-# GPU_CHECK_EXTRA: more commands to run before the table (see step 5b).
+# GPU_CHECK_EXTRA: more commands to run before the table (see step 5b). GPU_CHECK_PERF=0,
+# GPU_CHECK_NVSHMEM=0 and GPU_CHECK_STUCK=0 leave out the perf tools (2b), the NVSHMEM
+# comparison (2c) and the stuck teardown cases (3b), so that a check fits one device call.
 # Logs and results go to $OUT (gpu-check.log, results.txt, perf-results.txt, perf.png).
 #
 # NVLink multicast stays off (it can take the host's GPUs down for others): never unset these.
@@ -293,7 +295,9 @@ perf_tools() {
 }
 export -f perf_tools
 
-if [[ -x $BIN/allgather_perf && -x $BIN/alltoall_perf && -x $BIN/sendrecv_perf ]]; then
+if ((!${GPU_CHECK_PERF:-1})); then
+  echo "perf tools skipped (GPU_CHECK_PERF=0)"
+elif [[ -x $BIN/allgather_perf && -x $BIN/alltoall_perf && -x $BIN/sendrecv_perf ]]; then
   run_step "perf tools on the GPU (allgather/alltoall/sendrecv_perf over p2p, ib, shm)" 200 \
     bash -c perf_tools
 else
@@ -342,7 +346,7 @@ nvshmem_peers() {
   return $rc
 }
 export -f nvshmem_peers
-if [[ -x $BIN/pingpong && -x $BIN/bandwidth && -x $BIN/allgather_perf ]]; then
+if [[ -x $BIN/pingpong && -x $BIN/bandwidth && -x $BIN/allgather_perf ]] && ((${GPU_CHECK_NVSHMEM:-1})); then
   run_step "ours and NVSHMEM in the same run (bench/perf-peers.sh gpu, one GPU under MPS)" \
     $((${GPU_CHECK_NVSHMEM_BUDGET:-90} + 25)) bash -c nvshmem_peers
 fi
@@ -399,7 +403,7 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
     # kernel back at ~5 s, mscclppCommGetAsyncError = mscclppRemoteError with the record, and
     # stop and destroy return. `stuck` checks each and prints "stuck CASE: PASSED".
     if [[ -x $BIN/stuck ]]; then
-      for case in wait flush push; do
+      for case in wait flush push deadlock; do
         MSCCLPP_WAIT_TIMEOUT=2 MSCCLPP_DEVICE_WAIT_TIMEOUT=5 run_step \
           "test device wait timeout: $case (2 ranks on one GPU, MPS)" 60 bash -c \
           "CUDA_VISIBLE_DEVICES=0 NGPU=1 ranks 2 \"\$BIN/stuck\" --case $case --warn 2 --limit 5"
@@ -492,7 +496,9 @@ stuck_case() { # MODE MPS [ARGS...]
   return $rc
 }
 export -f stuck_case
-if [[ -x $BIN/stuck_teardown ]]; then
+if ((!${GPU_CHECK_STUCK:-1})); then
+  echo "stuck teardown skipped (GPU_CHECK_STUCK=0)"
+elif [[ -x $BIN/stuck_teardown ]]; then
   for mps in 1 0; do
     [[ $mps == 1 && ${GPU_CHECK_MPS:-1} == 0 ]] && continue
     for args in "wait" "flush" "flush-noproxy" "push" "wait --no-stop"; do
