@@ -14,6 +14,13 @@
  *    the kernel's bytes. The same with stream = 0 is only reported: 0 is the legacy stream,
  *    which does not wait for that kernel (the header says so).
  * Rank 1 prints "regwrite: ok" and every rank exits 0 when everything holds; else exit 1.
+ *
+ * Every case is a handshake: rank 0 writes, a barrier, rank 1 checks, a second barrier, and
+ * only then the next case's write. With the first barrier alone, rank 0 may leave it and write
+ * the next case's bytes into the same range before rank 1 has read the previous case's (seen
+ * on an H100: case 1 read "1048576 bytes wrong"; zeros would have matched ~1/256 of the
+ * pattern, and no two of this file's seeds agree at any offset, so the range held another
+ * write's bytes: case 2's).
  */
 #include "common.cuh"
 
@@ -34,14 +41,31 @@ __global__ void fillBytes(uint8_t* p, uint64_t n, uint32_t seed, uint64_t spinNs
     p[i] = byteOf(seed, i);
 }
 
-/* Bytes of target[off, off + n) that are not byteOf(seed, srcOff + i) (rank 1). */
+/* Bytes of target[off, off + n) that are not byteOf(seed, srcOff + i) (rank 1). When some
+ * are, says what is there instead: zeros (nothing arrived: the buffer was zeroed, and only
+ * ~1/256 of the pattern's bytes are 0) or another seed's bytes (the pattern's bytes of two
+ * seeds differ at every position, so a whole range wrong is one other write). */
 static uint64_t countBadBytes(const uint8_t* target, uint64_t off, uint64_t n, uint32_t seed,
                               uint64_t srcOff)
 {
   std::vector<uint8_t> h(n);
   CUDACHECK(cudaMemcpy(h.data(), target + off, n, cudaMemcpyDeviceToHost));
-  uint64_t bad = 0;
-  for (uint64_t i = 0; i < n; i++) bad += h[i] != byteOf(seed, srcOff + i);
+  uint64_t bad = 0, zeros = 0, first = n;
+  for (uint64_t i = 0; i < n; i++) {
+    const bool wrong = h[i] != byteOf(seed, srcOff + i);
+    if (wrong && first == n) first = i;
+    bad += wrong;
+    zeros += h[i] == 0;
+  }
+  if (bad) {
+    int other = -1; /* the seed (1..5, this file's) whose bytes the first wrong one is */
+    for (uint32_t s = 1; s <= 5 && other < 0; s++)
+      if (s != seed && h[first] == byteOf(s, srcOff + first)) other = (int)s;
+    printf("rank 1: first wrong byte at offset %llu: 0x%02x, expected 0x%02x (seed %u); "
+           "%llu of %llu bytes are 0; that byte is seed %d's (-1: none)\n",
+           (unsigned long long)(off + first), h[first], byteOf(seed, srcOff + first), seed,
+           (unsigned long long)zeros, (unsigned long long)n, other);
+  }
   return bad;
 }
 
@@ -87,6 +111,8 @@ int main(int argc, char** argv)
   }
   MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
   expect("first source", c.rank == 1 ? countBadBytes(target, 0, L, 1, 0) : 0);
+  /* Rank 1 has read the range: only now may the next case write into it. */
+  MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
   if (c.rank == 0) {
     CUDACHECK(cudaFree(first));
     uint8_t* second = nullptr;
@@ -101,6 +127,7 @@ int main(int argc, char** argv)
   MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
   expect("source at a reused address sends its new bytes",
          c.rank == 1 ? countBadBytes(target, 0, L, 2, 0) : 0);
+  MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm)); /* rank 1 has read it (as above) */
 
   /* 2. 10^4 different source ranges. */
   if (c.rank == 0) {
@@ -124,6 +151,7 @@ int main(int argc, char** argv)
       for (uint64_t k = 0; k < 8; k++) bad += h[8 * i + k] != byteOf(3, i + k);
     expect("10^4 writes from different source ranges", bad);
   }
+  MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm)); /* rank 1 has read it (as above) */
 
   /* 3. The per-thread default stream: 0 (reported only), then cudaStreamPerThread. */
   const struct {
@@ -153,6 +181,8 @@ int main(int argc, char** argv)
       else
         expect("per-thread default stream, cudaStreamPerThread waits for the kernel", bad);
     }
+    /* Rank 1 has read it (as above): the kernel's 20 ms spin is no handshake. */
+    MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
   }
   if (c.rank == 0) CUDACHECK(cudaFree(src));
 
