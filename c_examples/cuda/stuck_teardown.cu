@@ -7,10 +7,21 @@
  *
  * Modes (2 ranks, one connection each way, P2P by default):
  *   wait           both kernels wait() for a signal the other never sends (a deadlock).
- *   flush          CUDA_DEVICE_MAX_CONNECTIONS=1 (set here, before CUDA starts): rank 0's
- *                  kernel puts, then flush()es; the proxy's copy queues behind that very kernel
- *                  in the one hardware queue, so the flush never ends on its own. Rank 1
- *                  waits for the signal.
+ *   flush          CUDA_DEVICE_MAX_CONNECTIONS=1, one hardware work queue: rank 0's kernel
+ *                  puts, then flush()es; rank 1's waits for the signal. Behind each kernel the
+ *                  host records an event on the kernel's stream, and only then lets the kernel
+ *                  push its put (a word in mapped memory): the event waits for the kernel, and
+ *                  the proxy's copy, queued after the event in the one queue, waits for the
+ *                  event, so the flush never ends on its own (the one-queue step of
+ *                  scripts/gpu-check.sh stalls the same way: bandwidth.cu records an event
+ *                  after its kernel). In an H100 run with neither this event nor the variable
+ *                  in the starting environment (set by setenv in main), both kernels had ended
+ *                  within the second: a kernel alone ahead of the copy may not hold it back.
+ *                  The variable is in the environment the process starts with, as there (the
+ *                  program re-executes itself with it otherwise): what reads it, CUDA or an MPS
+ *                  server, cannot have read it before it was set. If both kernels still
+ *                  end by themselves (the put was delivered: rank 1's wait ended too), there
+ *                  was no stuck flush to tear down: each rank says SKIPPED and exits 0.
  *   flush-noproxy  the proxy is never launched: both kernels put and flush() (a program that
  *                  forgot mscclppProxyLaunch); mscclppProxyStop is refused (mscclppInvalidUsage:
  *                  no proxy runs, stop_rc=5), destroy releases them.
@@ -41,9 +52,20 @@ __global__ void waitKernel()
   conn.wait();
 }
 
-__global__ void putFlushKernel(int rank, int waitAfter)
+/* Waits until the host stores 1 into `go` (mapped host memory): after it queued what must
+ * precede the put in the hardware queue (flush mode). */
+__device__ void waitForGo(const volatile unsigned* go)
+{
+  const uint64_t t0 = globalTimerNs();
+  /* Ends when the host says go, or after 10 s (a host that died: the put goes anyway). */
+  while (*go == 0 && globalTimerNs() - t0 < 10ull * 1000 * 1000 * 1000) {
+  }
+}
+
+__global__ void putFlushKernel(int rank, int waitAfter, const volatile unsigned* go)
 {
   mscclppDevConn_t conn = gConns[0];
+  waitForGo(go);
   if (rank == 0 || !waitAfter) {
     conn.putWithSignal(0, 0, 64 << 10);
     conn.flush();
@@ -108,8 +130,17 @@ int main(int argc, char** argv)
   }
   const char* modeName = m ? m : "wait";
   const bool stop = !hasFlag(argc, argv, "--no-stop");
-  /* One hardware work queue: must be set before the CUDA context exists. */
-  if (mode == kFlush) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+  /* One hardware work queue, in the environment the process starts with (see flush above):
+   * set it and start again, before anything here touched CUDA. */
+  if (mode == kFlush) {
+    const char* q = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    if (q == nullptr || strcmp(q, "1") != 0) {
+      setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+      execv("/proc/self/exe", argv);
+      perror("stuck_teardown: re-executing itself with CUDA_DEVICE_MAX_CONNECTIONS=1");
+      return 2;
+    }
+  }
   const char* wt = getenv("MSCCLPP_WAIT_TIMEOUT");
   const double waitTimeout = wt ? atof(wt) : 30.0;
   signal(SIGALRM, onWatchdog);
@@ -130,6 +161,13 @@ int main(int argc, char** argv)
   *done = 0;
   unsigned long long* doneDev = nullptr;
   CUDACHECK(cudaHostGetDevicePointer(&doneDev, done, 0));
+  unsigned* go = nullptr; /* the flush kernels' go (waitForGo), mapped host memory */
+  CUDACHECK(cudaHostAlloc(&go, sizeof *go, cudaHostAllocMapped));
+  *go = 0;
+  unsigned* goDev = nullptr;
+  CUDACHECK(cudaHostGetDevicePointer(&goDev, go, 0));
+  cudaEvent_t behind; /* recorded behind the kernel on its stream (flush) */
+  CUDACHECK(cudaEventCreate(&behind));
 
   if (mode == kFlushNoProxy) {
     /* connectPeers launches the proxy; this mode must not. */
@@ -149,17 +187,28 @@ int main(int argc, char** argv)
   MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
   switch (mode) {
     case kWait: waitKernel<<<1, 1, 0, s>>>(); break;
-    case kFlush: putFlushKernel<<<1, 1, 0, s>>>(c.rank, 1); break;
-    case kFlushNoProxy: putFlushKernel<<<1, 1, 0, s>>>(c.rank, 0); break;
+    case kFlush: putFlushKernel<<<1, 1, 0, s>>>(c.rank, 1, goDev); break;
+    case kFlushNoProxy: putFlushKernel<<<1, 1, 0, s>>>(c.rank, 0, goDev); break;
     case kPush: pushLoopKernel<<<1, 1, 0, s>>>(c.rank, 50000, doneDev); break;
   }
   KERNELCHECK();
+  /* Work of the kernel's stream that waits for the kernel, queued before the kernel may push
+   * its put: with one hardware queue, the proxy's copy for that put queues behind it. */
+  if (mode == kFlush) CUDACHECK(cudaEventRecord(behind, s));
+  /* Volatile: the kernel polls this word of mapped memory; no other data goes with it. */
+  *(volatile unsigned*)go = 1;
   /* Let the kernels get stuck (push: well into their loop, at most a second). */
   for (const double t = now_sec(); now_sec() - t < 1.0;) {
     if (mode == kPush && *(volatile unsigned long long*)done >= 1000) break;
     usleep(1000);
   }
   const int runningBefore = cudaStreamQuery(s) == cudaErrorNotReady;
+  /* Whether the peer's kernel still ran then too (flush: neither did means the put went
+   * through, and there was nothing stuck to tear down). */
+  int running[2] = {0, 0};
+  running[c.rank] = runningBefore;
+  MSCCLPPCHECK(mscclppBootstrapAllGather(c.comm, running, sizeof(int)));
+  const bool noStuckFlush = mode == kFlush && !running[0] && !running[1];
   /* Both ranks release together: the host side of the bootstrap still works. */
   MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
 
@@ -192,9 +241,17 @@ int main(int argc, char** argv)
          modeName, stop ? 1 : 0, c.rank, runningBefore, (int)stopRc, stopS, endedS >= 0 ? 1 : 0,
          endedS, (int)destroyRc, destroyS, iters);
   int failures = 0;
-  if (!runningBefore) {
-    fprintf(stderr, "rank %d: the kernel was no longer running before the stop: nothing was tested\n",
-            c.rank);
+  if (noStuckFlush) {
+    printf("rank %d: both kernels ended within a second by themselves: the proxy's copy did not "
+           "queue behind the kernel in one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=%s), so "
+           "there was no stuck flush to tear down\n",
+           c.rank, getenv("CUDA_DEVICE_MAX_CONNECTIONS"));
+  } else if (!runningBefore) {
+    fprintf(stderr, "rank %d: the kernel was no longer running before the stop%s: nothing was tested\n",
+            c.rank,
+            mode == kFlush && c.rank == 0 && running[1]
+                ? " (its flush() ended, though rank 1 still waited for the put's signal)"
+                : "");
     failures++;
   }
   if (stopS > waitTimeout + 3) {
@@ -210,11 +267,13 @@ int main(int argc, char** argv)
     fprintf(stderr, "rank %d: the kernel did not end after the release\n", c.rank);
     failures++;
   } else {
+    CUDACHECK(cudaEventDestroy(behind));
     CUDACHECK(cudaStreamDestroy(s));
+    CUDACHECK(cudaFreeHost(go));
     CUDACHECK(cudaFreeHost(done));
     CUDACHECK(cudaFree(buf));
   }
   printf("rank %d: stuck_teardown %s%s: %s\n", c.rank, modeName, stop ? "" : " --no-stop",
-         failures ? "FAILED" : "PASSED");
+         failures ? "FAILED" : noStuckFlush ? "SKIPPED (no stuck flush)" : "PASSED");
   return failures ? 1 : 0;
 }
