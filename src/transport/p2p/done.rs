@@ -7,14 +7,28 @@ use crate::transport::PeerId;
 #[derive(Default)]
 pub(super) struct DoneWord {
     /// The proxy FIFO's done word (`Endpoint::use_done_word`; 0: none), and the ticket of the
-    /// trigger being handled.
+    /// trigger being handled or handled last (`Endpoint::set_ticket`). None before the first:
+    /// work queued then (a host thread's `mscclppRegisteredBufferWrite`) follows no trigger,
+    /// and a kernel's trigger 0 may still wait in the FIFO, so it may claim nothing.
     pub(super) word: u64,
-    pub(super) ticket: u64,
+    pub(super) ticket: Option<u64>,
     /// The largest value queued for the done word so far (values must never decrease).
     claimed: u64,
 }
 
 impl DoneWord {
+    /// "Every trigger up to the current one has completed" (`ticket + 1`); 0, nothing to
+    /// claim, before the first trigger.
+    pub(super) fn through_current(&self) -> u64 {
+        self.ticket.map_or(0, |t| t + 1)
+    }
+
+    /// "Every trigger before the current one has completed" (`ticket`); 0, nothing to claim,
+    /// before the first trigger.
+    pub(super) fn before_current(&self) -> u64 {
+        self.ticket.unwrap_or(0)
+    }
+
     /// The value `v` if the work queued next may store it (`may_claim`), recorded as claimed;
     /// 0 (none) when there is no done word or it may not. `busy` and `engine_idle` as in
     /// `may_claim`.
@@ -56,7 +70,31 @@ fn may_claim(
 
 #[cfg(test)]
 mod tests {
-    use super::may_claim;
+    use super::{may_claim, DoneWord};
+
+    /// Work queued before the proxy handled any trigger (a host thread's registered write)
+    /// claims nothing: with a ticket of 0 standing for "none yet", its store of 1 told a
+    /// kernel whose put (ticket 0) was still in the FIFO that it had completed.
+    #[test]
+    fn work_before_the_first_trigger_claims_nothing() {
+        let mut d = DoneWord {
+            word: 0x1000,
+            ..DoneWord::default()
+        };
+        assert_eq!(
+            d.claim_below(d.through_current(), [false], Some(0), true),
+            0
+        );
+        assert_eq!(d.claim_below(d.before_current(), [false], None, true), 0);
+        d.ticket = Some(0);
+        assert_eq!(d.claim_below(d.before_current(), [false], None, true), 0);
+        assert_eq!(
+            d.claim_below(d.through_current(), [false], Some(0), true),
+            1
+        );
+        d.ticket = Some(1);
+        assert_eq!(d.claim_below(d.through_current(), [false], None, true), 2);
+    }
 
     #[test]
     fn done_word_claims_only_what_is_ordered_before_them() {

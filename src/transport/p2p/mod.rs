@@ -312,7 +312,7 @@ impl Endpoint for P2p {
         // read of its slot. Only while the kernel runs (starting it costs more than that
         // read).
         if self.engine.as_ref().is_some_and(|e| e.on()) {
-            let done = self.claim_below(self.done.ticket, None);
+            let done = self.claim_below(self.done.before_current(), None);
             if done != 0 {
                 let e = self.engine.as_mut().expect("checked above");
                 e.post((0, 0, 0), None, done)?;
@@ -343,7 +343,7 @@ impl Endpoint for P2p {
     }
 
     fn set_ticket(&mut self, ticket: u64) {
-        self.done.ticket = ticket;
+        self.done.ticket = Some(ticket);
     }
 
     fn quiesce(&mut self) -> Result<()> {

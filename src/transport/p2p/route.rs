@@ -123,13 +123,13 @@ impl P2p {
     }
 
     /// The value the work queued next for the current trigger may store into the done word
-    /// (0: none), recorded as claimed: `ticket + 1`, "every trigger up to this one has
-    /// completed", which holds once that work has only if every earlier trigger's work is
+    /// (0: none), recorded as claimed: `ticket + 1` (none before the first trigger), "every
+    /// trigger up to this one has completed", which holds once that work has only if every earlier trigger's work is
     /// ordered before it: earlier SM-engine jobs are (the engine runs jobs in order), except
     /// for work queued on a copy-engine stream (`ce_peer`: this stream's own earlier work is
     /// ordered too). So: no other busy stream, and for a stream store no unfinished engine job.
     fn claim(&mut self, ce_peer: Option<PeerId>) -> u64 {
-        self.claim_below(self.done.ticket + 1, ce_peer)
+        self.claim_below(self.done.through_current(), ce_peer)
     }
 
     /// As `claim`, for "every trigger below `v` has completed".
