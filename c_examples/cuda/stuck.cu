@@ -154,7 +154,7 @@ int main(int argc, char** argv)
                                            : "push on connection 0 (to rank 1) into the full FIFO for ticket 128";
     /* In the deadlock, the rank whose kernel expired second may have been aborted by its
      * peer first (a lost peer): the record is in its WARN, the sticky error names the peer. */
-    failures += expect(logHas(record) && logHas("proxy error (sticky") &&
+    failures += expect(logHas(record) && logHas("(sticky for this communicator)") &&
                          (which == kDeadlock || logHas("MSCCLPP_DEVICE_WAIT_TIMEOUT")),
                        "the error in the log carries the record");
     if (which == kDeadlock)
