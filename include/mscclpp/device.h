@@ -31,7 +31,8 @@
  *     proxy would cost it a driver call (~2 us measured for cuStreamWriteValue64) per update.
  *     triggerFifoHead[2]: the done word, triggerFifoHead[3]: its switch, device memory too: a
  *     transport working on this GPU (the P2P SM copy engine) stores "every ticket below d has
- *     completed" there, and flush() ends on it without a round trip through the proxy.
+ *     completed" there, and flush() ends on it without a round trip through the proxy; the
+ *     P2P direct path reads it to know a connection's proxied work complete.
  *     triggerFifoHead[4]: flush()'s poll hint; [5..8]: the bounds of device waits and the
  *     owner of the wait record (WaitWatch below).
  *   - localSignalEpochId / waitEpochId: the connection's epoch block, device memory of the
@@ -192,8 +193,10 @@ MSCCLPP_DEVICE_INLINE void addOneSys(uint64_t* p)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
   asm volatile("red.relaxed.sys.global.add.u64 [%0], 1;" ::"l"(p) : "memory");
-#else
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 600
   atomicAdd_system(reinterpret_cast<unsigned long long*>(p), 1ull);
+#else
+  atomicAdd(reinterpret_cast<unsigned long long*>(p), 1ull); /* no system scope before sm_60 */
 #endif
 }
 
