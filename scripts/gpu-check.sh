@@ -21,7 +21,8 @@
 #   3. runs the GPU tests: all-gather over P2P with 2 ranks on 2 GPUs, 4 ranks on 2 GPUs (two
 #      processes per GPU), with the SM copy engine (default) and with the copy engines only
 #      (both Flag paths), and once under mpirun (OMPI_* environment); registered writes from
-#      GPU memory over P2P (c_examples/cuda/regwrite.cu),
+#      GPU memory over P2P (c_examples/cuda/regwrite.cu); the P2P direct path against the
+#      proxy, every ordering case (c_examples/cuda/direct.cu, 2 ranks on one GPU under MPS),
 #   4. runs the benchmarks: signal latency and FIFO costs, put bandwidth, all-gather (CUDA
 #      graph timing; also with the copy engines only), and a profile (time in put/flush/wait
 #      inside the kernel; the proxy's driver calls and SM engine waits, MSCCLPP_P2P_STATS=1),
