@@ -213,6 +213,31 @@ extern "C" {
 
 #define MSCCLPP_RECORD_EXPIRED 2
 
+/**
+ * Words of a GPU connection's epoch block (`localSignalEpochId` points at word 0, in device
+ * memory of the buffer's GPU; `MSCCLPP_EPOCH_DEVICE_BYTES` bytes, zeroed at setup). Words 0
+ * and 1 are `mscclppDevConnSignalEpochId`, word 2 is `waitEpochId`. Word 3: signals the
+ * peer's kernels stored themselves (the direct path, P2P): each adds 1 there, and `wait()`
+ * counts `proxy + direct`. Words 4..7, written at setup and read-only for kernels: the largest
+ * put a kernel makes itself on this connection (0: none, every operation through the proxy),
+ * this side's and the peer's buffer sizes. Words 8 and 9, this side's kernels' own: 1 + the
+ * FIFO ticket of the connection's last trigger with work (Data or Flag), and a ticket below
+ * which every trigger of the connection is known complete (a flush of it returned).
+ */
+#define MSCCLPP_EPOCH_DEVICE_BYTES 128
+
+#define MSCCLPP_EPOCH_DIRECT 3
+
+#define MSCCLPP_EPOCH_DIRECT_BYTES 4
+
+#define MSCCLPP_EPOCH_LOCAL_SIZE 5
+
+#define MSCCLPP_EPOCH_REMOTE_SIZE 6
+
+#define MSCCLPP_EPOCH_PROXIED 8
+
+#define MSCCLPP_EPOCH_FLUSHED 9
+
 #define MSCCLPP_WAIT_OP_WAIT 1
 
 #define MSCCLPP_WAIT_OP_FLUSH 2

@@ -21,7 +21,8 @@
 #   3. runs the GPU tests: all-gather over P2P with 2 ranks on 2 GPUs, 4 ranks on 2 GPUs (two
 #      processes per GPU), with the SM copy engine (default) and with the copy engines only
 #      (both Flag paths), and once under mpirun (OMPI_* environment); registered writes from
-#      GPU memory over P2P (c_examples/cuda/regwrite.cu),
+#      GPU memory over P2P (c_examples/cuda/regwrite.cu); the P2P direct path against the
+#      proxy, every ordering case (c_examples/cuda/direct.cu, 2 ranks on one GPU under MPS),
 #   3b. tears down stuck kernels (in wait(), in flush(), ping-ponging) on one GPU with and
 #      without MPS: mscclppProxyStop and mscclppCommDestroy bounded, every kernel released,
 #   4. runs the benchmarks: signal latency and FIFO costs, put bandwidth, all-gather (CUDA
@@ -219,13 +220,13 @@ build_examples() {
       -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_BUILD_TYPE=Release -DMSCCLPP_EXAMPLES_STATIC=OFF &&
     cmake --build "$WORK/ex" -j 8 --target allgather pingpong bandwidth regwrite bigput stuck \
-      stuck_teardown allgather_perf alltoall_perf sendrecv_perf &&
+      stuck_teardown direct allgather_perf alltoall_perf sendrecv_perf &&
     cp "$WORK/ex/allgather" "$WORK/ex/pingpong" "$WORK/ex/bandwidth" "$WORK/ex/regwrite" \
-      "$WORK/ex/bigput" "$WORK/ex/stuck" "$WORK/ex/stuck_teardown" "$WORK/ex/allgather_perf" \
-      "$WORK/ex/alltoall_perf" "$WORK/ex/sendrecv_perf" "$BIN/"
+      "$WORK/ex/bigput" "$WORK/ex/stuck" "$WORK/ex/stuck_teardown" "$WORK/ex/direct" \
+      "$WORK/ex/allgather_perf" "$WORK/ex/alltoall_perf" "$WORK/ex/sendrecv_perf" "$BIN/"
 }
 build_examples_nvcc() {
-  mkdir -p "$BIN" && for ex in allgather pingpong bandwidth regwrite bigput stuck stuck_teardown; do
+  mkdir -p "$BIN" && for ex in allgather pingpong bandwidth regwrite bigput stuck stuck_teardown direct; do
     local extra=()
     [[ $ex == regwrite ]] && extra=(--default-stream=per-thread)
     "$NVCC" -O2 -std=c++17 -arch=sm_90 "${extra[@]}" -I"$PREFIX/include" \
@@ -248,12 +249,24 @@ grep -v '^\s*$' "$NCCL_LOG" | tail -15
 grep '^RESULT' "$NCCL_LOG" >>"$RES"
 grep -q "nccl exit 0" "$NCCL_LOG" || FAILED+=("nccl")
 
-# The P2P benchmarks of both modes: SM copy engine (default) and copy engines only.
+# The P2P benchmarks of both modes: SM copy engine (default) and copy engines only. The
+# direct path (issue 30) against the proxy in the same run: pingpong and the small all-gathers
+# with it on (default; `RESULT pingpong ...`, `RESULT fifo ...`, `RESULT allgather bytes=1024|
+# 4096`) and off (MSCCLPP_P2P_DIRECT_BYTES=0: the same rows tagged `_proxy`), and the put sweep
+# with it forced on at every size (`RESULT pingpong_direct put bytes=N`) and off
+# (`RESULT pingpong_proxy put bytes=N`): where the two cross is the limit to set.
 p2p_benches() {
   bench "bench pingpong" 60 - bash -c 'ranks 2 "$BIN/pingpong"'
+  MSCCLPP_P2P_DIRECT_BYTES=0 bench "bench pingpong, proxy only" 60 proxy \
+    bash -c 'ranks 2 "$BIN/pingpong" --sweep 8:64K:2'
+  MSCCLPP_P2P_DIRECT_BYTES=1048576 bench "bench pingpong, direct at every size" 60 direct \
+    bash -c 'ranks 2 "$BIN/pingpong" --sweep 8:64K:2'
   MSCCLPP_P2P_ENGINE=ce bench "bench pingpong, copy engines only" 60 ce bash -c 'ranks 2 "$BIN/pingpong"'
   bench "bench bandwidth" 90 - bash -c 'ranks 2 "$BIN/bandwidth"'
   bench "bench allgather" 90 - bash -c 'ranks 2 "$BIN/allgather" --bench'
+  bench "bench allgather, small (direct path)" 60 - bash -c 'ranks 2 "$BIN/allgather" --bench --sizes 1K,4K'
+  MSCCLPP_P2P_DIRECT_BYTES=0 bench "bench allgather, small, proxy only" 60 proxy \
+    bash -c 'ranks 2 "$BIN/allgather" --bench --sizes 1K,4K'
   MSCCLPP_P2P_ENGINE=ce bench "bench allgather, copy engines only" 90 ce \
     bash -c 'ranks 2 "$BIN/allgather" --bench'
 }
@@ -385,6 +398,37 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
   else
     FAILED+=("regwrite not built")
   fi
+  # Issue 30: the P2P direct path (c_examples/cuda/direct.cu): every ordering case between
+  # puts and signals that the kernel stores itself and those through the proxy, every byte
+  # checked right after each wait, and the signal counts. Two ranks on GPU 0 under MPS (NGPU=1
+  # makes `ranks` start it): by default; with the SM engine carrying the proxied puts
+  # (MSCCLPP_P2P_SM_SHARED=1); with a 64 KiB limit; with the path off (the same cases through
+  # the proxy alone); where there are two GPUs, one rank on each (NVLink). A lost signal ends
+  # the kernel at the device wait timeout (5 s) instead of the step's. Each prints
+  # "direct ordering: PASSED"; the range case "direct range: PASSED" (a direct-sized put past
+  # the peer's buffer refused by the proxy, the 4 KiB after it untouched).
+  if [[ -x $BIN/direct ]]; then
+    direct_run() { # NAME VAR=VALUE... -- ARGS...: one run, under `timeout` (run_step)
+      local name=$1 vars=()
+      shift
+      while [[ $1 != -- ]]; do vars+=("$1"); shift; done
+      shift
+      run_step "test direct path: $name" 60 env "${vars[@]}" MSCCLPP_DEVICE_WAIT_TIMEOUT=5 \
+        MSCCLPP_DEBUG=INFO bash -c 'ranks 2 "$BIN/direct" "$@" >"$WORK/direct.out" 2>&1; rc=$?
+          cat "$WORK/direct.out"
+          ((rc == 0)) && grep -q -E "^direct (ordering|range): PASSED" "$WORK/direct.out"' _ "$@"
+    }
+    direct_run "2 ranks on one GPU (MPS)" CUDA_VISIBLE_DEVICES=0 NGPU=1 --
+    direct_run "2 ranks on one GPU, SM engine on" CUDA_VISIBLE_DEVICES=0 NGPU=1 MSCCLPP_P2P_SM_SHARED=1 --
+    direct_run "2 ranks on one GPU, 64 KiB limit" CUDA_VISIBLE_DEVICES=0 NGPU=1 MSCCLPP_P2P_DIRECT_BYTES=65536 --
+    direct_run "2 ranks on one GPU, path off" CUDA_VISIBLE_DEVICES=0 NGPU=1 MSCCLPP_P2P_DIRECT_BYTES=0 --
+    direct_run "a put past the buffer is refused" CUDA_VISIBLE_DEVICES=0 NGPU=1 -- --case range
+    if ((NGPU >= 2)); then
+      direct_run "2 ranks on 2 GPUs" CUDA_VISIBLE_DEVICES=0,1 NGPU=2 --
+    fi
+  else
+    FAILED+=("direct not built")
+  fi
   # Issue 28: puts of 4 GiB and more, and device waits that end (GPU_CHECK_LIMITS=1 runs them
   # with GPU_CHECK_QUICK=1 too). Two ranks on GPU 0 under MPS (NGPU=1 makes `ranks` start it).
   if ((${GPU_CHECK_LIMITS:-$((!QUICK))})); then
@@ -397,20 +441,16 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
     else
       FAILED+=("bigput not built")
     fi
-    # A kernel that waits for a signal that never comes (wait: both wait loops, the one that
-    # also polls the host signal word and, with MSCCLPP_P2P_HOST_SIGNAL=0, the device-only one),
-    # flushes or pushes with no proxy running (flush, push): the WARN at ~2 s (wait), the
-    # kernel back at ~5 s, mscclppCommGetAsyncError = mscclppRemoteError with the record, and
-    # stop and destroy return. `stuck` checks each and prints "stuck CASE: PASSED".
+    # A kernel that waits for a signal that never comes (wait), flushes or pushes behind a put
+    # with no proxy running (flush, push): the WARN at ~2 s (wait), the kernel back at ~5 s,
+    # mscclppCommGetAsyncError = mscclppRemoteError with the record, and stop and destroy
+    # return. `stuck` checks each and prints "stuck CASE: PASSED".
     if [[ -x $BIN/stuck ]]; then
       for case in wait flush push deadlock; do
         MSCCLPP_WAIT_TIMEOUT=2 MSCCLPP_DEVICE_WAIT_TIMEOUT=5 run_step \
           "test device wait timeout: $case (2 ranks on one GPU, MPS)" 60 bash -c \
           "CUDA_VISIBLE_DEVICES=0 NGPU=1 ranks 2 \"\$BIN/stuck\" --case $case --warn 2 --limit 5"
       done
-      MSCCLPP_P2P_HOST_SIGNAL=0 MSCCLPP_WAIT_TIMEOUT=2 MSCCLPP_DEVICE_WAIT_TIMEOUT=5 run_step \
-        "test device wait timeout: wait, device-only loop (2 ranks on one GPU, MPS)" 60 bash -c \
-        'CUDA_VISIBLE_DEVICES=0 NGPU=1 ranks 2 "$BIN/stuck" --case wait --warn 2 --limit 5'
     else
       FAILED+=("stuck not built")
     fi
@@ -729,9 +769,25 @@ r8 = res.get("allgather_r8", [])
 if r8:
     print(f"all-gather, 8 ranks on the machine's {ngpu} GPU(s), us per all-gather: " +
           ", ".join(f"{int(kv['bytes']) >> 20} MiB {fmt(kv)}" for kv in r8))
-for k in ("pingpong", "pingpong_ce", "fifo", "fifo_ce", "profile", "stuck_teardown"):
+for k in ("pingpong", "pingpong_proxy", "pingpong_direct", "pingpong_ce", "fifo", "fifo_proxy",
+          "fifo_direct", "fifo_ce", "profile", "stuck_teardown"):
     for kv in res.get(k, []):
-        print(k, " ".join(f"{a}={b}" for a, b in kv.items()))
+        if "bytes" not in kv:
+            print(k, " ".join(f"{a}={b}" for a, b in kv.items()))
+# The direct path against the proxy (issue 30): the put sweep, and the small all-gathers.
+sweep = {}
+for k in ("pingpong_direct", "pingpong_proxy"):
+    for kv in res.get(k, []):
+        if "bytes" in kv:
+            sweep.setdefault(int(kv["bytes"]), {})[k] = kv["us"]
+if sweep:
+    print("putWithSignal one way by one thread, us: | bytes | direct path | proxy |")
+    for n in sorted(sweep):
+        print(f"| {n} | {sweep[n].get('pingpong_direct', 'n/a')} | {sweep[n].get('pingpong_proxy', 'n/a')} |")
+for n in (1024, 4096):
+    d, p = ag("allgather", n), ag("allgather_proxy", n)
+    if d or p:
+        print(f"all-gather {n} bytes, 2 ranks, us: default (direct) {fmt(d)}, proxy only {fmt(p)}")
 bw = res.get("bandwidth", [])
 if bw:
     print("put bandwidth rank 0 -> rank 1: " + ", ".join(

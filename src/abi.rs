@@ -92,6 +92,22 @@ pub const MSCCLPP_RECORD_WAITED_NS: usize = 6;
 pub const MSCCLPP_RECORD_OTHERS_EXPIRED: usize = 7;
 pub const MSCCLPP_RECORD_PENDING: u64 = 1;
 pub const MSCCLPP_RECORD_EXPIRED: u64 = 2;
+/// Words of a GPU connection's epoch block (`localSignalEpochId` points at word 0, in device
+/// memory of the buffer's GPU; `MSCCLPP_EPOCH_DEVICE_BYTES` bytes, zeroed at setup). Words 0
+/// and 1 are `mscclppDevConnSignalEpochId`, word 2 is `waitEpochId`. Word 3: signals the
+/// peer's kernels stored themselves (the direct path, P2P): each adds 1 there, and `wait()`
+/// counts `proxy + direct`. Words 4..7, written at setup and read-only for kernels: the largest
+/// put a kernel makes itself on this connection (0: none, every operation through the proxy),
+/// this side's and the peer's buffer sizes. Words 8 and 9, this side's kernels' own: 1 + the
+/// FIFO ticket of the connection's last trigger with work (Data or Flag), and a ticket below
+/// which every trigger of the connection is known complete (a flush of it returned).
+pub const MSCCLPP_EPOCH_DEVICE_BYTES: usize = 128;
+pub const MSCCLPP_EPOCH_DIRECT: usize = 3;
+pub const MSCCLPP_EPOCH_DIRECT_BYTES: usize = 4;
+pub const MSCCLPP_EPOCH_LOCAL_SIZE: usize = 5;
+pub const MSCCLPP_EPOCH_REMOTE_SIZE: usize = 6;
+pub const MSCCLPP_EPOCH_PROXIED: usize = 8;
+pub const MSCCLPP_EPOCH_FLUSHED: usize = 9;
 pub const MSCCLPP_WAIT_OP_WAIT: u64 = 1;
 pub const MSCCLPP_WAIT_OP_FLUSH: u64 = 2;
 pub const MSCCLPP_WAIT_OP_PUSH: u64 = 3;
@@ -265,4 +281,9 @@ const _: () = {
     assert!(MSCCLPP_TRIGGER_CHUNK <= MSCCLPP_TRIGGER_SIZE_MASK);
     // The device block has DEV_WORDS (8) words; the record fills one 64-byte line.
     assert!(MSCCLPP_FIFO_DEV_RECORD_OWNER < 8 && MSCCLPP_RECORD_OTHERS_EXPIRED < 8);
+    // The epoch block: the peer's words (1, 3) in the first 32 bytes, which is what a P2P
+    // block exports; the read-only words on the next 32; every word inside the block.
+    assert!(MSCCLPP_EPOCH_DIRECT == 3 && MSCCLPP_EPOCH_DIRECT_BYTES == 4);
+    assert!(MSCCLPP_EPOCH_REMOTE_SIZE < 8 && MSCCLPP_EPOCH_PROXIED >= 8);
+    assert!((MSCCLPP_EPOCH_FLUSHED + 1) * 8 <= MSCCLPP_EPOCH_DEVICE_BYTES);
 };

@@ -50,7 +50,7 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_P2P_SM_POLL_NS",
     "MSCCLPP_P2P_SM_SELFTEST",
     "MSCCLPP_P2P_DONE_WORD",
-    "MSCCLPP_P2P_HOST_SIGNAL",
+    "MSCCLPP_P2P_DIRECT_BYTES",
     "MSCCLPP_P2P_FLAG",
     "MSCCLPP_P2P_STATS",
     "CUDA_MPS_PIPE_DIRECTORY",
@@ -64,6 +64,12 @@ pub const VARIABLES: &[&str] = &[
 /// `MSCCLPP_NET_RAILS`: default and largest value.
 pub const DEFAULT_RAILS: usize = 4;
 pub const MAX_RAILS: usize = 16;
+/// `MSCCLPP_P2P_DIRECT_BYTES`: default and largest value. A direct put is copied by the one
+/// thread that calls it, so the default is where that copy stops arriving sooner than a put
+/// handed to the proxy (the estimate, and how the GPU check measures it: docs/DESIGN-NOTES.md,
+/// "The direct path"); the limit keeps a misconfigured thread from copying megabytes alone.
+pub const P2P_DIRECT_BYTES: u64 = 2048;
+pub const P2P_DIRECT_MAX: u64 = 1 << 20;
 /// `MSCCLPP_NET_STRIPE_CHUNK`: default and smallest value.
 pub const DEFAULT_STRIPE_CHUNK: u64 = 1 << 20;
 pub const MIN_STRIPE_CHUNK: u64 = 4096;
@@ -263,8 +269,11 @@ pub struct P2pConfig {
     pub sm_selftest: bool,
     /// `MSCCLPP_P2P_DONE_WORD=0` turns it off: flush waits for the proxy to retire its Sync.
     pub done_word: bool,
-    /// `MSCCLPP_P2P_HOST_SIGNAL=0` turns it off: signals always go through the engines.
-    pub host_signal: bool,
+    /// `MSCCLPP_P2P_DIRECT_BYTES`: kernels do puts of at most this many bytes, and signals and
+    /// flushes, with their own stores into the peer's mapped memory when nothing of the
+    /// connection is in the proxy's hands (docs/DESIGN.md 3.2); 0: every operation through
+    /// the proxy. At most [`P2P_DIRECT_MAX`].
+    pub direct_bytes: u64,
     /// `MSCCLPP_P2P_FLAG=copy`: flags by an 8-byte copy instead of `cuStreamWriteValue64`.
     pub flag_by_copy: bool,
     /// `MSCCLPP_P2P_STATS=1`: log driver call times and engine timings at close.
@@ -295,7 +304,7 @@ impl Default for P2pConfig {
             sm_poll_ns: 0,
             sm_selftest: false,
             done_word: true,
-            host_signal: true,
+            direct_bytes: P2P_DIRECT_BYTES,
             flag_by_copy: false,
             stats: false,
             sm_shared: false,
@@ -623,7 +632,18 @@ impl Config {
                 .map_or(d.sm_poll_ns, |n| n.min(1_000_000) as u32),
             sm_selftest: r.flag("MSCCLPP_P2P_SM_SELFTEST", d.sm_selftest),
             done_word: r.flag("MSCCLPP_P2P_DONE_WORD", d.done_word),
-            host_signal: r.flag("MSCCLPP_P2P_HOST_SIGNAL", d.host_signal),
+            direct_bytes: match r
+                .num::<u64>("MSCCLPP_P2P_DIRECT_BYTES", &d.direct_bytes.to_string())
+            {
+                Some(b) if b > P2P_DIRECT_MAX => {
+                    r.problems.push(format!(
+                        "MSCCLPP_P2P_DIRECT_BYTES={b} is over the {P2P_DIRECT_MAX}-byte limit; using {P2P_DIRECT_MAX}"
+                    ));
+                    P2P_DIRECT_MAX
+                }
+                Some(b) => b,
+                None => d.direct_bytes,
+            },
             flag_by_copy: r
                 .choice("MSCCLPP_P2P_FLAG", &["copy", "write"], "write")
                 .as_deref()
@@ -824,7 +844,7 @@ mod tests {
             ("MSCCLPP_P2P_ENGINE", "CE"),
             ("MSCCLPP_P2P_SM_BLOCKS", "1000"),
             ("MSCCLPP_P2P_FLAG", "copy"),
-            ("MSCCLPP_P2P_HOST_SIGNAL", "0"),
+            ("MSCCLPP_P2P_DIRECT_BYTES", "0"),
             ("MSCCLPP_P2P_SM_SHARED", "1"),
             ("MSCCLPP_NET_STAGING_CHUNK", "1000"),
             ("MSCCLPP_NET_STAGING_BOUNCE", "8"),
@@ -845,8 +865,26 @@ mod tests {
         assert_eq!(c.net.providers, Some(vec!["tcp".into(), "shm".into()]));
         assert_eq!(c.net.tx_depth, Some(16));
         assert_eq!(c.net.hmem, Hmem::Never);
-        assert!(!c.p2p.sm_engine && c.p2p.flag_by_copy && !c.p2p.host_signal);
+        assert!(!c.p2p.sm_engine && c.p2p.flag_by_copy && c.p2p.direct_bytes == 0);
         assert_eq!(c.p2p.sm_blocks, 128);
+    }
+
+    #[test]
+    fn p2p_direct_bytes_default_off_and_limit() {
+        let get = |v: &str| with(&[("MSCCLPP_P2P_DIRECT_BYTES", v)]);
+        assert_eq!(with(&[]).p2p.direct_bytes, P2P_DIRECT_BYTES);
+        assert_eq!(get("0").p2p.direct_bytes, 0);
+        assert_eq!(get("65536").p2p.direct_bytes, 65536);
+        let c = get("4294967296");
+        assert_eq!(c.p2p.direct_bytes, P2P_DIRECT_MAX);
+        assert!(
+            c.problems.len() == 1 && c.problems[0].contains("MSCCLPP_P2P_DIRECT_BYTES"),
+            "{:?}",
+            c.problems
+        );
+        let c = get("lots");
+        assert_eq!(c.p2p.direct_bytes, P2P_DIRECT_BYTES);
+        assert_eq!(c.problems.len(), 1, "{:?}", c.problems);
     }
 
     #[test]

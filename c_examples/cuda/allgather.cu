@@ -1,6 +1,10 @@
 /*
  * All-gather over P2P connections, the 2023 way: every rank putWithSignal()s its slice of one
- * buffer to every peer, flush()es and wait()s, one warp per peer. Every byte is checked.
+ * buffer to every peer, flush()es and wait()s, one warp per peer. Every byte is checked. Over
+ * P2P a slice of at most MSCCLPP_P2P_DIRECT_BYTES (2 KiB by default) goes the direct path (lane
+ * 0 stores it into the peer's buffer itself: docs/DESIGN.md 3.2), larger ones through the
+ * proxy; `--bench --sizes 1K,4K` times the former (with MSCCLPP_P2P_DIRECT_BYTES=0, the proxy
+ * at the same sizes).
  *
  *   allgather [-r R -n N -a IP:PORT]            test: several sizes and iterations, plus a
  *                                               variant that stores straight into remoteBuff
@@ -17,7 +21,7 @@
 
 #include <string>
 
-/* Proxy path: warp w (lane 0) serves connection w. */
+/* The library's methods: warp w (lane 0) serves connection w; the library picks the path. */
 __global__ void allgatherProxy(int rank, int npeers, uint64_t sliceBytes)
 {
   const int warp = threadIdx.x / 32;
@@ -29,7 +33,7 @@ __global__ void allgatherProxy(int rank, int npeers, uint64_t sliceBytes)
   conn.wait();
 }
 
-/* The proxy path, timed inside the kernel: t[0..3] += ns in putWithSignal, flush, wait. */
+/* The methods, timed inside the kernel: t[0..3] += ns in putWithSignal, flush, wait. */
 __global__ void allgatherProfiled(int rank, int npeers, uint64_t sliceBytes, unsigned long long* t)
 {
   const int warp = threadIdx.x / 32;
@@ -50,9 +54,9 @@ __global__ void allgatherProfiled(int rank, int npeers, uint64_t sliceBytes, uns
   }
 }
 
-/* Direct path: block b copies this rank's slice into peer b's buffer through remoteBuff (the
- * CUDA IPC mapping), then signals through the proxy; the fence inside signal() orders the
- * block's stores (after __syncthreads) before the trigger. */
+/* The block's own stores: block b copies this rank's slice into peer b's buffer through
+ * remoteBuff (the CUDA IPC mapping), then signals; the release fence inside signal() (a direct
+ * one, or the push's) orders the block's stores (after __syncthreads) before the count. */
 __global__ void allgatherDirect(int rank, uint64_t sliceBytes)
 {
   mscclppDevConn_t conn = gConns[blockIdx.x];
@@ -70,9 +74,9 @@ __global__ void allgatherDirect(int rank, uint64_t sliceBytes)
 static int runTest(Ctx& c, uint32_t* buf, uint64_t maxBytes, cudaStream_t s)
 {
   const int npeers = c.nranks - 1;
-  /* Bytes per rank: one word, an odd number of words, a few MiB (whole words: the checks
-   * assign words to owners). */
-  const uint64_t slices[] = {4, 4 * 1021, ((8ull << 20) / c.nranks) & ~3ull};
+  /* Bytes per rank: one word, around the direct path's default limit (2 KiB), an odd number
+   * of words, a few MiB (whole words: the checks assign words to owners). */
+  const uint64_t slices[] = {4, 2044, 2048, 2052, 4 * 1021, ((8ull << 20) / c.nranks) & ~3ull};
   int failures = 0;
   uint32_t seed = 1;
   for (uint64_t slice : slices) {
@@ -95,7 +99,7 @@ static int runTest(Ctx& c, uint32_t* buf, uint64_t maxBytes, cudaStream_t s)
         const unsigned long long bad = countBad(buf, words, 0, c.nranks, seed, s);
         if (bad) {
           fprintf(stderr, "rank %d: %s all-gather of %llu bytes per rank, iteration %d: %llu bad words\n",
-                  c.rank, variant ? "direct" : "proxy", (unsigned long long)slice, iter, bad);
+                  c.rank, variant ? "remoteBuff" : "methods", (unsigned long long)slice, iter, bad);
           failures++;
         }
         /* Nobody overwrites a peer's buffer (next fill + put) before it has checked. */

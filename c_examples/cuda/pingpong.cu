@@ -1,18 +1,32 @@
 /*
- * Latency between two GPUs through the proxy, and what the FIFO's placement costs a kernel.
+ * Latency between two GPUs, and what the FIFO's placement costs a kernel.
  *
- *   pingpong [-r R -n 2 -a IP:PORT] [--iters N]
+ *   pingpong [-r R -n 2 -a IP:PORT] [--iters N] [--sweep MIN:MAX[:FACTOR]]
  *
  * Prints (rank 0):
  *   signal one-way      signal()/wait() ping-pong, half the round trip
  *   put8 one-way        putWithSignal() of 8 bytes, ping-pong, half the round trip
- *   flush round trip    flush() with nothing queued: GPU -> proxy thread -> GPU
+ *   flush round trip    flush() with nothing queued
  *   load host tail      one volatile load of the FIFO tail (pinned host memory, over PCIe)
  *   load tail cache     one volatile load of the tail cache (device memory)
- *   push                one signal() trigger pushed (no waiting), averaged over 64
+ *   push                one signal() (no waiting), averaged over 64
+ *   --sweep: put N one-way, putWithSignal() of N bytes ping-pong by one thread, half the round
+ *            trip, for N = MIN, MIN x FACTOR (default 2), ... up to MAX (at most 256K):
+ *            "RESULT pingpong put bytes=N us=U"
+ * Over P2P with the direct path on (the default; docs/DESIGN.md 3.2) the signal, put8 and
+ * small sweep rows are stores by the kernel itself, the empty flush is a fence and push is a
+ * direct signal; with MSCCLPP_P2P_DIRECT_BYTES=0 every one of them goes through the proxy
+ * (flush: GPU -> proxy thread -> GPU; push: one trigger), which is how the GPU check measures
+ * both in the same run (tags `proxy` and `direct`: scripts/gpu-check.sh).
  * Each kernel checks its result; the program exits 1 on any failure.
  */
 #include "common.cuh"
+
+#include <string>
+
+/* The sweep's regions: rank 0 sends [kSweepA, +N) into rank 1's buffer, rank 1 [kSweepB, +N)
+ * into rank 0's; N at most kSweepMax. */
+constexpr uint64_t kSweepMax = 256 << 10, kSweepA = 256 << 10, kSweepB = 512 << 10;
 
 enum Mode { kSignal = 0, kPut8 = 1 };
 
@@ -27,6 +41,26 @@ __global__ void pingpongKernel(int rank, int iters, int mode, unsigned long long
     } else {
       conn.wait();
       if (mode == kSignal) conn.signal(); else conn.putWithSignal(8, 8, 8);
+    }
+  }
+  conn.flush();
+  *ns = globalTimerNs() - t0;
+}
+
+/* putWithSignal() of `bytes` ping-pong: rank 0 sends its [a, a + bytes), rank 1 its
+ * [b, b + bytes) (the offsets of main's sweep), one thread each. */
+__global__ void sweepKernel(int rank, int iters, uint64_t bytes, uint64_t a, uint64_t b,
+                            unsigned long long* ns)
+{
+  mscclppDevConn_t conn = gConns[0];
+  const uint64_t t0 = globalTimerNs();
+  for (int i = 0; i < iters; i++) {
+    if (rank == 0) {
+      conn.putWithSignal(a, bytes);
+      conn.wait();
+    } else {
+      conn.wait();
+      conn.putWithSignal(b, bytes);
     }
   }
   conn.flush();
@@ -77,6 +111,19 @@ int main(int argc, char** argv)
   }
   int iters = 2000;
   if (const char* v = flagValue(argc, argv, "--iters")) iters = atoi(v);
+  /* --sweep MIN:MAX[:FACTOR]: sizes of the put sweep (none without it). */
+  uint64_t sweepMin = 0, sweepMax = 0, sweepFactor = 2;
+  if (const char* v = flagValue(argc, argv, "--sweep")) {
+    std::string all(v);
+    const size_t c1 = all.find(':'), c2 = all.find(':', c1 == std::string::npos ? c1 : c1 + 1);
+    sweepMin = parseBytes(all.substr(0, c1).c_str());
+    sweepMax = c1 == std::string::npos ? sweepMin : parseBytes(all.substr(c1 + 1, c2 - c1 - 1).c_str());
+    if (c2 != std::string::npos) sweepFactor = strtoull(all.c_str() + c2 + 1, nullptr, 10);
+    if (sweepMin == 0 || sweepMax < sweepMin || sweepMax > kSweepMax || sweepFactor < 2) {
+      fprintf(stderr, "--sweep MIN:MAX[:FACTOR]: 1 <= MIN <= MAX <= 256K, FACTOR >= 2\n");
+      return 2;
+    }
+  }
   const uint64_t bytes = 1 << 20;
   void* buf = nullptr;
   CUDACHECK(cudaMalloc(&buf, bytes));
@@ -104,6 +151,26 @@ int main(int argc, char** argv)
         printf("RESULT pingpong %s us=%.3f\n", mode == kSignal ? "signal" : "put8", us);
       }
     }
+  }
+
+  /* The sweep: one row per size. Rank 0's bytes are 1, rank 1's 2 (checked below). */
+  uint64_t swept = 0;
+  for (uint64_t n = sweepMin; n != 0 && n <= sweepMax; n *= sweepFactor) {
+    const int it = n > (64 << 10) ? iters / 4 + 1 : iters;
+    for (int pass = 0; pass < 2; pass++) {
+      const int k = pass ? it : 20;
+      MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+      sweepKernel<<<1, 1, 0, s>>>(c.rank, k, n, kSweepA, kSweepB, d);
+      KERNELCHECK();
+      CUDACHECK(cudaStreamSynchronize(s));
+      CUDACHECK(cudaMemcpy(h, d, sizeof h[0], cudaMemcpyDeviceToHost));
+      if (pass && c.rank == 0) {
+        const double us = h[0] / 1e3 / (2.0 * k);
+        printf("%-20s %8.2f us\n", ("put " + std::to_string(n) + " one-way").c_str(), us);
+        printf("RESULT pingpong put bytes=%llu us=%.3f\n", (unsigned long long)n, us);
+      }
+    }
+    swept = n;
   }
 
   /* Rank 0 alone from here; rank 1 only serves the signals of the push test. */
@@ -164,6 +231,22 @@ int main(int argc, char** argv)
               i < 8 ? 1 : 2);
       failures++;
       break;
+    }
+  }
+  /* After the sweep rank 1 holds rank 0's bytes in [kSweepA, +largest) and rank 0 rank 1's
+   * in [kSweepB, +largest). */
+  if (swept != 0) {
+    const uint64_t at = c.rank == 1 ? kSweepA : kSweepB;
+    const unsigned char want = c.rank == 1 ? 1 : 2;
+    std::vector<unsigned char> all(swept);
+    CUDACHECK(cudaMemcpy(all.data(), (char*)buf + at, swept, cudaMemcpyDeviceToHost));
+    for (uint64_t i = 0; i < swept; i++) {
+      if (all[i] != want) {
+        fprintf(stderr, "rank %d: byte %llu of the sweep's region is %d, expected %d\n", c.rank,
+                (unsigned long long)i, all[i], want);
+        failures++;
+        break;
+      }
     }
   }
   failures += teardown(c);

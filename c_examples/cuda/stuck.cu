@@ -10,13 +10,16 @@
  *   wait:  the proxies run; rank 0's kernel wait()s for a signal rank 1 never sends. Expected:
  *          the WARN naming the wait at ~warn s, the kernel back at ~limit s, then
  *          mscclppCommGetAsyncError = mscclppRemoteError with the same record in the error.
- *   flush: rank 0's kernel put()s 8 bytes and flush()es before the proxy is launched (a
- *          program that launched its proxy too late): the kernel is back at ~limit s with no
- *          proxy running; once mscclppProxyLaunch runs, the proxy reads the expired record
- *          and the communicator fails with it ("flush() ... for ticket 1").
- *   push:  as flush, but 300 signal()s into the 128-slot FIFO: the 129th push waits for room
- *          until the limit, and the 171 after it return at once (the expired wait raised the
- *          FIFO's abort word): the kernel is back at ~limit s, not 172 x limit.
+ *   flush: rank 0's kernel put()s its whole 2 MiB buffer and flush()es before the proxy is
+ *          launched (a program that launched its proxy too late): the kernel is back at
+ *          ~limit s with no proxy running; once mscclppProxyLaunch runs, the proxy reads the
+ *          expired record and the communicator fails with it ("flush() ... for ticket 1").
+ *          (2 MiB: more than any P2P direct put, MSCCLPP_P2P_DIRECT_BYTES at most 1 MiB, so
+ *          it is a trigger; a direct one would need no proxy.)
+ *   push:  as flush, the 2 MiB put then 300 signal()s into the 128-slot FIFO (queued behind
+ *          the put, which never completes: none goes the direct path): the 128th signal waits
+ *          for room until the limit, and the 172 after it return at once (the expired wait
+ *          raised the FIFO's abort word): the kernel is back at ~limit s, not 173 x limit.
  *   deadlock: both ranks' kernels wait() before they signal() (a planted deadlock): at ~warn s
  *          each rank's hang report names the cycle ("cycle 0 -> 1 -> 0"), at ~limit s the
  *          kernels are back and both communicators have failed.
@@ -57,9 +60,12 @@ static bool logHas(const char* what)
 
 __global__ void waitKernel() { gConns[0].wait(); }
 
+/* The whole buffer: a put through the proxy whatever the direct path's limit. */
+constexpr uint64_t kBytes = 2 << 20;
+
 __global__ void flushKernel()
 {
-  gConns[0].put(0, 0, 8);
+  gConns[0].put(0, 0, kBytes);
   gConns[0].flush();
 }
 
@@ -71,6 +77,7 @@ __global__ void deadlockKernel()
 
 __global__ void pushKernel(int n)
 {
+  gConns[0].put(0, 0, kBytes);
   for (int i = 0; i < n; i++) gConns[0].signal();
 }
 
@@ -104,7 +111,7 @@ int main(int argc, char** argv)
   double warn = 2, limit = 5;
   if (const char* v = flagValue(argc, argv, "--warn")) warn = atof(v);
   if (const char* v = flagValue(argc, argv, "--limit")) limit = atof(v);
-  const uint64_t bytes = 1 << 20;
+  const uint64_t bytes = kBytes;
   void* buf = nullptr;
   CUDACHECK(cudaMalloc(&buf, bytes));
   CUDACHECK(cudaMemset(buf, 0, bytes));

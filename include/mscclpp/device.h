@@ -31,13 +31,17 @@
  *     proxy would cost it a driver call (~2 us measured for cuStreamWriteValue64) per update.
  *     triggerFifoHead[2]: the done word, triggerFifoHead[3]: its switch, device memory too: a
  *     transport working on this GPU (the P2P SM copy engine) stores "every ticket below d has
- *     completed" there, and flush() ends on it without a round trip through the proxy.
+ *     completed" there, and flush() ends on it without a round trip through the proxy; the
+ *     P2P direct path reads it to know a connection's proxied work complete.
  *     triggerFifoHead[4]: flush()'s poll hint; [5..8]: the bounds of device waits and the
  *     owner of the wait record (WaitWatch below).
- *   - localSignalEpochId / waitEpochId: device memory of the buffer's GPU; wait() polls it in
- *     L2, the peer's SM copy engine or copy engine writes the signal count into it through
- *     CUDA IPC. Word 3 of that block (after waitEpochId): on P2P connections, the device
- *     address of a host word where the peer's proxy may store a signal itself; 0 otherwise.
+ *   - localSignalEpochId / waitEpochId: the connection's epoch block, device memory of the
+ *     buffer's GPU (words: MSCCLPP_EPOCH_* in mscclpp.h). wait() polls it in L2: word 1
+ *     (`proxy`), where the peer's SM copy engine or copy engine stores the count of the
+ *     signals its proxy carried, and word 3, where the peer's kernels add the signals they
+ *     stored themselves (the direct path, P2P: include/mscclpp/devconn_methods.inc). Words
+ *     4..6, written at setup, read through the read-only cache: the direct path's limit and
+ *     the buffer sizes; words 8..9: this side's direct-path state.
  */
 #ifndef MSCCLPP_DEVICE_H_
 #define MSCCLPP_DEVICE_H_
@@ -157,6 +161,93 @@ MSCCLPP_DEVICE_INLINE void storeVolatile(uint64_t* p, uint64_t v)
   *reinterpret_cast<volatile uint64_t*>(p) = v;
 }
 
+/* An acquire load at system scope: later loads and stores of this thread come after it, and
+ * after every write that a release before the value it reads made visible. Cheaper than a
+ * fence (it does not wait for this thread's earlier stores). */
+MSCCLPP_DEVICE_INLINE uint64_t loadAcquireSys(const uint64_t* p)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+#else
+  const uint64_t v = loadVolatile(p);
+  __threadfence_system();
+  return v;
+#endif
+}
+
+/* A load through the read-only data cache (ld.global.nc): only for words that no one writes
+ * while any kernel that reads them runs (the direct path's settings, written at setup). */
+MSCCLPP_DEVICE_INLINE uint64_t loadReadOnly(const uint64_t* p)
+{
+  uint64_t v;
+  asm("ld.global.nc.u64 %0, [%1];" : "=l"(v) : "l"(p));
+  return v;
+}
+
+/* Adds 1 to a u64 at system scope without waiting for the result (a reduction: the store
+ * travels like a posted write): a P2P peer's direct signal count, which several threads may
+ * add to at once, each after its own release fence. Relaxed: the caller fences first. */
+MSCCLPP_DEVICE_INLINE void addOneSys(uint64_t* p)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("red.relaxed.sys.global.add.u64 [%0], 1;" ::"l"(p) : "memory");
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 600
+  atomicAdd_system(reinterpret_cast<unsigned long long*>(p), 1ull);
+#else
+  atomicAdd(reinterpret_cast<unsigned long long*>(p), 1ull); /* no system scope before sm_60 */
+#endif
+}
+
+/* Copies n bytes from src to dst by the calling thread alone (a direct put: dst is a peer's
+ * buffer mapped through CUDA IPC): 16-, 8- or 4-byte words as both addresses allow, eight
+ * loads in flight before their stores (the source's latency, not the link, bounds one
+ * thread), then the rest byte by byte. Plain loads and stores: the caller's release fence
+ * orders them before the signal that publishes them. */
+MSCCLPP_DEVICE_INLINE void copyThread(char* dst, const char* src, uint64_t n)
+{
+  constexpr int kInFlight = 8;
+  const uint64_t both = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src);
+  uint64_t done = 0;
+  if (both % 16 == 0) {
+    const uint64_t words = n / 16;
+    const int4* s = reinterpret_cast<const int4*>(src);
+    int4* d = reinterpret_cast<int4*>(dst);
+    uint64_t i = 0;
+    for (; i + kInFlight <= words; i += kInFlight) {
+      int4 v[kInFlight];
+#pragma unroll
+      for (int j = 0; j < kInFlight; j++) v[j] = s[i + j];
+#pragma unroll
+      for (int j = 0; j < kInFlight; j++) d[i + j] = v[j];
+    }
+    for (; i < words; i++) d[i] = s[i];
+    done = words * 16;
+  } else if (both % 8 == 0) {
+    const uint64_t words = n / 8;
+    const uint64_t* s = reinterpret_cast<const uint64_t*>(src);
+    uint64_t* d = reinterpret_cast<uint64_t*>(dst);
+    uint64_t i = 0;
+    for (; i + kInFlight <= words; i += kInFlight) {
+      uint64_t v[kInFlight];
+#pragma unroll
+      for (int j = 0; j < kInFlight; j++) v[j] = s[i + j];
+#pragma unroll
+      for (int j = 0; j < kInFlight; j++) d[i + j] = v[j];
+    }
+    for (; i < words; i++) d[i] = s[i];
+    done = words * 8;
+  } else if (both % 4 == 0) {
+    const uint64_t words = n / 4;
+    const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
+    uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+    for (uint64_t i = 0; i < words; i++) d[i] = s[i];
+    done = words * 4;
+  }
+  for (; done < n; done++) dst[done] = src[done];
+}
+
 /* %globaltimer: nanoseconds on one clock for the whole GPU (updated about every microsecond),
  * steady across SM clock changes. Read only on the slow path of a wait. */
 MSCCLPP_DEVICE_INLINE uint64_t waitClockNs()
@@ -221,8 +312,8 @@ MSCCLPP_DEVICE_INLINE void waitRecordWrite(uint64_t* ctrl, uint64_t state, uint6
 class WaitWatch {
  public:
   /* `what`: MSCCLPP_WAIT_OP_* | connId << 32; `wanted`: the count or ticket waited for;
-   * `seenA`, `seenB` (either may be null): the words whose larger value is what has come so
-   * far, read only when the record is written. */
+   * `seenA`, `seenB` (either may be null): the words whose sum is what has come so far (a
+   * wait's two signal counts), read only when the record is written. */
   MSCCLPP_DEVICE_INLINE bool expired(uint64_t* dev, uint64_t* ctrl, uint64_t what,
                                      uint64_t wanted, const uint64_t* seenA,
                                      const uint64_t* seenB = nullptr)
@@ -243,10 +334,7 @@ class WaitWatch {
       if (warn == 0 || waited < warn) return false;
     }
     uint64_t seen = seenA != nullptr ? loadVolatile(seenA) : 0;
-    if (seenB != nullptr) {
-      const uint64_t b = loadVolatile(seenB);
-      seen = b > seen ? b : seen;
-    }
+    if (seenB != nullptr) seen += loadVolatile(seenB);
     if (phase_ != kOwner && claim(dev)) phase_ = kOwner;
     if (phase_ == kOwner) {
       waitRecordWrite(ctrl, expire ? kRecExpired : kRecPending, what, wanted, seen,

@@ -149,7 +149,7 @@ impl Comm {
         })?;
         let (_, epoch_blob) = ep.register(Region {
             addr: epoch.ptr() as u64,
-            len: 16,
+            len: epoch.export_len(),
             kind: r.kind,
         })?;
         drop(ep);
@@ -202,13 +202,12 @@ impl Comm {
         } = ConnBlob::decode(&msg, r.remote_rank, r.tag, r.transport, caps.direct_epoch)?;
         let slot = &mut self.slots[s];
         let mut ep = lock(&slot.ep);
-        // The peer's epoch block (or its host signal word), mapped where the transport lets
-        // signals be stored into it directly.
+        // The peer's epoch block, mapped where the transport lets signals be stored into it
+        // directly (SHM over host memory).
         let direct = if epoch_shm.is_empty() || !ep.direct_epoch_for(r.kind) {
             None
         } else {
-            // SHM over host memory: the block, with its ring of inline puts unless the peer
-            // turned them off; P2P: the host word.
+            // The block, with its ring of inline puts unless the peer turned them off.
             let lens: &[usize] = if r.kind == MemKind::Host {
                 &[EPOCH_BYTES, inbox::BLOCK_BYTES]
             } else {
@@ -237,7 +236,10 @@ impl Comm {
         let remote_epoch = ep.import(peer, epoch_blob)?;
         let remote_buff = ep.remote_ptr(dst).unwrap_or(0);
         let remote_epoch_ptr = ep.remote_ptr(remote_epoch).unwrap_or(0);
+        // The direct path (P2P): written before any kernel can see the connection.
+        let direct_bytes = ep.direct_bytes(peer, dst, remote_epoch);
         drop(ep);
+        epoch.enable_direct(direct_bytes, r.size, rsize)?;
         let mut work = lock(&slot.work);
         if work.conns.len() >= MAX_CONNS_PER_PROXY {
             return Err(Error::invalid_arg(format!(
@@ -293,7 +295,7 @@ impl Comm {
             localBuff: r.buff as *mut _,
             localSignalEpochId: ep_ptr.cast(),
             remoteSignalEpochId: remote_epoch_ptr as *mut _,
-            // SAFETY: the epoch block is at least EPOCH_BYTES (32): 16 of epoch ids, then
+            // SAFETY: every epoch block is at least EPOCH_BYTES (32): 16 of epoch ids, then
             // waitEpochId.
             waitEpochId: unsafe { ep_ptr.add(16) }.cast(),
             remoteBuff: remote_buff as *mut _,

@@ -1,7 +1,8 @@
 //! Device calls that need no state of their own: waiting on a user's stream, a device's NUMA
-//! node, the GPUDirect RDMA flush.
+//! node, the GPUDirect RDMA flush, whether one GPU's kernels have native atomics on another's
+//! memory.
 
-use super::{available, check, need_driver, stream, CtxGuard};
+use super::{available, check, has_symbol_loaded, need_driver, stream, CtxGuard};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::ffi::CStr;
@@ -124,4 +125,38 @@ pub fn flush_gpudirect_rdma_writes(device: i32) -> Result<()> {
         },
         || format!("cuFlushGPUDirectRDMAWrites(device {device})"),
     )
+}
+
+/// Whether kernels on device `from` can access device `to`'s memory and run atomics on it
+/// natively (NVLink, or PCIe with atomics), as the driver says
+/// (`cuDeviceGetP2PAttribute`; probed, an older driver without it answers false). The same
+/// device: true. Without a driver: false.
+pub fn native_atomics_between(from: i32, to: i32) -> bool {
+    if !available() {
+        return false;
+    }
+    if from == to {
+        return true;
+    }
+    if !has_symbol_loaded("cuDeviceGetP2PAttribute") {
+        return false;
+    }
+    let (mut a, mut b): (sys::CUdevice, sys::CUdevice) = (0, 0);
+    // SAFETY: out-pointers valid; the driver is initialised (`available`) and rejects ordinals
+    // it does not know.
+    let ok = unsafe { sys::cuDeviceGet(&mut a, from) } == sys::CUresult::CUDA_SUCCESS
+        // SAFETY: as above.
+        && unsafe { sys::cuDeviceGet(&mut b, to) } == sys::CUresult::CUDA_SUCCESS;
+    if !ok {
+        return false;
+    }
+    let attr = |which| {
+        let mut v: std::ffi::c_int = 0;
+        // SAFETY: the symbol exists (probed above); out-pointer valid for one int; both
+        // devices come from cuDeviceGet.
+        let r = unsafe { sys::cuDeviceGetP2PAttribute(&mut v, which, a, b) };
+        r == sys::CUresult::CUDA_SUCCESS && v != 0
+    };
+    attr(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED)
+        && attr(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED)
 }

@@ -38,16 +38,22 @@ impl DeviceMem {
     /// Stores `value` at byte `offset` (8-byte aligned, inside the allocation); done when this
     /// returns. Setup only: a private stream and a wait, as in `zeroed`.
     pub fn write_u64(&self, offset: usize, value: u64) -> Result<()> {
-        if offset % 8 != 0 || offset + 8 > self.len {
+        self.write_words(offset, &[value])
+    }
+    /// Stores `values` at byte `offset` on (consecutive u64s, 8-byte aligned, inside the
+    /// allocation); done when this returns. Setup only: a private stream and a wait, as in
+    /// `zeroed`.
+    pub fn write_words(&self, offset: usize, values: &[u64]) -> Result<()> {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        if offset % 8 != 0 || offset + bytes.len() > self.len {
             return Err(crate::error::Error::internal(format!(
-                "8-byte store at offset {offset} of a {}-byte device allocation",
+                "{}-byte store at offset {offset} of a {}-byte device allocation",
+                bytes.len(),
                 self.len
             )));
         }
         let _g = CtxGuard::enter(self.device)?;
-        with_util_stream(self.device, |s| {
-            s.upload(self.ptr + offset as u64, &value.to_ne_bytes())
-        })
+        with_util_stream(self.device, |s| s.upload(self.ptr + offset as u64, &bytes))
     }
     pub fn len(&self) -> usize {
         self.len
@@ -136,61 +142,6 @@ impl Drop for PinnedHost {
         let r = unsafe { sys::cuMemFreeHost(self.host.cast()) };
         if r != sys::CUresult::CUDA_SUCCESS {
             crate::warn!("cuMemFreeHost failed: {}", describe(r));
-        }
-        drop(g);
-    }
-}
-
-/// Host memory allocated elsewhere (a shared-memory mapping), registered with the driver and
-/// mapped into the device (`cuMemHostRegister`, DEVICEMAP | PORTABLE); unregistered on drop,
-/// which must come before the memory goes.
-pub struct HostRegistration {
-    host: *mut u8,
-    dev: u64,
-    device: i32,
-}
-
-// SAFETY: the handle only names the registration; the memory's users synchronise themselves.
-unsafe impl Send for HostRegistration {}
-// SAFETY: as above.
-unsafe impl Sync for HostRegistration {}
-
-impl HostRegistration {
-    /// Registers `len` bytes at `host` (page aligned, mapped for as long as this lives).
-    pub fn new(device: i32, host: *mut u8, len: usize) -> Result<Self> {
-        let _g = CtxGuard::enter(device)?;
-        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
-        check(
-            // SAFETY: the caller keeps `host..host + len` mapped until this is dropped; context
-            // current (guard).
-            unsafe { sys::cuMemHostRegister_v2(host.cast(), len, flags) },
-            || format!("cuMemHostRegister({len} bytes, DEVICEMAP|PORTABLE)"),
-        )?;
-        let mut m = HostRegistration {
-            host,
-            dev: 0,
-            device,
-        };
-        check(
-            // SAFETY: `host` is registered with DEVICEMAP just above; flags must be 0.
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut m.dev, host.cast(), 0) },
-            || "cuMemHostGetDevicePointer (registered memory)".into(),
-        )?;
-        Ok(m)
-    }
-    /// The device's address of the registered memory.
-    pub fn dev(&self) -> u64 {
-        self.dev
-    }
-}
-
-impl Drop for HostRegistration {
-    fn drop(&mut self) {
-        let g = CtxGuard::enter(self.device);
-        // SAFETY: registered in `new`, unregistered once, while still mapped.
-        let r = unsafe { sys::cuMemHostUnregister(self.host.cast()) };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            crate::warn!("cuMemHostUnregister failed: {}", describe(r));
         }
         drop(g);
     }

@@ -13,7 +13,7 @@
 //! Files: this one detects and loads the driver; `result.rs` turns its result codes into our
 //! errors, `ctx.rs` holds each device's primary context and utility stream (and binds proxy
 //! threads to it), `pointer.rs` asks the driver where a pointer lives, `device.rs` has the
-//! remaining device calls (a user's stream, NUMA node, GPUDirect RDMA flush); `ipc.rs`,
+//! remaining device calls (a user's stream, NUMA node, GPUDirect RDMA flush, peer atomics); `ipc.rs`,
 //! `kernel.rs`, `mem.rs` and `stream.rs` wrap those driver objects.
 
 mod ctx;
@@ -27,11 +27,14 @@ mod stream;
 
 use ctx::with_util_stream;
 pub use ctx::{bind_proxy_thread, Ctx, CtxGuard};
-pub use device::{blocking_work_done_by, flush_gpudirect_rdma_writes, pci_bus_id, sync_stream};
+pub use device::{
+    blocking_work_done_by, flush_gpudirect_rdma_writes, native_atomics_between, pci_bus_id,
+    sync_stream,
+};
 pub(crate) use ipc::IPC_HANDLE_BYTES;
 pub use ipc::{address_range, ipc_handle, IpcMapping};
 pub use kernel::{Function, Module, P2P_ENGINE_PTX};
-pub use mem::{DeviceMem, HostRegistration, PinnedHost};
+pub use mem::{DeviceMem, PinnedHost};
 pub use pointer::{is_managed, mem_kind};
 pub(crate) use result::check;
 use result::describe;
@@ -83,8 +86,6 @@ const REQUIRED: &[&str] = &[
     "cuMemcpyAsync",
     "cuMemcpyDtoDAsync_v2",
     "cuMemcpyHtoDAsync_v2",
-    "cuMemHostRegister_v2",
-    "cuMemHostUnregister",
     "cuEventCreate",
     "cuEventRecord",
     "cuEventQuery",

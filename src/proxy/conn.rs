@@ -21,11 +21,14 @@ pub struct ProxyConn {
     pub remote_size: u64,
     /// The peer's epoch block; the signal count goes to offset 8 (`proxy`).
     pub remote_epoch: RemoteId,
-    /// Flags sent so far: the value the next Flag writes is this + 1. Counting here rather than
-    /// reading the producer's `device` epoch keeps the value in FIFO order with the data.
+    /// Flags this proxy sent so far: the value the next Flag writes into the peer's `proxy`
+    /// word is this + 1. Counting here rather than reading the producer's `device` epoch keeps
+    /// the value in FIFO order with the data. Signals that P2P kernels store themselves (the
+    /// direct path) are counted apart, in the peer's word `MSCCLPP_EPOCH_DIRECT`, and the
+    /// peer's wait() adds the two.
     pub signals: u64,
-    /// The peer's epoch block, mapped (SHM over host memory), or its host signal word (P2P): a
-    /// Flag may be a plain store (`direct_flag`).
+    /// The peer's epoch block, mapped (SHM over host memory): a Flag may be a plain store
+    /// (`direct_flag`).
     pub direct: Option<DirectEpoch>,
     /// The ring in the peer's epoch block (SHM over host memory): small puts may go inline,
     /// written by the calling host thread (`direct_put`).
@@ -44,8 +47,7 @@ pub struct ProxyConn {
 }
 
 /// The peer's epoch block mapped into this process (SHM connections over host memory, see
-/// `mem::SharedBlock`), or the host word of a P2P peer's epoch block (`transport::epoch::SignaledEpoch`,
-/// which the peer's wait() polls beside the count the engines store).
+/// `mem::SharedBlock`).
 #[derive(Clone)]
 pub struct DirectEpoch(pub Arc<crate::mem::SharedBlock>);
 

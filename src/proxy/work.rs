@@ -357,9 +357,6 @@ fn refused(w: &ProxyWork, r: &crate::fifo::Refusal) -> Error {
 fn handle(w: &mut ProxyWork, t: &Trigger) -> Result<()> {
     let ticket = w.fifo.ticket();
     let nconns = w.conns.len();
-    // Only host FIFOs regain the direct path by a flush: a P2P flush waits for the GPU's copies,
-    // which a kernel's next trigger must not queue behind.
-    let host_fifo = w.fifo.device().is_none();
     let c = w.conns.get_mut(t.conn_id).ok_or_else(|| {
         Error::invalid_arg(format!(
             "trigger for connection {} but this proxy has {nconns}",
@@ -401,7 +398,7 @@ fn handle(w: &mut ProxyWork, t: &Trigger) -> Result<()> {
     } else if t.ty & mscclppFlag != 0 && !direct_flag(c) {
         c.undelivered = true;
         // (A Sync in the same trigger clears it again below.)
-        c.regain_direct = c.direct.is_some() && host_fifo;
+        c.regain_direct = c.direct.is_some();
         c.signals += 1;
         ep.write_value(c.peer, c.remote_epoch, 8, c.signals)?;
     }

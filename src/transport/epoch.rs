@@ -1,31 +1,44 @@
-//! Connection epoch blocks: the 32 bytes (`mscclppDevConnSignalEpochId`, then `waitEpochId`)
-//! where a connection's waiter spins and its peer, or the peer's proxy, stores signal counts.
-//! Where a block lives is the transport's answer ([`Endpoint::epoch_block`]): host memory for
-//! host connections (shared memory for SHM ones, so the peer can store into it directly),
-//! device memory for GPU ones (with a host word for P2P ones, see [`SignaledEpoch`]).
+//! Connection epoch blocks: where a connection's waiter spins and its peer, or the peer's
+//! proxy, stores signal counts (`mscclppDevConnSignalEpochId`, then `waitEpochId`). Where a
+//! block lives is the transport's answer ([`Endpoint::epoch_block`]): host memory for host
+//! connections (shared memory for SHM ones, so the peer can store into it directly), device
+//! memory for GPU ones, whose words are `MSCCLPP_EPOCH_*` (src/abi.rs): on P2P the peer's
+//! kernels add their own signals into word 3, and words 4..9 hold the direct path's settings
+//! and state ([`EpochMem::enable_direct`]).
 //!
 //! [`Endpoint::epoch_block`]: super::Endpoint::epoch_block
 
-use crate::cuda::{self, DeviceMem, HostRegistration};
-use crate::error::Result;
+use crate::abi::{
+    MSCCLPP_EPOCH_DEVICE_BYTES, MSCCLPP_EPOCH_DIRECT, MSCCLPP_EPOCH_DIRECT_BYTES,
+    MSCCLPP_EPOCH_REMOTE_SIZE,
+};
+use crate::cuda::{self, DeviceMem};
+use crate::error::{Error, Result};
 use crate::mem::{HostBlock, MemKind, SharedBlock};
 use std::sync::Arc;
 
-/// Bytes of an epoch block: 16 of epoch ids (`device`, `proxy`), `waitEpochId`, and a word the
-/// P2P block uses for its host word's address.
+/// Bytes of a host epoch block: 16 of epoch ids (`device`, `proxy`), `waitEpochId`, a spare
+/// word. Device blocks have `MSCCLPP_EPOCH_DEVICE_BYTES`.
 pub const EPOCH_BYTES: usize = 32;
 
 /// The plain block for a connection over `kind` memory: host memory for host connections,
 /// device memory of the buffer's GPU for device ones (the kernel polls it in its L2; the
-/// peer's copy engine or the local proxy writes it).
+/// peer's copy engine or the local proxy writes it). A device block's direct path stays off.
 pub fn plain(kind: MemKind) -> Result<EpochMem> {
     match kind {
         MemKind::Host => Ok(EpochMem::Host(HostBlock::zeroed(EPOCH_BYTES, 16)?)),
-        MemKind::Device(d) => {
-            cuda::require("a GPU connection")?;
-            Ok(EpochMem::Device(DeviceMem::zeroed(d, EPOCH_BYTES)?))
-        }
+        MemKind::Device(d) => device(d, false),
     }
+}
+
+/// A device block on `device` whose word 3 the peer's kernels may add their signals into
+/// (`direct`: exported with it, see [`EpochMem::export_len`]).
+pub fn device(device: i32, direct: bool) -> Result<EpochMem> {
+    cuda::require("a GPU connection")?;
+    Ok(EpochMem::Device {
+        mem: DeviceMem::zeroed(device, MSCCLPP_EPOCH_DEVICE_BYTES)?,
+        direct,
+    })
 }
 
 /// A block in POSIX shared memory, which the peer maps by name and stores signals into; with
@@ -39,41 +52,16 @@ pub fn shared(ring: bool) -> Result<EpochMem> {
     Ok(EpochMem::Shared(Arc::new(SharedBlock::create(len)?)))
 }
 
-/// The epoch block of a P2P connection whose peer's proxy may also deliver signals into host
-/// memory: the device block, whose word 3 holds the device address of the host word (the
-/// `proxy` word of the shared block, offset 8) and word 4 wait()'s poll hint, and that shared
-/// block, registered so this GPU's wait() can poll it (include/mscclpp/devconn_methods.inc). Fields drop in order: the
-/// registration before the mapping it covers.
-pub struct SignaledEpoch {
-    dev: DeviceMem,
-    _reg: HostRegistration,
-    host: SharedBlock,
-}
-
 /// A connection's epoch block: host memory for host connections (shared memory for SHM ones),
-/// device memory for GPU ones (with a host word for P2P ones, see [`SignaledEpoch`]).
+/// device memory for GPU ones.
 pub enum EpochMem {
     Host(HostBlock),
     Shared(Arc<SharedBlock>),
-    Device(DeviceMem),
-    Signaled(SignaledEpoch),
-}
-
-impl EpochMem {
-    /// A [`SignaledEpoch`] on `device`.
-    pub fn signaled(device: i32) -> Result<Self> {
-        // [device, proxy, waitEpochId, host word address, poll hint]
-        let dev = DeviceMem::zeroed(device, 64)?;
-        // Mapped by the peer with EPOCH_BYTES (`comm::setup::map_peer_epoch`).
-        let host = SharedBlock::create(EPOCH_BYTES)?;
-        let reg = HostRegistration::new(device, host.ptr(), host.len())?;
-        dev.write_u64(24, reg.dev() + 8)?;
-        Ok(EpochMem::Signaled(SignaledEpoch {
-            dev,
-            _reg: reg,
-            host,
-        }))
-    }
+    /// `direct`: the peer's kernels may add signals into word 3 (P2P).
+    Device {
+        mem: DeviceMem,
+        direct: bool,
+    },
 }
 
 impl EpochMem {
@@ -83,8 +71,34 @@ impl EpochMem {
         match self {
             EpochMem::Host(h) => h.ptr(),
             EpochMem::Shared(h) => h.ptr(),
-            EpochMem::Device(d) => d.ptr() as usize as *mut u8,
-            EpochMem::Signaled(s) => s.dev.ptr() as usize as *mut u8,
+            EpochMem::Device { mem, .. } => mem.ptr() as usize as *mut u8,
+        }
+    }
+
+    /// The bytes registered for the peer to write: the two epoch ids, and on a block with the
+    /// direct path also words 2 and 3 (the peer's kernels add into word 3; one region).
+    pub fn export_len(&self) -> u64 {
+        match self {
+            EpochMem::Device { direct: true, .. } => (MSCCLPP_EPOCH_DIRECT as u64 + 1) * 8,
+            _ => 16,
+        }
+    }
+
+    /// Turns the direct path on for this connection's kernels (src/abi.rs, `MSCCLPP_EPOCH_*`):
+    /// puts of at most `bytes` (and signals, flushes) that they may do with their own stores,
+    /// within buffers of `local` and `remote` bytes. Setup only, before any kernel sees the
+    /// block: kernels read these words through the read-only cache. `bytes` 0 leaves it off.
+    pub fn enable_direct(&self, bytes: u64, local: u64, remote: u64) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        match self {
+            EpochMem::Device { mem, direct: true } => {
+                mem.write_words(MSCCLPP_EPOCH_DIRECT_BYTES * 8, &[bytes, local, remote])
+            }
+            _ => Err(Error::internal(
+                "the direct path asked for an epoch block that has none",
+            )),
         }
     }
 
@@ -107,24 +121,24 @@ impl EpochMem {
         }
     }
 
-    /// The shared-memory name a peer maps the block (or its host word) by.
+    /// The shared-memory name a peer maps the block by.
     pub fn shared_name(&self) -> Option<&str> {
         match self {
             EpochMem::Shared(h) => Some(h.name()),
-            EpochMem::Signaled(s) => Some(s.host.name()),
             _ => None,
         }
     }
 
     /// Removes the shared-memory name once the peer mapped the block.
     pub fn unlink_shared(&self) {
-        match self {
-            EpochMem::Shared(h) => h.unlink(),
-            EpochMem::Signaled(s) => s.host.unlink(),
-            _ => {}
+        if let EpochMem::Shared(h) = self {
+            h.unlink()
         }
     }
 }
+
+// The words `enable_direct` writes are consecutive, from DIRECT_BYTES to REMOTE_SIZE.
+const _: () = assert!(MSCCLPP_EPOCH_REMOTE_SIZE == MSCCLPP_EPOCH_DIRECT_BYTES + 2);
 
 #[cfg(test)]
 mod tests {
@@ -150,6 +164,18 @@ mod tests {
             plain(MemKind::Device(0)),
             Err(crate::error::Error::InvalidUsage(_))
         ));
+        assert!(device(0, true).is_err());
         assert!(crate::fifo::Fifo::for_device(Some(0)).is_err());
+    }
+
+    /// Host blocks export the two epoch ids only and never take the direct path's words (a
+    /// transport that asked would be a bug, reported rather than ignored).
+    #[test]
+    fn only_a_direct_device_block_takes_the_direct_path() {
+        for e in [plain(MemKind::Host).unwrap(), shared(false).unwrap()] {
+            assert_eq!(e.export_len(), 16);
+            assert!(e.enable_direct(0, 8, 8).is_ok(), "0: off, nothing to write");
+            assert!(e.enable_direct(4096, 8, 8).is_err());
+        }
     }
 }

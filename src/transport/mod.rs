@@ -114,6 +114,14 @@ pub trait Endpoint: Send {
     fn remote_ptr(&self, _remote: RemoteId) -> Option<u64> {
         None
     }
+    /// The largest put (bytes) that this side's kernels may make themselves on a connection to
+    /// `peer`, storing into the imported region `dst` and adding each signal into word
+    /// `MSCCLPP_EPOCH_DIRECT` of the peer's imported epoch block `epoch` (the direct path,
+    /// docs/DESIGN.md 3.2); 0: none, every operation goes through the proxy. Asked once per
+    /// connection at setup. Default: 0.
+    fn direct_bytes(&mut self, _peer: PeerId, _dst: RemoteId, _epoch: RemoteId) -> u64 {
+        0
+    }
     /// Starts a copy of `size` bytes from local `src`+`src_off` to remote `dst`+`dst_off`.
     /// Bounds were checked by the caller.
     fn write(

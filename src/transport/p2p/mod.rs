@@ -19,7 +19,9 @@
 //!   a put, a flush) waits for it first (`drain_sm`, `drain_ce`, and `Engine::order_flags`
 //!   before a flag changes path, so the signal count never steps back). Sync waits for both,
 //!   bounded by `MSCCLPP_WAIT_TIMEOUT`.
-//! - `remote_ptr` gives the mapped addresses, so kernels may also load/store peers directly.
+//! - `remote_ptr` gives the mapped addresses, so kernels may also load/store peers directly;
+//!   where our GPU reaches the peer's with native atomics, small puts, signals and flushes of
+//!   kernels skip the proxy altogether (`direct_bytes`, the direct path: `route.rs`).
 //! - Teardown stops the engine, waits for the streams, closes every mapping, then frees the
 //!   streams.
 //!
@@ -28,7 +30,8 @@
 //! time-slice).
 //!
 //! Files: this one the endpoint (`open`, the `Endpoint` impl, teardown); `route.rs` which path
-//! carries an operation and the ordering between the paths; `engine.rs` the SM engine;
+//! carries an operation (the kernel itself, the SM engine or the copy engines) and the ordering
+//! between the paths; `engine.rs` the SM engine;
 //! `ce.rs` a peer's copy-engine stream; `regions.rs` registration and IPC import; `done.rs`
 //! the done word; `blob.rs` the wire blobs; `stats.rs` driver-call timing. Settings come
 //! from `config::P2pConfig`, read once per process.
@@ -42,7 +45,7 @@ mod route;
 mod stats;
 
 use super::epoch::{self, EpochMem};
-use super::{Caps, Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
+use super::{Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
 use crate::config::P2pConfig;
 use crate::cuda::{self, Ctx, CtxGuard};
 use crate::error::{Error, Result};
@@ -97,6 +100,8 @@ struct Peer {
     /// daemon serving it (`MSCCLPP_P2P_SM_SHARED`). Without MPS, ranks sharing a GPU
     /// time-slice it, and a resident engine kernel would hold it.
     sm_ok: bool,
+    /// The direct path's answer for this peer was logged (once per peer, `direct_limit`).
+    direct_said: bool,
 }
 
 /// `peers[p]` (a function of the vector alone, so that other fields stay borrowable).
@@ -155,31 +160,13 @@ impl Endpoint for P2p {
         format!("p2p:cuda{}", self.device)
     }
 
-    /// A peer offers the host word of its epoch block by name: this proxy stores a signal with
-    /// no data in flight before it there (`direct_flag`, proxy/conn.rs), one PCIe leg instead of the
-    /// proxy -> GPU -> NVLink chain.
-    fn caps(&self) -> Caps {
-        Caps {
-            direct_epoch: true,
-            ..Caps::default()
-        }
-    }
-
-    /// A host word beside the device block (`epoch::SignaledEpoch`), which this GPU's wait()
-    /// polls too, unless `MSCCLPP_P2P_HOST_SIGNAL=0` or it cannot be made (then every signal
-    /// reaches the GPU through the peer's engines).
+    /// A device block whose word `MSCCLPP_EPOCH_DIRECT` the peer's kernels may add their own
+    /// signals into (the direct path, `route.rs`), exported with it.
     fn epoch_block(&mut self, kind: MemKind) -> Result<EpochMem> {
         match kind {
-            MemKind::Device(d) if self.cfg.host_signal => EpochMem::signaled(d).or_else(|e| {
-                crate::info!("p2p:cuda{d}: no host signal word ({e}): signals to this GPU go through the peer's engines");
-                epoch::plain(kind)
-            }),
-            _ => epoch::plain(kind),
+            MemKind::Device(d) => epoch::device(d, true),
+            MemKind::Host => epoch::plain(kind),
         }
-    }
-
-    fn direct_epoch_for(&self, _kind: MemKind) -> bool {
-        true
     }
 
     fn address(&self) -> Result<Vec<u8>> {
@@ -213,6 +200,7 @@ impl Endpoint for P2p {
             sm_last: 0,
             sm_flag: false,
             sm_ok,
+            direct_said: false,
         });
         Ok(self.peers.len() - 1)
     }
@@ -240,6 +228,10 @@ impl Endpoint for P2p {
 
     fn remote_ptr(&self, remote: RemoteId) -> Option<u64> {
         self.regions.remote_ptr(remote)
+    }
+
+    fn direct_bytes(&mut self, peer: PeerId, dst: RemoteId, epoch: RemoteId) -> u64 {
+        self.direct_limit(peer, dst, epoch)
     }
 
     fn remote_len(&self, remote: RemoteId) -> Option<u64> {

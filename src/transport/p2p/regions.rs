@@ -234,6 +234,13 @@ impl Regions {
         self.remotes.get(remote).map(|r| r.ptr)
     }
 
+    /// Where a kernel of ours would reach region `r` of `peer`: its address, length, and
+    /// whether it is mapped through CUDA IPC (else a region of this same process, used at the
+    /// peer's own address). None: not that peer's region.
+    pub(super) fn kernel_view(&self, r: RemoteId, peer: PeerId) -> Option<(u64, u64, bool)> {
+        self.remote(r, peer).ok().map(|x| (x.ptr, x.len, x.mapped))
+    }
+
     fn remote(&self, r: RemoteId, peer: PeerId) -> Result<&Remote> {
         let rem = self.remotes.get(r).ok_or_else(|| {
             Error::internal(format!("P2P remote id {r} of {}", self.remotes.len()))
