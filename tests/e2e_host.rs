@@ -2,9 +2,11 @@
 //! libfabric (tcp, net, shm), the host-driven device API, every byte verified.
 
 mod common;
+mod fault_util;
 
 use common::api::*;
 use common::*;
+use fault_util::{mark, timed, wait_mark, Dir};
 use mscclpp::abi::mscclppResult_t::*;
 use mscclpp::capi::buffer::*;
 use mscclpp::capi::comm::*;
@@ -1166,10 +1168,16 @@ fn stale_handles_are_refused_tcp() {
 /// proxy thread, or in a host thread doing its work). The communicator fails at once, as on a
 /// proxy error: the flush that follows fails with the abort and mscclppCommGetAsyncError says
 /// mscclppInternalError before any mscclppProxyStop (before, both waited for the stop that
-/// joined the thread). Rank 1, which pushes nothing, is unaffected.
+/// joined the thread). The abort reaches rank 1 as a lost peer does (`Sticky::abort` tells the
+/// peers through `Bootstrap::abort`): its wait for a signal that never comes fails at once, not
+/// at the 30 s wait timeout. The abort poisons both ranks' bootstraps, so a later
+/// mscclppBootstrapBarrier fails on both, naming it; the ranks order their steps after the
+/// failure through marker files instead.
 fn proxy_panic(e: Env) {
     // Puts over SHM's inline limit (16 KiB), so that each is a trigger.
     const N: u64 = 20000;
+    // Far below the wait timeout (30 s, `transport_env`), with room for a loaded machine.
+    const PROMPT: Duration = Duration::from_secs(8);
     let mut buf = vec![0u8; 3 * N as usize];
     let c = connected_pair(&e, 0, &mut buf);
     let d = &mut dev_conns(c)[0];
@@ -1181,12 +1189,37 @@ fn proxy_panic(e: Env) {
         assert_eq!(mscclppDevConnFlush(d), mscclppRemoteError);
         assert!(last_error().contains("aborted"), "{}", last_error());
         assert_eq!(async_error(c), mscclppInternalError);
-        ok(mscclppBootstrapBarrier(c));
-        assert_ne!(mscclppProxyStop(c), mscclppSuccess);
+        // Rank 1 learned of the abort, so this rank's bootstrap is poisoned by now (the
+        // poison comes before the peers are told).
+        wait_mark("r1_learned", Duration::from_secs(60)).expect("rank 1 never learned");
     } else {
-        ok(mscclppBootstrapBarrier(c));
-        assert_eq!(async_error(c), mscclppSuccess);
-        ok(mscclppProxyStop(c));
+        // Rank 0 never signals: only the abort ends this wait.
+        let (r, t) = timed(|| mscclppDevConnWait(d));
+        println!("rank 1: wait {r:?} after {t:?}: {}", last_error());
+        assert_eq!(r, mscclppRemoteError);
+        assert!(last_error().contains("aborted"), "{}", last_error());
+        assert!(t < PROMPT, "rank 0's abort reached rank 1 after {t:?}");
+        assert_eq!(async_error(c), mscclppRemoteError);
+        mark("r1_learned", "");
+    }
+    // Both bootstraps fail, naming the panic (rank 1's through rank 0's abort).
+    let (r, t) = timed(|| mscclppBootstrapBarrier(c));
+    println!(
+        "rank {}: barrier {r:?} after {t:?}: {}",
+        e.rank,
+        last_error()
+    );
+    assert_eq!(r, mscclppRemoteError, "{}", last_error());
+    assert!(t < PROMPT, "the barrier failed after {t:?}");
+    for part in ["aborted", "the proxy's work panicked"] {
+        assert!(last_error().contains(part), "{part:?}: {}", last_error());
+    }
+    // The sticky error says why on both ranks: rank 1's names rank 0's abort and the panic.
+    assert_eq!(mscclppProxyStop(c), mscclppRemoteError);
+    let why = last_error();
+    assert!(why.contains("the proxy's work panicked"), "{why}");
+    if e.rank == 1 {
+        assert!(why.contains("rank 0 aborted its bootstrap"), "{why}");
     }
     ok(mscclppCommDestroy(c));
 }
@@ -1197,8 +1230,10 @@ fn proxy_panic_fails_the_communicator_at_once_tcp() {
     if is_rank(name) {
         return proxy_panic(env());
     }
+    let d = Dir::new(name);
+    let (k, v) = d.env();
     let e = with(transport_env("tcp"), "MSCCLPP_TEST_PROXY_PANIC", "3");
-    spawn(name, 2, &e).expect_success(DEADLINE);
+    spawn(name, 2, &with(e, k, &v)).expect_success(DEADLINE);
 }
 #[test]
 fn proxy_panic_fails_the_communicator_at_once_shm() {
@@ -1206,8 +1241,10 @@ fn proxy_panic_fails_the_communicator_at_once_shm() {
     if is_rank(name) {
         return proxy_panic(env());
     }
+    let d = Dir::new(name);
+    let (k, v) = d.env();
     let e = with(transport_env("shm"), "MSCCLPP_TEST_PROXY_PANIC", "3");
-    spawn(name, 2, &e).expect_success(DEADLINE);
+    spawn(name, 2, &with(e, k, &v)).expect_success(DEADLINE);
 }
 
 /// A rank that never calls its counterpart mscclppConnect: setup fails within the timeout,
