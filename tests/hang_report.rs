@@ -1,7 +1,7 @@
 //! The hang report between real processes over tcp and shm: a planted two-rank deadlock, a
-//! three-rank cycle, a chain that ends at a SIGKILLed rank, and SIGUSR1 in the middle of a
-//! ping-pong that then completes. Each rank keeps its own log (`capture_logs`) and checks the
-//! summary its process wrote.
+//! three-rank cycle, a chain that ends at a SIGSTOPped rank (then SIGKILLed: no report, the
+//! survivors fail at once), and SIGUSR1 in the middle of a ping-pong that then completes. Each
+//! rank keeps its own log (`capture_logs`) and checks the summary its process wrote.
 
 mod common;
 mod fault_util;
@@ -217,12 +217,20 @@ fn three_rank_cycle_shm() {
     three_rank_cycle("three_rank_cycle_shm", "shm");
 }
 
-// ---- a chain that ends at a dead rank -----------------------------------------------------
+// ---- a chain that ends at a stopped rank, which is then killed ------------------------------
 
-/// Connections 0-1 and 1-2. Rank 1 waits for rank 2, which is SIGKILLed: rank 1's wait fails
-/// (the peer watch). Then rank 0 waits for rank 1 and times out: its report names rank 2 as
-/// lost (rank 1 saw it die) and the chain 0 -> 1 -> 2.
+/// Connections 0-1 and 1-2; rank 0 waits for rank 1, which waits for rank 2 (wait timeout 60
+/// s). The parent SIGSTOPs rank 2 and rank 0 asks for a report (SIGUSR1 to itself, as `kill
+/// -USR1` would): it names the chain 0 -> 1 -> 2 and rank 2 as not answering. The parent then
+/// SIGKILLs rank 2. No report comes of that, and none is needed: rank 1 loses its peer, its
+/// communicator aborts and tells rank 0, so both waits fail within seconds of the kill (not at
+/// the timeout), and each rank's sticky error names the dead rank. (The same report with rank
+/// 2 lost rather than silent is `comm::hang::summary::tests::chain_ending_at_a_dead_rank`: once
+/// the loss has aborted the survivors' communicators, their bootstraps are poisoned and no
+/// report can be gathered.)
 fn dead_peer(name: &str, provider: &str) {
+    // Far below the 60 s wait timeout, with room for a loaded machine.
+    const PROMPT_MS: u64 = 8000;
     if is_rank(name) {
         capture_logs();
         let e = env();
@@ -240,64 +248,143 @@ fn dead_peer(name: &str, provider: &str) {
         ok(mscclppProxyLaunch(c));
         let conns = dev_conns(c);
         mark(&format!("r{}_ready", e.rank), "");
-        match e.rank {
+        let reporter = match e.rank {
             2 => {
-                // Killed here by the parent.
-                wait_mark("never", Duration::from_secs(60));
+                // Stopped, then killed here by the parent.
+                wait_mark("never", Duration::from_secs(90));
                 panic!("rank 2 was not killed");
             }
             1 => {
-                let r = mscclppDevConnWait(&mut conns[1]);
-                assert_ne!(r, mscclppSuccess, "a wait for a dead rank");
-                println!("rank 1: wait for rank 2 -> {r:?}: {}", last_error());
-                mark("r1_failed", "");
-                wait_mark("r0_done", Duration::from_secs(60)).expect("rank 0 never finished");
+                mark("r1_waiting", "");
+                None
             }
-            _ => {
-                wait_mark("killed", Duration::from_secs(60)).expect("rank 2 never killed");
-                let r = mscclppDevConnWait(&mut conns[0]);
-                assert_eq!(r, mscclppRemoteError, "{}", last_error());
-                let lines = report_with("chain 0 -> 1 -> 2", Duration::from_secs(30));
-                line_with(&lines, "chain 0 -> 1 -> 2", &["rank 2: no answer (lost: "]);
-                line_with(&lines, "rank 2: no answer (lost: ", &[]);
-                line_with(
-                    &lines,
-                    "rank 0 waits for signal 1 from rank 1 (has 0",
-                    &["rank 1 has sent 0 and waits for rank 2"],
-                );
-                // Aborted by the peer watch (or, if the dead rank wedged rank 1's shm
-                // provider, timed out): listed either way.
-                line_with(
-                    &lines,
-                    "rank 1 waits for signal 1 from rank 2 (has 0, ",
-                    &["rank 2: no answer (lost: "],
-                );
-                line_with(&lines, "ranks answered", &["2 of 3 ranks answered"]);
-                mark("r0_done", "");
-            }
+            // Rank 0's main thread waits below; this thread asks for the report.
+            _ => Some(std::thread::spawn(stopped_rank_report)),
+        };
+        // Rank 0's one connection (to rank 1); rank 1's second (to rank 2).
+        let d = &mut conns[if e.rank == 0 { 0 } else { 1 }];
+        let (r, el) = timed(|| mscclppDevConnWait(d));
+        let failed_ms = now_ms();
+        let why = last_error();
+        println!("rank {}: wait {r:?} after {el:?}: {why}", e.rank);
+        if let Some(t) = reporter {
+            t.join().expect("rank 0's report");
         }
-        let _ = mscclppProxyStop(c);
+        let killed_ms: u64 = wait_mark("killed", Duration::from_secs(60))
+            .expect("rank 2 never killed")
+            .parse()
+            .unwrap();
+        println!(
+            "rank {}: the wait failed {} ms after the kill",
+            e.rank,
+            failed_ms as i64 - killed_ms as i64
+        );
+        assert_eq!(r, mscclppRemoteError, "{why}");
+        assert!(
+            why.contains("aborted") && !why.contains("timed out"),
+            "{why}"
+        );
+        assert!(
+            failed_ms >= killed_ms && failed_ms - killed_ms < PROMPT_MS,
+            "rank {}: the wait failed {} ms after the kill",
+            e.rank,
+            failed_ms as i64 - killed_ms as i64
+        );
+        assert_eq!(async_error(c), mscclppRemoteError);
+        // The sticky error names the dead rank: rank 1 saw it go, rank 0 hears it from rank 1.
+        assert_eq!(mscclppProxyStop(c), mscclppRemoteError);
+        let why = last_error();
+        println!("rank {}: {why}", e.rank);
+        let lost = "rank 2 closed its bootstrap connection without saying goodbye";
+        assert!(why.contains(lost), "{why}");
+        if e.rank == 0 {
+            assert!(why.contains("rank 1 aborted its bootstrap"), "{why}");
+            mark("r0_done", "");
+        } else {
+            // Rank 0 reads rank 1's abort before rank 1 goes.
+            wait_mark("r0_done", Duration::from_secs(60)).expect("rank 0 never finished");
+        }
         ok(mscclppCommDestroy(c));
         return;
     }
     let dir = Dir::new(name);
-    let envs = [wait_env("2"), wait_env("10"), wait_env("30")];
+    let envs = [wait_env("60"), wait_env("60"), wait_env("60")];
     let mut ranks = start(name, provider, &dir, &envs);
+    fn fail(ranks: &mut [Child], why: String) -> ! {
+        ranks.iter_mut().for_each(|c| {
+            let _ = c.kill();
+        });
+        panic!("{why}");
+    }
     for r in 0..3 {
         if wait_mark_in(&dir.0, &format!("r{r}_ready"), Duration::from_secs(30)).is_none() {
-            ranks.iter_mut().for_each(|c| {
-                let _ = c.kill();
-            });
-            panic!("rank {r} never got ready");
+            fail(&mut ranks, format!("rank {r} never got ready"));
         }
     }
+    send_signal(ranks[2].id(), libc::SIGSTOP);
+    if !wait_stopped(ranks[2].id(), Duration::from_secs(10)) {
+        fail(&mut ranks, "rank 2 did not stop".into());
+    }
+    mark_in(&dir.0, "r2_stopped", "");
+    if wait_mark_in(&dir.0, "reported", Duration::from_secs(60)).is_none() {
+        fail(&mut ranks, "rank 0 wrote no report naming the chain".into());
+    }
+    let killed_ms = now_ms();
     ranks[2].kill().unwrap();
     ranks[2].wait().unwrap();
-    let failed = wait_mark_in(&dir.0, "r1_failed", Duration::from_secs(30));
-    mark_in(&dir.0, "killed", "");
-    let codes = wait_all(&mut ranks[..2]);
-    assert!(failed.is_some(), "rank 1's wait did not fail");
-    assert_eq!(codes, vec![Some(0), Some(0)]);
+    mark_in(&dir.0, "killed", &killed_ms.to_string());
+    assert_eq!(wait_all(&mut ranks[..2]), vec![Some(0), Some(0)]);
+}
+
+/// Rank 0's reporting thread in `dead_peer`: once rank 1 waits and rank 2 is stopped, asks for
+/// reports (SIGUSR1) until one names the chain (a wait is listed only after its first few
+/// hundred polls, so the first may come too early for rank 1's), checks it, and tells the
+/// parent.
+fn stopped_rank_report() {
+    wait_mark("r1_waiting", Duration::from_secs(60)).expect("rank 1 never waited");
+    wait_mark("r2_stopped", Duration::from_secs(60)).expect("rank 2 never stopped");
+    let chain = "chain 0 -> 1 -> 2";
+    // Ends: a report names the chain, or the fourth does not (each waits at most the
+    // report's bound, 5 s, for the stopped rank).
+    let lines = (1..=4)
+        .find_map(|n| {
+            // SAFETY: plain syscall; the library's handler (set up by mscclppConnectionSetup)
+            // takes it.
+            assert_eq!(unsafe { libc::kill(libc::getpid(), libc::SIGUSR1) }, 0);
+            let head = format!("hang report {n} of rank 0 (SIGUSR1)");
+            report_with(&head, Duration::from_secs(30));
+            let t0 = Instant::now();
+            // Ends: report n's chain line is there, or 1 s after its first line (a report's
+            // lines are logged one after the other at once).
+            loop {
+                let lines: Vec<String> = logged()
+                    .into_iter()
+                    .filter(|l| l.contains(&format!("hang report {n} of rank 0")))
+                    .collect();
+                if lines.iter().any(|l| l.contains(chain)) {
+                    return Some(lines);
+                }
+                if t0.elapsed() > Duration::from_secs(1) {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+        .expect("no report named the chain");
+    let silent = "rank 2: no answer (not within ";
+    line_with(&lines, chain, &[silent, "its process stopped"]);
+    line_with(
+        &lines,
+        "rank 0 waits for signal 1 from rank 1 (has 0)",
+        &["rank 1 has sent 0 and waits for rank 2"],
+    );
+    line_with(
+        &lines,
+        "rank 1 waits for signal 1 from rank 2 (has 0)",
+        &[silent],
+    );
+    line_with(&lines, "ranks answered", &["2 of 3 ranks answered"]);
+    mark("reported", "");
 }
 
 #[test]
