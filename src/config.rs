@@ -68,7 +68,7 @@ pub const MAX_RAILS: usize = 16;
 /// thread that calls it, so the default is where that copy stops arriving sooner than a put
 /// handed to the proxy (the estimate, and how the GPU check measures it: docs/DESIGN-NOTES.md,
 /// "The direct path"); the limit keeps a misconfigured thread from copying megabytes alone.
-pub const P2P_DIRECT_BYTES: u64 = 2048;
+pub const P2P_DIRECT_BYTES: u64 = 4096;
 pub const P2P_DIRECT_MAX: u64 = 1 << 20;
 /// `MSCCLPP_NET_STRIPE_CHUNK`: default and smallest value.
 pub const DEFAULT_STRIPE_CHUNK: u64 = 1 << 20;

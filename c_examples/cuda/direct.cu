@@ -512,7 +512,7 @@ int main(int argc, char** argv)
   { /* around the threshold */
     Cursor k;
     std::vector<Step> st;
-    const uint64_t t = T ? T : 2048;
+    const uint64_t t = T ? T : 4096; /* the library's default (src/config.rs P2P_DIRECT_BYTES) */
     const uint64_t sizes[] = {1, 3, 8, 15, 16, 17, t - 1, t, t + 1, t / 2 + 5, 2 * t, 4096 + 3};
     int i = 0;
     for (uint64_t n : sizes) {
