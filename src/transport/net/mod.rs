@@ -12,9 +12,12 @@
 //! loopback fails in `add_peer` with a message naming the variables to set.
 //!
 //! Guarantees (Endpoint contract):
-//! - Flag after data: WAW ordering is requested (`FI_ORDER_RMA_WAW | FI_ORDER_WAW`); where the
-//!   provider does not grant it the flag write carries `FI_FENCE`, and failing that every
-//!   earlier write to the peer is completed before the flag is posted.
+//! - Flag after data (`order.rs`, docs/DESIGN.md 3.6): WAW ordering is requested
+//!   (`FI_ORDER_RMA_WAW | FI_ORDER_WAW`) and trusted for writes within the provider's
+//!   `max_order_waw_size` (shm: its inject size); after a larger write, the flag (or staging
+//!   record, or marker) carries `FI_FENCE`, or failing that every earlier write to the peer is
+//!   completed first, the unordered ones having carried FI_DELIVERY_COMPLETE. A provider with
+//!   none of these is refused when the endpoint opens.
 //! - flush = "arrived": tcp;ofi_rxm and net complete a plain write locally before the data is
 //!   at the target, so flush needs `FI_DELIVERY_COMPLETE`. Putting it on every write costs a
 //!   target acknowledgement per write (measured, 8 B put + flag half round trip: tcp 7.5 us
@@ -22,11 +25,11 @@
 //!   the tcp signal half round trip bimodal (median 164 us against 3.7 us plain: the
 //!   acknowledgement waits on the target's progress). So data and flag writes go plain, and a
 //!   flush whose peer's last write was a plain one posts one 8-byte delivery-complete write (a
-//!   "marker") into that peer's scratch word (advertised in its address blob). Writes to a
-//!   peer are ordered (WAW, or the marker is fenced), so the last write's delivery implies
-//!   every earlier write's. Without ordering or fence (`Drain`), every write carries
-//!   FI_DELIVERY_COMPLETE. Where the provider refuses it, flush only means "locally complete"
-//!   (INFO, once).
+//!   "marker") into that peer's scratch word (advertised in its address blob). The marker is
+//!   ordered like a flag, so its delivery implies that of every earlier write it follows in
+//!   order, and the writes it does not follow in order carried FI_DELIVERY_COMPLETE
+//!   themselves; the flush waits for all of them. Where the provider refuses it, flush only
+//!   means "locally complete" (INFO, once).
 //! - A peer must keep progressing its endpoint until its peers' flushes are done (the marker
 //!   needs the target's progress): a destroyed communicator lingers (`comm::LINGER`) before it
 //!   closes its endpoints; raw `Endpoint` users progress until the peer is done.
@@ -49,6 +52,7 @@ mod fabric;
 mod locality;
 mod mr;
 mod ops;
+mod order;
 mod peers;
 mod rails;
 mod regions;
@@ -257,14 +261,19 @@ impl NetEndpoint {
         let max_chunk = cfg.max_chunk.map_or(max_msg, |c| c.clamp(1, max_msg));
         let addr_format = i.addr_format;
 
+        let plan = order::decide(&choice.attrs).map_err(|why| {
+            Error::usage(format!(
+                "net:{provider}/{domain_name}: {why}; choose another provider (MSCCLPP_NET_PROVIDER)"
+            ))
+        })?;
         let (ops, raw) = Ops::open(
             info,
             depth,
             max_chunk,
             provider.clone(),
             domain_name.clone(),
-            choice.ordering,
-            choice.delivery_complete && cfg.delivery_complete,
+            plan,
+            choice.attrs.delivery_complete && cfg.delivery_complete,
         )?;
         let mut ep = NetEndpoint {
             regions: Regions::new(policy, hmem_choice(cfg.hmem, choice.hmem, &provider)),
@@ -284,22 +293,29 @@ impl NetEndpoint {
             .register_fixed(&mut ep.ops, &mut ep.peers.me.scratch)?;
 
         crate::info!(
-            "net: opened {} domain {domain_name} fabric {fabric_name}{} mr_mode {}{} ordering {:?} delivery-complete {} hmem {}{} depth {depth} max_msg {max_msg} chunk {max_chunk}{}",
+            "net: opened {} domain {domain_name} fabric {fabric_name}{} mr_mode {}{} delivery-complete {} hmem {}{} depth {depth} max_msg {max_msg} chunk {max_chunk}{}",
             provider,
             cfg.addr.as_ref().map_or(String::new(), |a| format!(" addr {a}")),
             select::mr_mode_names(mr_mode),
             if policy.forced { " (FI_MR_ENDPOINT forced for testing)" } else { "" },
-            ep.ops.ordering,
-            ep.ops.delivery_complete,
+            choice.attrs.delivery_complete,
             choice.hmem,
             if ep.staging.force_staging { " (staging forced for testing)" } else { "" },
             if ep.ops.napping { "; waits that last nap (crowded host)" } else { "" },
         );
+        crate::info!(
+            "net: {} orders each flag, staging record and delivery marker after the peer's earlier writes: {}",
+            ep.describe(),
+            ep.ops.plan.describe()
+        );
         if !ep.ops.delivery_complete && !WEAK_FLUSH_LOGGED.swap(true, AtOrd::Relaxed) {
+            // True by construction: `order::decide` refuses a plan that would drain without
+            // delivery completion, and `Ops::post` fails such a plan's writes if the provider
+            // refuses it per write.
             crate::info!(
-                "net: {}: a flush waits for local completion only, which on some providers precedes arrival at the peer; the flag-after-data order still holds",
+                "net: {}: a flush waits for local completion only, which on some providers precedes arrival at the peer; flags are still ordered after their data (see the ordering line)",
                 if !cfg.delivery_complete {
-                    "FI_DELIVERY_COMPLETE disabled (MSCCLPP_NET_DELIVERY_COMPLETE=0)".to_string()
+                    "FI_DELIVERY_COMPLETE off for flush markers (MSCCLPP_NET_DELIVERY_COMPLETE=0; writes whose ordering needs it keep it)".to_string()
                 } else {
                     format!("provider {provider} does not accept FI_DELIVERY_COMPLETE")
                 }
@@ -613,6 +629,14 @@ impl Drop for NetEndpoint {
                 s.bounce_waits,
                 s.copy_out_waits,
                 s.records_applied
+            );
+        }
+        if s.order_drains + s.order_fences > 0 {
+            crate::info!(
+                "net: {} ordering: {} flags, records or markers waited for the peer's writes to complete, {} were fenced",
+                self.describe(),
+                s.order_drains,
+                s.order_fences
             );
         }
         if s.naps.n > 0 {

@@ -4,8 +4,8 @@
 
 use super::fabric::{self, fab_err, strerror, InfoList, Objects, EAGAIN, EAVAIL, EBADFLAGS};
 use super::mr;
+use super::order::{FlagOrder, Plan};
 use super::peers::Peers;
-use super::select::Ordering;
 use super::staging::RECORD_BYTES;
 use crate::error::{Error, Result};
 use crate::mem::HostBlock;
@@ -97,6 +97,10 @@ pub struct Stats {
     /// Waits for a free bounce slot (the writes that read them have not completed).
     pub bounce_waits: Timed,
     pub records_applied: u64,
+    /// Flags, records and markers posted with FI_FENCE, and those that first waited for the
+    /// peer's writes to complete (`order::Plan::after`).
+    pub order_fences: u64,
+    pub order_drains: u64,
     /// Naps of waits for the provider on a crowded host (`Ops::pause`), and their time.
     pub naps: Timed,
 }
@@ -136,7 +140,11 @@ pub(super) struct Ops {
     _info: InfoList,
     pub provider: String,
     pub domain: String,
-    pub ordering: Ordering,
+    /// How flags, staging records and markers are ordered after earlier writes, and which
+    /// writes carry FI_DELIVERY_COMPLETE for that (`order`).
+    pub plan: Plan,
+    /// Flush markers carry FI_DELIVERY_COMPLETE (granted, and not turned off): a flush then
+    /// means arrived, else locally complete.
     pub delivery_complete: bool,
     slots: Box<[OpSlot]>,
     free: Vec<usize>,
@@ -165,7 +173,7 @@ impl Ops {
         max_chunk: u64,
         provider: String,
         domain: String,
-        ordering: Ordering,
+        plan: Plan,
         delivery_complete: bool,
     ) -> Result<(Self, Vec<u8>)> {
         let objs = Objects::open(&info, depth * 2)?;
@@ -180,7 +188,7 @@ impl Ops {
             _info: info,
             provider,
             domain,
-            ordering,
+            plan,
             delivery_complete,
             slots: (0..depth).map(|_| OpSlot::default()).collect(),
             free: (0..depth).rev().collect(),
@@ -253,6 +261,11 @@ impl Ops {
         self.outstanding -= 1;
         if let Some(peer) = peers.get_mut(p) {
             peer.outstanding -= 1;
+            if peer.outstanding == 0 && self.plan.beyond == FlagOrder::Drain {
+                // Every write to the peer completed, and those the plan does not order
+                // carried FI_DELIVERY_COMPLETE: all of them have arrived.
+                peer.largest_since_drain = 0;
+            }
         }
         self.stats.completed += 1;
         Ok(p)
@@ -414,10 +427,10 @@ impl Ops {
             data: 0,
         };
         let mut wait: Option<Backoff> = None;
+        // Markers, and the writes that a later drain must see arrived (`Plan::needs_dc`).
+        let mut dc = (confirm && self.delivery_complete) || self.plan.needs_dc(len);
         loop {
             let mut flags = fi::FI_COMPLETION as u64;
-            // Every write in Drain mode (no ordering to lean on), else only markers.
-            let dc = self.delivery_complete && (confirm || self.ordering == Ordering::Drain);
             if dc {
                 flags |= fi::FI_DELIVERY_COMPLETE as u64;
             }
@@ -442,13 +455,25 @@ impl Ops {
                         format!("provider kept answering -FI_EAGAIN to a write to rank {rank}")
                     })
                 })
-            } else if rc == EBADFLAGS && self.delivery_complete {
-                // Accepted at fi_getinfo time but refused per operation: fall back once.
+            } else if rc == EBADFLAGS && dc && self.plan.beyond == FlagOrder::Drain {
+                // Accepted at fi_getinfo time but refused per operation, where it is what
+                // orders a flag after data: nothing else can (`order::decide`).
+                Err(Error::usage(format!(
+                    "{} refuses FI_DELIVERY_COMPLETE on a write to {}, which it granted and which orders flags after data here ({}): no other ordering is available",
+                    self.describe(),
+                    peers.name(peer),
+                    self.plan.describe()
+                )))
+            } else if rc == EBADFLAGS && dc {
+                // Accepted at fi_getinfo time but refused per operation: fall back once. Only
+                // flush markers asked for it (ordering does not rest on it here).
                 self.delivery_complete = false;
                 crate::info!(
-                    "net: {} refuses FI_DELIVERY_COMPLETE on writes; flush now waits for local completion only",
-                    self.provider
+                    "net: {} refuses FI_DELIVERY_COMPLETE on writes; flush now waits for local completion only (flags stay ordered: {})",
+                    self.provider,
+                    self.plan.describe()
                 );
+                dc = false;
                 Ok(())
             } else {
                 Err(fab_err(
@@ -465,13 +490,23 @@ impl Ops {
                 return Err(e);
             }
         }
-        let dc = self.delivery_complete && (confirm || self.ordering == Ordering::Drain);
         self.stats.posted += 1;
         self.outstanding += 1;
         let p = &mut peers[peer];
         p.outstanding += 1;
+        if fence {
+            // Started once every earlier write to the peer completed: later ones follow it.
+            p.largest_since_drain = 0;
+            self.stats.order_fences += 1;
+        }
+        p.largest_since_drain = p.largest_since_drain.max(len);
         if !op.internal {
-            p.unconfirmed = !dc;
+            if !dc {
+                p.unconfirmed = true;
+            } else if confirm {
+                // A marker, ordered after every earlier write (`Peers::post_marker`).
+                p.unconfirmed = false;
+            }
             p.last_was_record = false;
         }
         Ok(())

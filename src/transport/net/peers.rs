@@ -5,7 +5,8 @@ use super::blob::{AddrBlob, ChanBlob, MrBlob};
 use super::fabric::fab_err;
 use super::mr;
 use super::ops::{provider_wait, Op, Ops};
-use super::select::{self, Ordering};
+use super::order::FlagOrder;
+use super::select;
 use crate::error::{Error, Result};
 use crate::sync::Backoff;
 use crate::transport::PeerId;
@@ -21,9 +22,13 @@ pub(super) struct Peer {
     scratch: MrBlob,
     /// Posted operations to this peer whose completion has not been read yet.
     pub outstanding: usize,
-    /// A write without FI_DELIVERY_COMPLETE was posted since the last one with it: a flush
-    /// must post a marker before its completions mean "arrived".
+    /// A write without FI_DELIVERY_COMPLETE was posted since the last delivery marker: a
+    /// flush must post a marker before its completions mean "arrived".
     pub unconfirmed: bool,
+    /// The largest write posted to the peer since every earlier one was known to be ordered
+    /// before the next (all completed under a drain plan, or a fenced write posted): what
+    /// `order::Plan::after` orders the next flag, record or marker after.
+    pub largest_since_drain: u64,
     /// Our staging channel for this rank (index into `Staging::chans`), once `address_for` made
     /// it.
     pub chan: Option<usize>,
@@ -173,6 +178,7 @@ impl Peers {
             scratch: a.scratch,
             outstanding: 0,
             unconfirmed: false,
+            largest_since_drain: 0,
             chan,
             remote_chan: a.chan,
             last_was_record: false,
@@ -180,14 +186,17 @@ impl Peers {
         Ok((self.list.len() - 1, true))
     }
 
-    /// Orders the next write to `peer` after every earlier one, as a flag must be: nothing
-    /// with WAW ordering, FI_FENCE on it (returns true), or drain every earlier write first.
+    /// Orders the next write to `peer` (a flag or a staging record) after every earlier one,
+    /// as `ops.plan` says for the largest of them since the last drain: nothing, FI_FENCE on
+    /// it (returns true), or wait until every earlier write has completed (those the plan
+    /// does not order carried FI_DELIVERY_COMPLETE, so they have arrived).
     pub fn order_before_flag(&mut self, ops: &mut Ops, peer: PeerId) -> Result<bool> {
-        match ops.ordering {
-            Ordering::Waw => Ok(false),
-            Ordering::Fence => Ok(true),
-            Ordering::Drain => {
-                self.drain_writes(ops, peer)?;
+        match ops.plan.after(self[peer].largest_since_drain) {
+            FlagOrder::Plain => Ok(false),
+            FlagOrder::Fence => Ok(true),
+            FlagOrder::Drain => {
+                ops.stats.order_drains += 1;
+                self.wait_completed(ops, peer)?;
                 Ok(false)
             }
         }
@@ -197,6 +206,11 @@ impl Peers {
     /// acknowledgements; see the module doc for what "arrived" rests on).
     pub fn drain_writes(&mut self, ops: &mut Ops, peer: PeerId) -> Result<()> {
         self.post_marker(ops, peer)?;
+        self.wait_completed(ops, peer)
+    }
+
+    /// Waits (bounded) until every write posted to `peer` has completed.
+    fn wait_completed(&mut self, ops: &mut Ops, peer: PeerId) -> Result<()> {
         let mut wait: Option<Backoff> = None;
         // Ends when every write to `peer` has completed, on an error completion, or at the
         // deadline.
@@ -208,7 +222,7 @@ impl Peers {
             let w = wait.get_or_insert_with(|| provider_wait(limit));
             ops.pause(w, || {
                 format!(
-                    "flushing {n} writes to rank {rank}: no completion (is the peer's proxy running?)"
+                    "waiting for {n} writes to rank {rank} to complete: no completion (is the peer's proxy running?)"
                 )
             })?;
         }
@@ -219,10 +233,13 @@ impl Peers {
     /// once every write to the peer has completed, all of them have arrived.
     pub fn post_marker(&mut self, ops: &mut Ops, peer: PeerId) -> Result<()> {
         if ops.delivery_complete && self[peer].unconfirmed {
-            // The marker: ordered after every earlier write to the peer (WAW, or fenced), and
-            // its completion waits for delivery, so all of them have arrived when it completes.
+            // The marker: ordered after every earlier write to the peer as the plan says
+            // (plain, fenced; under a drain plan the writes it does not follow in order
+            // carried FI_DELIVERY_COMPLETE themselves, and the flush waits for them too), and
+            // its completion waits for delivery, so all of them have arrived when the flush's
+            // wait ends.
             let sc = self[peer].scratch;
-            let fence = ops.ordering == Ordering::Fence;
+            let fence = ops.plan.after(self[peer].largest_since_drain) == FlagOrder::Fence;
             ops.post(
                 self,
                 &Op {

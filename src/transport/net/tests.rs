@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::transport::MemKind;
-use select::Ordering;
+use order::{FlagOrder, Plan};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -263,13 +263,13 @@ fn waits_nap_on_a_crowded_host_and_still_complete() {
 #[test]
 fn fence_and_drain_orderings_deliver_data_before_flag() {
     for kind in [Kind::Tcp, Kind::Shm] {
-        for ordering in [Ordering::Fence, Ordering::Drain] {
+        for ordering in [FlagOrder::Fence, FlagOrder::Drain] {
             let n = 32 << 10; // words
             let mut src = vec![0u64; n];
             let dst = vec![0u64; n];
             let flag = vec![0u64; 2];
             let (a, _b) = with_pair(kind, &NetConfig::default(), |a, b, pa| {
-                a.ops.ordering = ordering;
+                a.ops.plan = Plan::forced(ordering);
                 let d = a
                     .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
                     .unwrap();
@@ -303,6 +303,116 @@ fn fence_and_drain_orderings_deliver_data_before_flag() {
             });
             assert_eq!(a.ops.outstanding, 0);
         }
+    }
+}
+
+/// The ordering decision per write size (`order::Plan`), with a psm3-like bound (writes of up
+/// to 4095 bytes ordered) forced on providers that order every size: a flag after small
+/// writes goes plain, one after a larger write first waits for that write (which carried
+/// FI_DELIVERY_COMPLETE), or is fenced; a staging record after a larger chunk likewise, and so
+/// is a flush marker. Every value still finds its data.
+#[test]
+fn flags_are_ordered_per_write_size() {
+    for kind in [Kind::Tcp, Kind::Shm] {
+        for beyond in [FlagOrder::Drain, FlagOrder::Fence] {
+            let plan = Plan {
+                ordered_upto: 4095,
+                beyond,
+                why: "psm3-like, forced for a test".into(),
+            };
+            let n = 8 << 10; // words
+            let mut src = vec![0u64; n];
+            let dst = vec![0u64; n];
+            let flag = vec![0u64; 2];
+            let counted = |a: &NetEndpoint| match beyond {
+                FlagOrder::Drain => a.ops.stats.order_drains,
+                _ => a.ops.stats.order_fences,
+            };
+            let (a, _b) = with_pair(kind, &NetConfig::default(), |a, b, pa| {
+                a.ops.plan = plan.clone();
+                let d = a
+                    .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
+                    .unwrap();
+                let f = a
+                    .import(pa, &b.lock().unwrap().register(region(&flag)).unwrap().1)
+                    .unwrap();
+                let s = a.register(region(&src)).unwrap().0;
+                for r in 1..=6u64 {
+                    for (i, w) in src.iter_mut().enumerate() {
+                        *w = r * 1_000_000 + i as u64;
+                    }
+                    // Odd rounds: only writes within the bound; even: one beyond it.
+                    let bytes = if r % 2 == 1 { 4088 } else { (n * 8) as u64 };
+                    let before = counted(a);
+                    a.write(pa, s, 0, d, 0, 8).unwrap();
+                    a.write(pa, s, 0, d, 0, bytes).unwrap();
+                    a.write_value(pa, f, 8, r).unwrap();
+                    let want = u64::from(r % 2 == 0);
+                    assert_eq!(counted(a) - before, want, "{kind:?} {beyond:?} round {r}");
+                    let t0 = Instant::now();
+                    // Ends when the value arrives, or fails after 20 s.
+                    while word(&flag, 1) != r {
+                        a.progress().unwrap();
+                        assert!(t0.elapsed() < Duration::from_secs(20));
+                        std::thread::yield_now();
+                    }
+                    for i in (0..(bytes / 8) as usize)
+                        .step_by(61)
+                        .chain([(bytes / 8) as usize - 1])
+                    {
+                        assert_eq!(
+                            word(&dst, i),
+                            r * 1_000_000 + i as u64,
+                            "{kind:?} round {r}"
+                        );
+                    }
+                    // A flush after a larger write: its marker is ordered the same way.
+                    a.write(pa, s, 0, d, 0, bytes).unwrap();
+                    let before = counted(a);
+                    a.flush(pa).unwrap();
+                    if beyond == FlagOrder::Fence {
+                        assert_eq!(counted(a) - before, want, "marker, round {r}");
+                    }
+                }
+            });
+            assert_eq!(a.ops.outstanding, 0);
+        }
+    }
+}
+
+/// A staging record after a chunk larger than the bound waits for the chunk (drain plan): one
+/// drain per chunk, and every byte arrives.
+#[test]
+fn staging_records_are_ordered_per_chunk_size() {
+    for kind in [Kind::Tcp, Kind::Shm] {
+        let n = 16 << 10; // bytes: four 4 KiB chunks of the 16 KiB ring
+        let src = vec![0x5a5a_5a5a_5a5a_5a5au64; n / 8];
+        let dst = vec![0u64; n / 8];
+        let cfg = NetConfig {
+            staging_chunk: Some(4096),
+            ..staged_tuning()
+        };
+        with_staged_pair_tuned(kind, &cfg, |a, b, pa| {
+            a.ops.plan = Plan {
+                ordered_upto: 4095,
+                beyond: FlagOrder::Drain,
+                why: "psm3-like, forced for a test".into(),
+            };
+            let d = a
+                .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
+                .unwrap();
+            let s = a.register(region(&src)).unwrap().0;
+            while_applying(b, || {
+                a.write(pa, s, 0, d, 0, n as u64).unwrap();
+                a.flush(pa).unwrap();
+            });
+            assert!(
+                a.ops.stats.order_drains >= 4,
+                "{kind:?}: {} drains for 4 chunks",
+                a.ops.stats.order_drains
+            );
+            assert!((0..n / 8).all(|i| word(&dst, i) == src[i]), "{kind:?}");
+        });
     }
 }
 
