@@ -5,12 +5,12 @@
 //!
 //! Openers: `tcp` (tcp;ofi_rxm, the loopback domain named as ibDev would), `tcp_default` (no
 //! provider or domain named: must land on loopback), `net` (libfabric's `net` provider), `shm`,
-//! `staged_tcp` and `staged_shm` (MSCCLPP_TEST_FORCE_STAGING=1: every region staged through
+//! `shm_sar` (FI_SHM_DISABLE_CMA=1: large writes by shm's SAR protocol, uncut), `staged_tcp` and `staged_shm` (MSCCLPP_TEST_FORCE_STAGING=1: every region staged through
 //! host memory as GPU memory without FI_HMEM is), `mr_endpoint_tcp` and `mr_endpoint_shm`
 //! (MSCCLPP_TEST_FORCE_MR_ENDPOINT=1: the FI_MR_ENDPOINT registration sequence), and `p2p`
 //! (CUDA IPC on device 0, device memory; needs a CUDA driver and device).
 //!
-//! Direct libfabric openers cap a single write at 64 KiB and the staged ones use a 64 KiB
+//! Direct libfabric openers (but `shm_sar`) cap a single write at 64 KiB and the staged ones use a 64 KiB
 //! ring with 8 record slots, so that chunking, wrapping and flow control run in every case.
 
 mod common;
@@ -23,6 +23,8 @@ const CHUNK: &str = "65536";
 
 /// A write larger than the 64 KiB chunk (three chunks and a piece).
 const NET_BIG: usize = 3 * 65536 + 5;
+/// A write well above shm's inject size (4 KiB), uncut: many passes of its SAR protocol.
+const SAR_BIG: usize = (1 << 20) + 5;
 /// A write four times the 64 KiB staging ring, and a piece.
 const STAGED_BIG: usize = 4 * 65536 + 40;
 
@@ -119,6 +121,20 @@ mod openers {
             open_shm,
             &[SHM, CHUNKED],
         )
+    }
+
+    /// shm without cross-memory attach: writes above its inject size go by its SAR protocol,
+    /// which applies a later small write before an earlier large one completes (review finding
+    /// 1), so a value after such a write must wait for it (`order.rs`). Writes are not cut.
+    pub fn shm_sar() -> Opener {
+        Opener {
+            big: SAR_BIG,
+            ..direct(
+                &[("FI_SHM_DISABLE_CMA", "1")],
+                open_shm,
+                &[SHM, "shm trusted only up to its inject size"],
+            )
+        }
     }
 
     const STAGING: [(&str, &str); 3] = [
@@ -242,6 +258,7 @@ suite!(
     tcp_default,
     net,
     shm,
+    shm_sar,
     staged_tcp,
     staged_shm,
     mr_endpoint_tcp,
