@@ -137,6 +137,98 @@ mod openers {
         }
     }
 
+    /// The unordered test layer (`MSCCLPP_TEST_UNORDERED`) over a real provider: `profile`
+    /// is `efa` (nothing ordered) or `psm3` (ordered below 4 KiB).
+    fn unordered(
+        env: &'static [(&'static str, &'static str)],
+        open: fn() -> mscclpp::error::Result<Box<dyn Endpoint>>,
+        real: &'static str,
+        layer: &'static str,
+    ) -> Opener {
+        let proof: &'static [&'static str] = match (real, layer) {
+            (TCP, "efa") => &[TCP, UNORDERED_EFA, "after every write: posted once"],
+            (_, "efa") => &[SHM, UNORDERED_EFA, "after every write: posted once"],
+            (TCP, _) => &[
+                TCP,
+                UNORDERED_PSM3,
+                "plain after writes of up to 4095 bytes",
+            ],
+            _ => &[
+                SHM,
+                UNORDERED_PSM3,
+                "plain after writes of up to 4095 bytes",
+            ],
+        };
+        direct(env, open, proof)
+    }
+    const UNORDERED_EFA: &str = "unordered test layer EFA-like";
+    const UNORDERED_PSM3: &str = "unordered test layer psm3-like";
+
+    pub fn unordered_efa_tcp() -> Opener {
+        unordered(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "efa"),
+                ("MSCCLPP_NET_PROVIDER", "tcp"),
+                ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+            ],
+            open_lo,
+            TCP,
+            "efa",
+        )
+    }
+
+    pub fn unordered_efa_shm() -> Opener {
+        unordered(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "efa"),
+                ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+            ],
+            open_shm,
+            SHM,
+            "efa",
+        )
+    }
+
+    pub fn unordered_psm3_tcp() -> Opener {
+        unordered(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "psm3"),
+                ("MSCCLPP_NET_PROVIDER", "tcp"),
+                ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+            ],
+            open_lo,
+            TCP,
+            "psm3",
+        )
+    }
+
+    pub fn unordered_psm3_shm() -> Opener {
+        unordered(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "psm3"),
+                ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+            ],
+            open_shm,
+            SHM,
+            "psm3",
+        )
+    }
+
+    /// Staging (every record drained to delivery) under the EFA-like layer.
+    pub fn unordered_efa_staged_tcp() -> Opener {
+        const ENV: [(&str, &str); 5] = [
+            STAGING[0],
+            STAGING[1],
+            STAGING[2],
+            ("MSCCLPP_NET_PROVIDER", "tcp"),
+            ("MSCCLPP_TEST_UNORDERED", "efa"),
+        ];
+        Opener {
+            big: STAGED_BIG,
+            ..direct(&ENV, open_lo, &[TCP, STAGED[0], STAGED[1], UNORDERED_EFA])
+        }
+    }
+
     const STAGING: [(&str, &str); 3] = [
         ("MSCCLPP_TEST_FORCE_STAGING", "1"),
         ("MSCCLPP_NET_STAGING_BYTES", "65536"),
@@ -261,6 +353,11 @@ suite!(
     shm_sar,
     staged_tcp,
     staged_shm,
+    unordered_efa_tcp,
+    unordered_efa_shm,
+    unordered_psm3_tcp,
+    unordered_psm3_shm,
+    unordered_efa_staged_tcp,
     mr_endpoint_tcp,
     mr_endpoint_shm,
     p2p,

@@ -58,6 +58,7 @@ mod rails;
 mod regions;
 mod select;
 mod staging;
+mod unordered;
 
 use super::epoch::{self, EpochMem};
 use super::{AbortCheck, Caps, Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
@@ -261,20 +262,30 @@ impl NetEndpoint {
         let max_chunk = cfg.max_chunk.map_or(max_msg, |c| c.clamp(1, max_msg));
         let addr_format = i.addr_format;
 
-        let plan = order::decide(&choice.attrs).map_err(|why| {
+        let layer = cfg.unordered.map(|u| {
+            let real_mr_local = mr_mode & fi::FI_MR_LOCAL != 0;
+            unordered::Layer::new(u, depth, real_mr_local)
+        });
+        let attrs = match &layer {
+            // The ordering is planned for the profile the layer imitates, not the real provider.
+            Some(l) => l.profile.restrict(choice.attrs.clone()),
+            None => choice.attrs.clone(),
+        };
+        let plan = order::decide(&attrs).map_err(|why| {
             Error::usage(format!(
                 "net:{provider}/{domain_name}: {why}; choose another provider (MSCCLPP_NET_PROVIDER)"
             ))
         })?;
-        let (ops, raw) = Ops::open(
+        let (mut ops, raw) = Ops::open(
             info,
             depth,
             max_chunk,
             provider.clone(),
             domain_name.clone(),
             plan,
-            choice.attrs.delivery_complete && cfg.delivery_complete,
+            attrs.delivery_complete && cfg.delivery_complete,
         )?;
+        ops.layer = layer.map(Box::new);
         let mut ep = NetEndpoint {
             regions: Regions::new(policy, hmem_choice(cfg.hmem, choice.hmem, &provider)),
             ops,
@@ -303,6 +314,14 @@ impl NetEndpoint {
             if ep.staging.force_staging { " (staging forced for testing)" } else { "" },
             if ep.ops.napping { "; waits that last nap (crowded host)" } else { "" },
         );
+        if let Some(l) = &ep.ops.layer {
+            crate::info!(
+                "net: {}: unordered test layer {} (seed {}, MSCCLPP_TEST_UNORDERED) over the real provider: ordering planned for what that profile grants",
+                ep.describe(),
+                l.profile.name,
+                l.seed
+            );
+        }
         crate::info!(
             "net: {} orders each flag, staging record and delivery marker after the peer's earlier writes: {}",
             ep.describe(),
@@ -638,6 +657,9 @@ impl Drop for NetEndpoint {
                 s.order_drains,
                 s.order_fences
             );
+        }
+        if let Some(l) = &self.ops.layer {
+            crate::info!("net: {}: {}", self.describe(), l.summary());
         }
         if s.naps.n > 0 {
             crate::info!(

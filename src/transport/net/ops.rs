@@ -7,6 +7,7 @@ use super::mr;
 use super::order::{FlagOrder, Plan};
 use super::peers::Peers;
 use super::staging::RECORD_BYTES;
+use super::unordered::Layer;
 use crate::error::{Error, Result};
 use crate::mem::HostBlock;
 use crate::sync::{Backoff, Nap, Policy};
@@ -32,6 +33,8 @@ struct OpSlot {
     busy: bool,
     /// The bounce slot this write reads, freed at its completion.
     bounce: Option<usize>,
+    /// A staging acknowledgement (`Peer::acks_in_flight`).
+    ack: bool,
 }
 
 /// One RMA write to post (see `Ops::post`).
@@ -53,6 +56,8 @@ pub(super) struct Op<'a> {
     /// Protocol traffic (staging acknowledgements): not a user write, so it does not make a
     /// later flush post a delivery marker.
     pub internal: bool,
+    /// A staging acknowledgement: counted in `Peer::acks_in_flight` until it completes.
+    pub ack: bool,
 }
 
 impl<'a> Op<'a> {
@@ -73,6 +78,7 @@ impl<'a> Op<'a> {
             inline: Some(bytes),
             bounce: None,
             internal: false,
+            ack: false,
         }
     }
 }
@@ -138,6 +144,10 @@ pub(super) struct Ops {
     /// The chosen fi_info, kept (not read) so it outlives every object made from it: declared
     /// after `objs`, so it drops after them.
     _info: InfoList,
+    /// The unordered test layer, where `MSCCLPP_TEST_UNORDERED` asks for it: every write and
+    /// completion goes through it. After `objs`: its pieces' contexts and source copies must
+    /// outlive the endpoint.
+    pub layer: Option<Box<Layer>>,
     pub provider: String,
     pub domain: String,
     /// How flags, staging records and markers are ordered after earlier writes, and which
@@ -186,6 +196,7 @@ impl Ops {
             scratch,
             objs,
             _info: info,
+            layer: None,
             provider,
             domain,
             plan,
@@ -254,6 +265,7 @@ impl Ops {
         let s = &mut self.slots[idx];
         s.busy = false;
         let p = s.peer;
+        let ack = std::mem::take(&mut s.ack);
         if let Some(b) = s.bounce.take() {
             self.release_bounce(b);
         }
@@ -261,6 +273,9 @@ impl Ops {
         self.outstanding -= 1;
         if let Some(peer) = peers.get_mut(p) {
             peer.outstanding -= 1;
+            if ack {
+                peer.acks_in_flight -= 1;
+            }
             if peer.outstanding == 0 && self.plan.beyond == FlagOrder::Drain {
                 // Every write to the peer completed, and those the plan does not order
                 // carried FI_DELIVERY_COMPLETE: all of them have arrived.
@@ -286,8 +301,13 @@ impl Ops {
     /// Reads available completions once; returns how many.
     fn poll_cq(&mut self, peers: &mut Peers) -> Result<usize> {
         let mut ents = [fi::fi_cq_entry::default(); CQ_BATCH];
-        // SAFETY: cq is open with FI_CQ_FORMAT_CONTEXT; ents has room for CQ_BATCH entries.
-        let rc = unsafe { fi::fi_cq_read(self.objs.cq, ents.as_mut_ptr().cast(), CQ_BATCH) } as i64;
+        let rc = match self.layer.as_mut() {
+            Some(l) => l.read(self.objs.ep, self.objs.cq, &mut ents),
+            // SAFETY: cq is open with FI_CQ_FORMAT_CONTEXT; ents has room for CQ_BATCH entries.
+            None => unsafe {
+                fi::fi_cq_read(self.objs.cq, ents.as_mut_ptr().cast(), CQ_BATCH) as i64
+            },
+        };
         if rc > 0 {
             for e in &ents[..rc as usize] {
                 self.retire(peers, e.op_context)?;
@@ -306,8 +326,11 @@ impl Ops {
     /// Turns the error completion at the head of the CQ into an error naming the peer.
     fn read_error(&mut self, peers: &mut Peers) -> Error {
         let mut e = fi::fi_cq_err_entry::default();
-        // SAFETY: cq is open; e is a valid, zeroed error entry (err_data_size 0: no buffer).
-        let rc = unsafe { fi::fi_cq_readerr(self.objs.cq, &mut e, 0) } as i64;
+        let rc = match self.layer.as_mut() {
+            Some(l) => l.readerr(&mut e),
+            // SAFETY: cq is open; e is a valid, zeroed error entry (err_data_size 0: no buffer).
+            None => unsafe { fi::fi_cq_readerr(self.objs.cq, &mut e, 0) as i64 },
+        };
         if rc < 0 {
             return fab_err("fi_cq_readerr", rc);
         }
@@ -437,11 +460,15 @@ impl Ops {
             if fence {
                 flags |= fi::FI_FENCE as u64;
             }
-            // SAFETY: ep is open; msg and everything it points to (iov, desc, rma) live until
-            // the call returns (the provider copies them); the source memory is registered and
-            // stays valid until completion (user buffers by contract, staging by slot
-            // ownership); the context is a slot that lives in `self.slots` until retired.
-            let rc = unsafe { fi::fi_writemsg(self.objs.ep, &msg, flags) } as i64;
+            let rc = match self.layer.as_mut() {
+                Some(l) => l.write(self.objs.ep, &msg, flags),
+                // SAFETY: ep is open; msg and everything it points to (iov, desc, rma) live
+                // until the call returns (the provider copies them); the source memory is
+                // registered and stays valid until completion (user buffers by contract,
+                // staging by slot ownership); the context is a slot that lives in
+                // `self.slots` until retired.
+                None => unsafe { fi::fi_writemsg(self.objs.ep, &msg, flags) as i64 },
+            };
             if rc == 0 {
                 break;
             }
@@ -492,8 +519,12 @@ impl Ops {
         }
         self.stats.posted += 1;
         self.outstanding += 1;
+        self.slots[slot].ack = op.ack;
         let p = &mut peers[peer];
         p.outstanding += 1;
+        if op.ack {
+            p.acks_in_flight += 1;
+        }
         if fence {
             // Started once every earlier write to the peer completed: later ones follow it.
             p.largest_since_drain = 0;
@@ -516,7 +547,8 @@ impl Ops {
     /// `DROP_DRAIN`): they read registered memory.
     pub fn drain_at_close(&mut self, peers: &mut Peers) {
         let mut wait = provider_wait(DROP_DRAIN.min(self.timeout));
-        while self.outstanding > 0 {
+        // (The layer may have reported writes complete that it has not sent yet.)
+        while self.outstanding > 0 || self.layer.as_ref().is_some_and(|l| l.busy()) {
             match self.poll_cq(peers) {
                 Ok(0) => {
                     if self.pause(&mut wait, String::new).is_err() {

@@ -29,6 +29,8 @@ pub(super) struct Peer {
     /// before the next (all completed under a drain plan, or a fenced write posted): what
     /// `order::Plan::after` orders the next flag, record or marker after.
     pub largest_since_drain: u64,
+    /// Staging acknowledgements to the peer not completed yet (`staging::apply`).
+    pub acks_in_flight: u32,
     /// Our staging channel for this rank (index into `Staging::chans`), once `address_for` made
     /// it.
     pub chan: Option<usize>,
@@ -179,6 +181,7 @@ impl Peers {
             outstanding: 0,
             unconfirmed: false,
             largest_since_drain: 0,
+            acks_in_flight: 0,
             chan,
             remote_chan: a.chan,
             last_was_record: false,
