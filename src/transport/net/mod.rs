@@ -16,8 +16,10 @@
 //!   (`FI_ORDER_RMA_WAW | FI_ORDER_WAW`) and trusted for writes within the provider's
 //!   `max_order_waw_size` (shm: its inject size); after a larger write, the flag (or staging
 //!   record, or marker) carries `FI_FENCE`, or failing that every earlier write to the peer is
-//!   completed first, the unordered ones having carried FI_DELIVERY_COMPLETE. A provider with
-//!   none of these is refused when the endpoint opens.
+//!   completed first, the unordered ones having carried FI_DELIVERY_COMPLETE: a flag waits for
+//!   that in a per-peer queue (`Peers::defer_flag`, posted by `post_ready` from progress, the
+//!   next write or a flush), so the proxy is not held up. A provider with none of these is
+//!   refused when the endpoint opens.
 //! - flush = "arrived": tcp;ofi_rxm and net complete a plain write locally before the data is
 //!   at the target, so flush needs `FI_DELIVERY_COMPLETE`. Putting it on every write costs a
 //!   target acknowledgement per write (measured, 8 B put + flag half round trip: tcp 7.5 us
@@ -394,10 +396,18 @@ impl NetEndpoint {
     }
 
     /// The first half of a flush of the direct writes to `peer` (`rails.rs` waits on several
-    /// endpoints at once): posts the delivery marker where one is needed.
-    fn begin_flush(&mut self, peer: PeerId) -> Result<()> {
+    /// endpoints at once): posts the deferred flags that are ready, then, once none waits, the
+    /// delivery marker where one is needed. Returns whether the flush must begin again once
+    /// the writes in flight have completed (flags still waited, and the marker must follow
+    /// them).
+    fn begin_flush(&mut self, peer: PeerId) -> Result<bool> {
         self.check_peer(peer)?;
-        self.peers.post_marker(&mut self.ops, peer)
+        self.peers.post_ready(&mut self.ops, peer)?;
+        if !self.peers[peer].deferred.is_empty() {
+            return Ok(true);
+        }
+        self.peers.post_marker(&mut self.ops, peer)?;
+        Ok(false)
     }
 
     /// How writers reach an imported region (None: not `peer`'s region). A rail other than 0
@@ -425,14 +435,19 @@ impl NetEndpoint {
         self.peers.get(peer).is_some() && self.staging.records_pending(&self.peers, peer).is_some()
     }
 
-    /// Writes to `peer` whose completion has not been read yet.
+    /// Writes to `peer` whose completion has not been read yet, and flags waiting to be
+    /// posted to it.
     fn outstanding_to(&self, peer: PeerId) -> usize {
-        self.peers.get(peer).map_or(0, |p| p.outstanding)
+        self.peers
+            .get(peer)
+            .map_or(0, |p| p.outstanding + p.deferred.len())
     }
 
     /// Reads the completion queue once (`Ops::poll`).
     fn poll_once(&mut self) -> Result<usize> {
-        self.ops.poll(&mut self.peers)
+        let n = self.ops.poll(&mut self.peers)?;
+        self.peers.post_ready_all(&mut self.ops)?;
+        Ok(n)
     }
 
     /// One pause of a bounded wait on this endpoint's provider (`Ops::pause`).
@@ -544,6 +559,8 @@ impl Endpoint for NetEndpoint {
         size: u64,
     ) -> Result<()> {
         let remote = self.check_write(peer, src, src_off, dst, dst_off, size)?;
+        // Flags whose writes before them have completed go out before more data.
+        self.peers.post_ready(&mut self.ops, peer)?;
         let (st, mut net) = self.parts();
         let dest = if remote.mode == Mode::Staged {
             staging::Dest::Staged { remote, dst_off }
@@ -581,6 +598,18 @@ impl Endpoint for NetEndpoint {
         if let Some((ci, sent)) = st.records_pending(net.peers, peer) {
             // A direct flag must not overtake staged data still being applied by the peer.
             st.wait_acked(&mut net, ci, sent)?;
+        }
+        net.peers.post_ready(net.ops, peer)?;
+        let d = peers::Deferred {
+            after: 0,
+            value,
+            raddr: remote.base + dst_off,
+            key: remote.key,
+        };
+        if net.peers.defer_flag(net.ops, peer, d) {
+            // Posted by `post_ready` (progress, the next write, a flush) once the writes before
+            // it have completed, without holding up this proxy's other work.
+            return Ok(());
         }
         let fence = net.order_before_flag(peer)?;
         // Flags are plain writes, like data (no `confirm`): FI_DELIVERY_COMPLETE on
@@ -620,7 +649,8 @@ impl Endpoint for NetEndpoint {
     }
 
     fn progress(&mut self) -> Result<()> {
-        self.ops.progress(&mut self.peers)
+        self.ops.progress(&mut self.peers)?;
+        self.peers.post_ready_all(&mut self.ops)
     }
 
     fn poll_incoming(&mut self) -> Result<()> {
@@ -650,12 +680,13 @@ impl Drop for NetEndpoint {
                 s.records_applied
             );
         }
-        if s.order_drains + s.order_fences > 0 {
+        if s.order_drains + s.order_fences + s.deferred_flags > 0 {
             crate::info!(
-                "net: {} ordering: {} flags, records or markers waited for the peer's writes to complete, {} were fenced",
+                "net: {} ordering: {} flags, records or markers waited for the peer's writes to complete, {} were fenced, {} flags were queued behind their writes",
                 self.describe(),
                 s.order_drains,
-                s.order_fences
+                s.order_fences,
+                s.deferred_flags
             );
         }
         if let Some(l) = &self.ops.layer {

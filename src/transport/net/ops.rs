@@ -35,6 +35,8 @@ struct OpSlot {
     bounce: Option<usize>,
     /// A staging acknowledgement (`Peer::acks_in_flight`).
     ack: bool,
+    /// Its sequence number among the writes to its peer (`Peer::completed`).
+    seq: u64,
 }
 
 /// One RMA write to post (see `Ops::post`).
@@ -107,6 +109,8 @@ pub struct Stats {
     /// peer's writes to complete (`order::Plan::after`).
     pub order_fences: u64,
     pub order_drains: u64,
+    /// Flags queued behind the writes before them instead of a drain (`Peers::defer_flag`).
+    pub deferred_flags: u64,
     /// Naps of waits for the provider on a crowded host (`Ops::pause`), and their time.
     pub naps: Timed,
 }
@@ -266,6 +270,7 @@ impl Ops {
         s.busy = false;
         let p = s.peer;
         let ack = std::mem::take(&mut s.ack);
+        let seq = s.seq;
         if let Some(b) = s.bounce.take() {
             self.release_bounce(b);
         }
@@ -273,6 +278,7 @@ impl Ops {
         self.outstanding -= 1;
         if let Some(peer) = peers.get_mut(p) {
             peer.outstanding -= 1;
+            peer.completed(seq);
             if ack {
                 peer.acks_in_flight -= 1;
             }
@@ -521,6 +527,8 @@ impl Ops {
         self.outstanding += 1;
         self.slots[slot].ack = op.ack;
         let p = &mut peers[peer];
+        p.next_seq += 1;
+        self.slots[slot].seq = p.next_seq;
         p.outstanding += 1;
         if op.ack {
             p.acks_in_flight += 1;

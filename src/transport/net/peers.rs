@@ -11,7 +11,19 @@ use crate::error::{Error, Result};
 use crate::sync::Backoff;
 use crate::transport::PeerId;
 use libfabric_sys as fi;
+use std::collections::{BTreeSet, VecDeque};
 use std::ops::{Index, IndexMut};
+
+/// A flag that waits for the writes posted to its peer before it (`Peers::defer_flag`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Deferred {
+    /// The peer's write sequence number it waits for: posted once every write up to it has
+    /// completed (`Peer::done_upto`).
+    pub after: u64,
+    pub value: u64,
+    pub raddr: u64,
+    pub key: u64,
+}
 
 /// One peer (`Endpoint::add_peer`).
 pub(super) struct Peer {
@@ -31,6 +43,14 @@ pub(super) struct Peer {
     pub largest_since_drain: u64,
     /// Staging acknowledgements to the peer not completed yet (`staging::apply`).
     pub acks_in_flight: u32,
+    /// Writes posted to the peer so far: the sequence number of the latest.
+    pub next_seq: u64,
+    /// Every write up to this sequence number has completed; `done_ahead` holds the later
+    /// ones that completed out of order.
+    pub done_upto: u64,
+    done_ahead: BTreeSet<u64>,
+    /// Flags waiting for the writes before them, oldest first (`defer_flag`).
+    pub deferred: VecDeque<Deferred>,
     /// Our staging channel for this rank (index into `Staging::chans`), once `address_for` made
     /// it.
     pub chan: Option<usize>,
@@ -39,6 +59,21 @@ pub(super) struct Peer {
     /// The last user write to the peer was a staging record: once the peer acknowledges it,
     /// every earlier write has arrived (no delivery marker needed).
     pub last_was_record: bool,
+}
+
+impl Peer {
+    /// Write `seq` to the peer completed: advances the completed prefix (`done_upto`).
+    pub fn completed(&mut self, seq: u64) {
+        if seq != self.done_upto + 1 {
+            self.done_ahead.insert(seq);
+            return;
+        }
+        self.done_upto = seq;
+        // Ends at the first sequence number not completed yet (the set is finite).
+        while self.done_ahead.remove(&(self.done_upto + 1)) {
+            self.done_upto += 1;
+        }
+    }
 }
 
 /// The peer table (`PeerId` indexes it) and our own address.
@@ -182,6 +217,10 @@ impl Peers {
             unconfirmed: false,
             largest_since_drain: 0,
             acks_in_flight: 0,
+            next_seq: 0,
+            done_upto: 0,
+            done_ahead: BTreeSet::new(),
+            deferred: VecDeque::new(),
             chan,
             remote_chan: a.chan,
             last_was_record: false,
@@ -205,9 +244,78 @@ impl Peers {
         }
     }
 
+    /// Queues flag `d` (its `after` set here) behind the writes to `peer` posted so far, where
+    /// the plan would drain before it, or where earlier flags wait already (the flags keep
+    /// their order): the proxy serves everything else meanwhile, and `post_ready` posts it once
+    /// those writes have completed (the unordered ones carried FI_DELIVERY_COMPLETE, so they
+    /// have arrived). False: post it now, ordered as `order_before_flag` says.
+    pub fn defer_flag(&mut self, ops: &mut Ops, peer: PeerId, mut d: Deferred) -> bool {
+        let p = &mut self[peer];
+        let drain = ops.plan.after(p.largest_since_drain) == FlagOrder::Drain;
+        if !drain && p.deferred.is_empty() {
+            return false;
+        }
+        d.after = p.next_seq;
+        p.deferred.push_back(d);
+        ops.stats.deferred_flags += 1;
+        true
+    }
+
+    /// Posts `peer`'s deferred flags whose writes before them have all completed, oldest
+    /// first. Where one 8-byte write is not ordered after another, the next flag also waits
+    /// for the one just posted (an older count landing last would step the count back).
+    pub fn post_ready(&mut self, ops: &mut Ops, peer: PeerId) -> Result<()> {
+        // Ends when the queue is empty or its oldest flag still waits.
+        while let Some(d) = self[peer].deferred.front().copied() {
+            if d.after > self[peer].done_upto {
+                return Ok(());
+            }
+            self[peer].deferred.pop_front();
+            ops.post(
+                self,
+                &Op::inline(peer, &d.value.to_ne_bytes(), d.raddr, d.key),
+            )?;
+            if ops.plan.after(8) != FlagOrder::Plain {
+                let posted = self[peer].next_seq;
+                if let Some(next) = self[peer].deferred.front_mut() {
+                    next.after = next.after.max(posted);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `post_ready` for every peer with deferred flags.
+    pub fn post_ready_all(&mut self, ops: &mut Ops) -> Result<()> {
+        for p in 0..self.list.len() {
+            if !self.list[p].deferred.is_empty() {
+                self.post_ready(ops, p)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Waits (bounded) until every write to `peer` has arrived (`flush` without the staging
-    /// acknowledgements; see the module doc for what "arrived" rests on).
+    /// acknowledgements; see the module doc for what "arrived" rests on): posts its deferred
+    /// flags as they become ready, then the marker, then waits for every completion.
     pub fn drain_writes(&mut self, ops: &mut Ops, peer: PeerId) -> Result<()> {
+        let mut wait: Option<Backoff> = None;
+        // Ends when no flag waits (each waits for completions, which this loop reads), on an
+        // error, or at the deadline.
+        loop {
+            self.post_ready(ops, peer)?;
+            if self[peer].deferred.is_empty() {
+                break;
+            }
+            if ops.poll(self)? > 0 {
+                continue;
+            }
+            let (n, rank, limit) = (self[peer].deferred.len(), self[peer].rank, ops.timeout);
+            let w = wait.get_or_insert_with(|| provider_wait(limit));
+            ops.pause(w, || {
+                format!("{n} signals to rank {rank} wait for the writes before them to complete: no completion (is the peer's proxy running?)")
+            })?;
+        }
         self.post_marker(ops, peer)?;
         self.wait_completed(ops, peer)
     }

@@ -324,8 +324,9 @@ fn flags_are_ordered_per_write_size() {
             let mut src = vec![0u64; n];
             let dst = vec![0u64; n];
             let flag = vec![0u64; 2];
+            // A flag the plan drains before is queued behind its writes instead.
             let counted = |a: &NetEndpoint| match beyond {
-                FlagOrder::Drain => a.ops.stats.order_drains,
+                FlagOrder::Drain => a.ops.stats.order_drains + a.ops.stats.deferred_flags,
                 _ => a.ops.stats.order_fences,
             };
             let (a, _b) = with_pair(kind, &NetConfig::default(), |a, b, pa| {
@@ -540,6 +541,63 @@ fn unordered_layer_enforces_its_profile() {
     });
     let st = a.ops.layer.as_ref().unwrap().stats;
     assert!(st.early > 0, "{st:?}");
+}
+
+/// Where the plan would drain before a flag, the flag is queued behind its writes instead
+/// (`Peers::defer_flag`): `write_value` returns at once, the flags go out in order as their
+/// writes complete, the count at the target never steps back, and a flush posts and delivers
+/// them all. Under the EFA-like layer (nothing ordered, completions out of order).
+#[test]
+fn deferred_flags_keep_their_order_and_leave_the_proxy_free() {
+    use crate::config::UnorderedProfile::Efa;
+    for kind in [Kind::Tcp, Kind::Shm] {
+        let n = 8 << 10; // words
+        let src = vec![3u64; 2 * n];
+        let dst = vec![0u64; 2 * n];
+        let flag = vec![0u64; 2];
+        let rounds = 30u64;
+        let (a, _b) = with_pair(kind, &unordered_cfg(Efa, 5), |a, b, pa| {
+            let d = a
+                .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
+                .unwrap();
+            let f = a
+                .import(pa, &b.lock().unwrap().register(region(&flag)).unwrap().1)
+                .unwrap();
+            let s = a.register(region(&src)).unwrap().0;
+            let stop = AtomicBool::new(false);
+            std::thread::scope(|sc| {
+                let watcher = sc.spawn(|| {
+                    let mut last = 0;
+                    // Ends when the test is done (Release below, Acquire here).
+                    while !stop.load(AtOrd::Acquire) {
+                        let v = word(&flag, 1);
+                        assert!(v >= last, "the count stepped back from {last} to {v}");
+                        last = v;
+                    }
+                });
+                for r in 1..=rounds {
+                    let off = (r % 2) * (n as u64) * 8;
+                    a.write(pa, s, off, d, off, (n * 8) as u64).unwrap();
+                    a.write_value(pa, f, 8, r).unwrap();
+                    if r == 1 {
+                        assert_eq!(a.peers[pa].deferred.len(), 1, "{kind:?}");
+                    }
+                }
+                a.flush(pa).unwrap();
+                assert_eq!(
+                    word(&flag, 1),
+                    rounds,
+                    "{kind:?}: every flag delivered at flush"
+                );
+                assert!(a.peers[pa].deferred.is_empty());
+                stop.store(true, AtOrd::Release);
+                watcher.join().unwrap();
+            });
+            assert!((0..2 * n).all(|i| word(&dst, i) == 3), "{kind:?}");
+        });
+        assert!(a.ops.stats.deferred_flags >= rounds, "{:?}", a.ops.stats);
+        assert_eq!(a.ops.stats.order_drains, 0, "no flag held up the proxy");
+    }
 }
 
 /// A write the target rejects comes back as an error (an error completion naming the peer, or
