@@ -100,8 +100,9 @@ pub(super) enum FlagOrder {
     Plain,
     /// Posted with FI_FENCE: the provider starts it once they have completed.
     Fence,
-    /// Posted once every earlier write to the peer has completed; the writes this waits for
-    /// carried FI_DELIVERY_COMPLETE ([`Plan::needs_dc`]), so completed means arrived.
+    /// Posted once every earlier write to the peer has completed (a flag is queued for that,
+    /// `Peers::defer_flag`; a record or marker waits); the writes this waits for carried
+    /// FI_DELIVERY_COMPLETE ([`Plan::needs_dc`]), so completed means arrived.
     Drain,
 }
 
@@ -152,7 +153,7 @@ impl Plan {
             FlagOrder::Plain => "plain",
             FlagOrder::Fence => "fenced (FI_FENCE)",
             FlagOrder::Drain => {
-                "posted once the peer's writes have completed, the unordered ones carrying FI_DELIVERY_COMPLETE"
+                "posted once the peer's writes have completed (a flag waits in a queue, not the proxy), the unordered ones carrying FI_DELIVERY_COMPLETE"
             }
         };
         let strategy = match self.ordered_upto {
