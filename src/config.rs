@@ -59,6 +59,7 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_TEST_FORCE_MR_ENDPOINT",
     "MSCCLPP_TEST_SYSFS_ROOT",
     "MSCCLPP_TEST_PROXY_PANIC",
+    "MSCCLPP_TEST_UNORDERED",
 ];
 
 /// `MSCCLPP_NET_RAILS`: default and largest value.
@@ -126,6 +127,28 @@ pub struct NetConfig {
     /// `MSCCLPP_TEST_SYSFS_ROOT` (tests): where the PCI topology is read from, for choosing
     /// the NIC nearest to a rank's GPU (default `/sys`).
     pub sysfs_root: String,
+    /// `MSCCLPP_TEST_UNORDERED=efa|psm3[:seed]` (tests): a layer over the real provider that
+    /// delays and reorders writes and their completions as far as that profile allows, and
+    /// enforces its rules (`transport::net::unordered`).
+    pub unordered: Option<Unordered>,
+}
+
+/// A provider profile the unordered test layer imitates (`MSCCLPP_TEST_UNORDERED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnorderedProfile {
+    /// EFA's RDM endpoint: no write ordered after another, no FI_FENCE; remote CQ data needs
+    /// posted receives; every local buffer needs its descriptor (FI_MR_LOCAL, as efa-direct).
+    Efa,
+    /// psm3: writes below 4 KiB ordered, larger ones not; no FI_FENCE.
+    Psm3,
+}
+
+/// `MSCCLPP_TEST_UNORDERED`: the profile, and the seed of its choices (None: from the clock
+/// and pid, logged so that a failing run can be repeated).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unordered {
+    pub profile: UnorderedProfile,
+    pub seed: Option<u64>,
 }
 
 impl Default for NetConfig {
@@ -148,6 +171,7 @@ impl Default for NetConfig {
             force_staging: false,
             force_mr_endpoint: false,
             sysfs_root: "/sys".into(),
+            unordered: None,
         }
     }
 }
@@ -471,6 +495,43 @@ impl Reader<'_> {
         out
     }
 
+    /// `efa` or `psm3`, optionally `:seed`; unset (or `0`) is `None`.
+    fn unordered(&mut self, name: &str) -> Option<Unordered> {
+        let s = self.text(name)?;
+        let (p, seed) = match s.split_once(':') {
+            Some((p, n)) => (p.trim().to_ascii_lowercase(), Some(n.trim())),
+            None => (s.to_ascii_lowercase(), None),
+        };
+        let profile = match p.as_str() {
+            "0" => return None,
+            "efa" => UnorderedProfile::Efa,
+            "psm3" => UnorderedProfile::Psm3,
+            _ => {
+                self.bad(
+                    name,
+                    &s,
+                    "efa or psm3, optionally :seed",
+                    "the real provider alone",
+                );
+                return None;
+            }
+        };
+        let seed = match seed.map(str::parse::<u64>) {
+            None => None,
+            Some(Ok(n)) => Some(n),
+            Some(Err(_)) => {
+                self.bad(
+                    name,
+                    &s,
+                    "a seed that is a non-negative integer",
+                    "a seed from the clock",
+                );
+                None
+            }
+        };
+        Some(Unordered { profile, seed })
+    }
+
     /// One of `choices` (case-insensitive), returned lower-case; unset is `None`.
     fn choice(&mut self, name: &str, choices: &[&str], instead: &str) -> Option<String> {
         let s = self.text(name)?;
@@ -607,6 +668,7 @@ impl Config {
             sysfs_root: r
                 .text("MSCCLPP_TEST_SYSFS_ROOT")
                 .unwrap_or(net_default.sysfs_root),
+            unordered: r.unordered("MSCCLPP_TEST_UNORDERED"),
         };
         let d = P2pConfig::default();
         let p2p = P2pConfig {
@@ -885,6 +947,36 @@ mod tests {
         let c = get("lots");
         assert_eq!(c.p2p.direct_bytes, P2P_DIRECT_BYTES);
         assert_eq!(c.problems.len(), 1, "{:?}", c.problems);
+    }
+
+    #[test]
+    fn unordered_profiles_and_seeds() {
+        let u = |v: &str| with(&[("MSCCLPP_TEST_UNORDERED", v)]);
+        assert_eq!(u("0").net.unordered, None);
+        assert_eq!(
+            u("EFA").net.unordered,
+            Some(Unordered {
+                profile: UnorderedProfile::Efa,
+                seed: None
+            })
+        );
+        assert_eq!(
+            u("psm3:42").net.unordered,
+            Some(Unordered {
+                profile: UnorderedProfile::Psm3,
+                seed: Some(42)
+            })
+        );
+        let c = u("ucx");
+        assert_eq!(c.net.unordered, None);
+        assert!(
+            c.problems[0].contains("MSCCLPP_TEST_UNORDERED"),
+            "{:?}",
+            c.problems
+        );
+        let c = u("efa:x");
+        assert_eq!(c.net.unordered.map(|x| x.seed), Some(None));
+        assert_eq!(c.problems.len(), 1);
     }
 
     #[test]

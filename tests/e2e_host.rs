@@ -105,6 +105,109 @@ fn alltoall_shm_4() {
     ranks("alltoall_shm_4", 4, "shm", alltoall);
 }
 
+// ---- all-to-all over the unordered test layer -------------------------------------------
+
+/// Rounds of an all-to-all over the unordered test layer (`MSCCLPP_TEST_UNORDERED`: writes
+/// and completions delayed and reordered as an EFA-like or psm3-like provider may), each
+/// chunk checked as soon as its signal is seen; the layer's own log line proves it ran.
+fn alltoall_unordered(e: Env) {
+    capture_logs();
+    const ROUNDS_A2A: usize = 6;
+    let c = init(&e.root, e.rank, e.n);
+    let mut buf = vec![0u8; e.n * CHUNK];
+    for p in (0..e.n).filter(|&p| p != e.rank) {
+        ok(connect(c, p, 0, &mut buf));
+    }
+    ok(mscclppConnectionSetup(c));
+    ok(mscclppProxyLaunch(c));
+    let conns = dev_conns(c);
+    let off = (e.rank * CHUNK) as u64;
+    for r in 0..ROUNDS_A2A {
+        let seed = |p: usize| 1 + r * 8 + p;
+        for i in 0..CHUNK {
+            buf[e.rank * CHUNK + i] = pattern(seed(e.rank), i);
+        }
+        for d in conns.iter_mut() {
+            put_signal(d, off, off, CHUNK as u64);
+        }
+        for d in conns.iter_mut() {
+            wait(d);
+        }
+        for p in (0..e.n).filter(|&p| p != e.rank) {
+            for i in 0..CHUNK {
+                // Volatile: the peers wrote these bytes behind the compiler's back.
+                // SAFETY: within buf.
+                let b = unsafe { buf.as_ptr().add(p * CHUNK + i).read_volatile() };
+                assert_eq!(
+                    b,
+                    pattern(seed(p), i),
+                    "round {r}: rank {} byte {i} of rank {p}'s chunk, right after its signal",
+                    e.rank
+                );
+            }
+        }
+        // Our chunk's writes are done before it is refilled, and every rank has checked
+        // this round before any writes the next one.
+        for d in conns.iter_mut() {
+            flush(d);
+        }
+        ok(mscclppBootstrapBarrier(c));
+    }
+    assert_eq!(async_error(c), mscclppSuccess);
+    finish(c);
+    let logs = logged();
+    assert!(
+        logs.iter().any(|l| l.contains("unordered test layer")),
+        "the unordered test layer did not run; log:\n{}",
+        logs.join("\n")
+    );
+}
+
+/// `ranks` with the unordered test layer of `profile` (`efa` or `psm3`) over `provider`.
+fn ranks_unordered(name: &str, n: usize, provider: &str, profile: &str, body: fn(Env)) {
+    if is_rank(name) {
+        body(env());
+        return;
+    }
+    let env = with(
+        with(transport_env(provider), "MSCCLPP_TEST_UNORDERED", profile),
+        "MSCCLPP_DEBUG",
+        "INFO",
+    );
+    spawn(name, n, &env).expect_success(DEADLINE);
+}
+
+#[test]
+fn alltoall_unordered_efa_tcp_4() {
+    ranks_unordered(
+        "alltoall_unordered_efa_tcp_4",
+        4,
+        "tcp",
+        "efa",
+        alltoall_unordered,
+    );
+}
+#[test]
+fn alltoall_unordered_efa_shm_3() {
+    ranks_unordered(
+        "alltoall_unordered_efa_shm_3",
+        3,
+        "shm",
+        "efa",
+        alltoall_unordered,
+    );
+}
+#[test]
+fn alltoall_unordered_psm3_tcp_3() {
+    ranks_unordered(
+        "alltoall_unordered_psm3_tcp_3",
+        3,
+        "tcp",
+        "psm3",
+        alltoall_unordered,
+    );
+}
+
 // ---- many puts, one signal ----------------------------------------------------------------
 
 const PIECES: usize = 64;

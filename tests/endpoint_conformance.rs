@@ -5,12 +5,12 @@
 //!
 //! Openers: `tcp` (tcp;ofi_rxm, the loopback domain named as ibDev would), `tcp_default` (no
 //! provider or domain named: must land on loopback), `net` (libfabric's `net` provider), `shm`,
-//! `staged_tcp` and `staged_shm` (MSCCLPP_TEST_FORCE_STAGING=1: every region staged through
+//! `shm_sar` (FI_SHM_DISABLE_CMA=1: large writes by shm's SAR protocol, uncut), `staged_tcp` and `staged_shm` (MSCCLPP_TEST_FORCE_STAGING=1: every region staged through
 //! host memory as GPU memory without FI_HMEM is), `mr_endpoint_tcp` and `mr_endpoint_shm`
 //! (MSCCLPP_TEST_FORCE_MR_ENDPOINT=1: the FI_MR_ENDPOINT registration sequence), and `p2p`
 //! (CUDA IPC on device 0, device memory; needs a CUDA driver and device).
 //!
-//! Direct libfabric openers cap a single write at 64 KiB and the staged ones use a 64 KiB
+//! Direct libfabric openers (but `shm_sar`) cap a single write at 64 KiB and the staged ones use a 64 KiB
 //! ring with 8 record slots, so that chunking, wrapping and flow control run in every case.
 
 mod common;
@@ -23,6 +23,8 @@ const CHUNK: &str = "65536";
 
 /// A write larger than the 64 KiB chunk (three chunks and a piece).
 const NET_BIG: usize = 3 * 65536 + 5;
+/// A write well above shm's inject size (4 KiB), uncut: many passes of its SAR protocol.
+const SAR_BIG: usize = (1 << 20) + 5;
 /// A write four times the 64 KiB staging ring, and a piece.
 const STAGED_BIG: usize = 4 * 65536 + 40;
 
@@ -119,6 +121,112 @@ mod openers {
             open_shm,
             &[SHM, CHUNKED],
         )
+    }
+
+    /// shm without cross-memory attach: writes above its inject size go by its SAR protocol,
+    /// which applies a later small write before an earlier large one completes (review finding
+    /// 1), so a value after such a write must wait for it (`order.rs`). Writes are not cut.
+    pub fn shm_sar() -> Opener {
+        Opener {
+            big: SAR_BIG,
+            ..direct(
+                &[("FI_SHM_DISABLE_CMA", "1")],
+                open_shm,
+                &[SHM, "shm trusted only up to its inject size"],
+            )
+        }
+    }
+
+    /// The unordered test layer (`MSCCLPP_TEST_UNORDERED`) over a real provider: `profile`
+    /// is `efa` (nothing ordered) or `psm3` (ordered below 4 KiB).
+    fn unordered(
+        env: &'static [(&'static str, &'static str)],
+        open: fn() -> mscclpp::error::Result<Box<dyn Endpoint>>,
+        real: &'static str,
+        layer: &'static str,
+    ) -> Opener {
+        let proof: &'static [&'static str] = match (real, layer) {
+            (TCP, "efa") => &[TCP, UNORDERED_EFA, "after every write: posted once"],
+            (_, "efa") => &[SHM, UNORDERED_EFA, "after every write: posted once"],
+            (TCP, _) => &[
+                TCP,
+                UNORDERED_PSM3,
+                "plain after writes of up to 4095 bytes",
+            ],
+            _ => &[
+                SHM,
+                UNORDERED_PSM3,
+                "plain after writes of up to 4095 bytes",
+            ],
+        };
+        direct(env, open, proof)
+    }
+    const UNORDERED_EFA: &str = "unordered test layer EFA-like";
+    const UNORDERED_PSM3: &str = "unordered test layer psm3-like";
+
+    pub fn unordered_efa_tcp() -> Opener {
+        unordered(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "efa"),
+                ("MSCCLPP_NET_PROVIDER", "tcp"),
+                ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+            ],
+            open_lo,
+            TCP,
+            "efa",
+        )
+    }
+
+    pub fn unordered_efa_shm() -> Opener {
+        unordered(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "efa"),
+                ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+            ],
+            open_shm,
+            SHM,
+            "efa",
+        )
+    }
+
+    pub fn unordered_psm3_tcp() -> Opener {
+        unordered(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "psm3"),
+                ("MSCCLPP_NET_PROVIDER", "tcp"),
+                ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+            ],
+            open_lo,
+            TCP,
+            "psm3",
+        )
+    }
+
+    pub fn unordered_psm3_shm() -> Opener {
+        unordered(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "psm3"),
+                ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+            ],
+            open_shm,
+            SHM,
+            "psm3",
+        )
+    }
+
+    /// Staging (every record drained to delivery) under the EFA-like layer.
+    pub fn unordered_efa_staged_tcp() -> Opener {
+        const ENV: [(&str, &str); 5] = [
+            STAGING[0],
+            STAGING[1],
+            STAGING[2],
+            ("MSCCLPP_NET_PROVIDER", "tcp"),
+            ("MSCCLPP_TEST_UNORDERED", "efa"),
+        ];
+        Opener {
+            big: STAGED_BIG,
+            ..direct(&ENV, open_lo, &[TCP, STAGED[0], STAGED[1], UNORDERED_EFA])
+        }
     }
 
     const STAGING: [(&str, &str); 3] = [
@@ -242,8 +350,14 @@ suite!(
     tcp_default,
     net,
     shm,
+    shm_sar,
     staged_tcp,
     staged_shm,
+    unordered_efa_tcp,
+    unordered_efa_shm,
+    unordered_psm3_tcp,
+    unordered_psm3_shm,
+    unordered_efa_staged_tcp,
     mr_endpoint_tcp,
     mr_endpoint_shm,
     p2p,

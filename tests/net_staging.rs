@@ -136,6 +136,37 @@ fn gaps_and_rounds_shm() {
     ranks("gaps_and_rounds_shm", 2, "shm", gaps_and_rounds);
 }
 
+/// Under the unordered test layer (`MSCCLPP_TEST_UNORDERED`): every record, value and
+/// acknowledgement ordered as the profile demands; its log line proves the layer ran.
+fn gaps_and_rounds_unordered(e: Env) {
+    gaps_and_rounds(e);
+    let logs = logged();
+    assert!(
+        logs.iter().any(|l| l.contains("unordered test layer")),
+        "the unordered test layer did not run; log:\n{}",
+        logs.join("\n")
+    );
+}
+
+fn ranks_unordered(name: &str, provider: &str, profile: &str) {
+    let mut env = staging_env(provider);
+    env.push(("MSCCLPP_TEST_UNORDERED", profile.to_string()));
+    ranks_with(name, 2, &env, gaps_and_rounds_unordered);
+}
+
+#[test]
+fn gaps_and_rounds_unordered_efa_tcp() {
+    ranks_unordered("gaps_and_rounds_unordered_efa_tcp", "tcp", "efa");
+}
+#[test]
+fn gaps_and_rounds_unordered_psm3_shm() {
+    ranks_unordered("gaps_and_rounds_unordered_psm3_shm", "shm", "psm3");
+}
+#[test]
+fn gaps_and_rounds_unordered_efa_shm() {
+    ranks_unordered("gaps_and_rounds_unordered_efa_shm", "shm", "efa");
+}
+
 // ---- putWithSignal ping-pong -----------------------------------------------------------------
 
 const PP_ROUNDS: u64 = 3000;

@@ -186,6 +186,9 @@ impl<'a> InfoView<'a> {
     pub fn ep(&self) -> Option<&'a fi::fi_ep_attr> {
         self.opt(self.0.ep_attr)
     }
+    pub fn rx(&self) -> Option<&'a fi::fi_rx_attr> {
+        self.opt(self.0.rx_attr)
+    }
     fn opt<T>(&self, p: *mut T) -> Option<&'a T> {
         // SAFETY: the attribute pointers of an info are NULL or point into the info's own
         // allocation, which lives as long as 'a.

@@ -12,9 +12,14 @@
 //! loopback fails in `add_peer` with a message naming the variables to set.
 //!
 //! Guarantees (Endpoint contract):
-//! - Flag after data: WAW ordering is requested (`FI_ORDER_RMA_WAW | FI_ORDER_WAW`); where the
-//!   provider does not grant it the flag write carries `FI_FENCE`, and failing that every
-//!   earlier write to the peer is completed before the flag is posted.
+//! - Flag after data (`order.rs`, docs/DESIGN.md 3.6): WAW ordering is requested
+//!   (`FI_ORDER_RMA_WAW | FI_ORDER_WAW`) and trusted for writes within the provider's
+//!   `max_order_waw_size` (shm: its inject size); after a larger write, the flag (or staging
+//!   record, or marker) carries `FI_FENCE`, or failing that every earlier write to the peer is
+//!   completed first, the unordered ones having carried FI_DELIVERY_COMPLETE: a flag waits for
+//!   that in a per-peer queue (`Peers::defer_flag`, posted by `post_ready` from progress, the
+//!   next write or a flush), so the proxy is not held up. A provider with none of these is
+//!   refused when the endpoint opens.
 //! - flush = "arrived": tcp;ofi_rxm and net complete a plain write locally before the data is
 //!   at the target, so flush needs `FI_DELIVERY_COMPLETE`. Putting it on every write costs a
 //!   target acknowledgement per write (measured, 8 B put + flag half round trip: tcp 7.5 us
@@ -22,11 +27,11 @@
 //!   the tcp signal half round trip bimodal (median 164 us against 3.7 us plain: the
 //!   acknowledgement waits on the target's progress). So data and flag writes go plain, and a
 //!   flush whose peer's last write was a plain one posts one 8-byte delivery-complete write (a
-//!   "marker") into that peer's scratch word (advertised in its address blob). Writes to a
-//!   peer are ordered (WAW, or the marker is fenced), so the last write's delivery implies
-//!   every earlier write's. Without ordering or fence (`Drain`), every write carries
-//!   FI_DELIVERY_COMPLETE. Where the provider refuses it, flush only means "locally complete"
-//!   (INFO, once).
+//!   "marker") into that peer's scratch word (advertised in its address blob). The marker is
+//!   ordered like a flag, so its delivery implies that of every earlier write it follows in
+//!   order, and the writes it does not follow in order carried FI_DELIVERY_COMPLETE
+//!   themselves; the flush waits for all of them. Where the provider refuses it, flush only
+//!   means "locally complete" (INFO, once).
 //! - A peer must keep progressing its endpoint until its peers' flushes are done (the marker
 //!   needs the target's progress): a destroyed communicator lingers (`comm::LINGER`) before it
 //!   closes its endpoints; raw `Endpoint` users progress until the peer is done.
@@ -49,11 +54,13 @@ mod fabric;
 mod locality;
 mod mr;
 mod ops;
+mod order;
 mod peers;
 mod rails;
 mod regions;
 mod select;
 mod staging;
+mod unordered;
 
 use super::epoch::{self, EpochMem};
 use super::{AbortCheck, Caps, Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
@@ -258,15 +265,30 @@ impl NetEndpoint {
         let max_chunk = cfg.max_chunk.map_or(max_msg, |c| c.clamp(1, max_msg));
         let addr_format = i.addr_format;
 
-        let (ops, raw) = Ops::open(
+        let layer = cfg.unordered.map(|u| {
+            let real_mr_local = mr_mode & fi::FI_MR_LOCAL != 0;
+            unordered::Layer::new(u, depth, real_mr_local)
+        });
+        let attrs = match &layer {
+            // The ordering is planned for the profile the layer imitates, not the real provider.
+            Some(l) => l.profile.restrict(choice.attrs.clone()),
+            None => choice.attrs.clone(),
+        };
+        let plan = order::decide(&attrs).map_err(|why| {
+            Error::usage(format!(
+                "net:{provider}/{domain_name}: {why}; choose another provider (MSCCLPP_NET_PROVIDER)"
+            ))
+        })?;
+        let (mut ops, raw) = Ops::open(
             info,
             depth,
             max_chunk,
             provider.clone(),
             domain_name.clone(),
-            choice.ordering,
-            choice.delivery_complete && cfg.delivery_complete,
+            plan,
+            attrs.delivery_complete && cfg.delivery_complete,
         )?;
+        ops.layer = layer.map(Box::new);
         let mut ep = NetEndpoint {
             regions: Regions::new(policy, hmem_choice(cfg.hmem, choice.hmem, &provider)),
             ops,
@@ -285,22 +307,37 @@ impl NetEndpoint {
             .register_fixed(&mut ep.ops, &mut ep.peers.me.scratch)?;
 
         crate::info!(
-            "net: opened {} domain {domain_name} fabric {fabric_name}{} mr_mode {}{} ordering {:?} delivery-complete {} hmem {}{} depth {depth} max_msg {max_msg} chunk {max_chunk}{}",
+            "net: opened {} domain {domain_name} fabric {fabric_name}{} mr_mode {}{} delivery-complete {} hmem {}{} depth {depth} max_msg {max_msg} chunk {max_chunk}{}",
             provider,
             cfg.addr.as_ref().map_or(String::new(), |a| format!(" addr {a}")),
             select::mr_mode_names(mr_mode),
             if policy.forced { " (FI_MR_ENDPOINT forced for testing)" } else { "" },
-            ep.ops.ordering,
-            ep.ops.delivery_complete,
+            choice.attrs.delivery_complete,
             choice.hmem,
             if ep.staging.force_staging { " (staging forced for testing)" } else { "" },
             if ep.ops.napping { "; waits that last nap (crowded host)" } else { "" },
         );
-        if !ep.ops.delivery_complete && !WEAK_FLUSH_LOGGED.swap(true, AtOrd::Relaxed) {
+        if let Some(l) = &ep.ops.layer {
             crate::info!(
-                "net: {}: a flush waits for local completion only, which on some providers precedes arrival at the peer; the flag-after-data order still holds",
+                "net: {}: unordered test layer {} (seed {}, MSCCLPP_TEST_UNORDERED) over the real provider: ordering planned for what that profile grants",
+                ep.describe(),
+                l.profile.name,
+                l.seed
+            );
+        }
+        crate::info!(
+            "net: {} orders each flag, staging record and delivery marker after the peer's earlier writes: {}",
+            ep.describe(),
+            ep.ops.plan.describe()
+        );
+        if !ep.ops.delivery_complete && !WEAK_FLUSH_LOGGED.swap(true, AtOrd::Relaxed) {
+            // True by construction: `order::decide` refuses a plan that would drain without
+            // delivery completion, and `Ops::post` fails such a plan's writes if the provider
+            // refuses it per write.
+            crate::info!(
+                "net: {}: a flush waits for local completion only, which on some providers precedes arrival at the peer; flags are still ordered after their data (see the ordering line)",
                 if !cfg.delivery_complete {
-                    "FI_DELIVERY_COMPLETE disabled (MSCCLPP_NET_DELIVERY_COMPLETE=0)".to_string()
+                    "FI_DELIVERY_COMPLETE off for flush markers (MSCCLPP_NET_DELIVERY_COMPLETE=0; writes whose ordering needs it keep it)".to_string()
                 } else {
                     format!("provider {provider} does not accept FI_DELIVERY_COMPLETE")
                 }
@@ -360,10 +397,18 @@ impl NetEndpoint {
     }
 
     /// The first half of a flush of the direct writes to `peer` (`rails.rs` waits on several
-    /// endpoints at once): posts the delivery marker where one is needed.
-    fn begin_flush(&mut self, peer: PeerId) -> Result<()> {
+    /// endpoints at once): posts the deferred flags that are ready, then, once none waits, the
+    /// delivery marker where one is needed. Returns whether the flush must begin again once
+    /// the writes in flight have completed (flags still waited, and the marker must follow
+    /// them).
+    fn begin_flush(&mut self, peer: PeerId) -> Result<bool> {
         self.check_peer(peer)?;
-        self.peers.post_marker(&mut self.ops, peer)
+        self.peers.post_ready(&mut self.ops, peer)?;
+        if !self.peers[peer].deferred.is_empty() {
+            return Ok(true);
+        }
+        self.peers.post_marker(&mut self.ops, peer)?;
+        Ok(false)
     }
 
     /// How writers reach an imported region (None: not `peer`'s region). A rail other than 0
@@ -391,14 +436,19 @@ impl NetEndpoint {
         self.peers.get(peer).is_some() && self.staging.records_pending(&self.peers, peer).is_some()
     }
 
-    /// Writes to `peer` whose completion has not been read yet.
+    /// Writes to `peer` whose completion has not been read yet, and flags waiting to be
+    /// posted to it.
     fn outstanding_to(&self, peer: PeerId) -> usize {
-        self.peers.get(peer).map_or(0, |p| p.outstanding)
+        self.peers
+            .get(peer)
+            .map_or(0, |p| p.outstanding + p.deferred.len())
     }
 
     /// Reads the completion queue once (`Ops::poll`).
     fn poll_once(&mut self) -> Result<usize> {
-        self.ops.poll(&mut self.peers)
+        let n = self.ops.poll(&mut self.peers)?;
+        self.peers.post_ready_all(&mut self.ops)?;
+        Ok(n)
     }
 
     /// One pause of a bounded wait on this endpoint's provider (`Ops::pause`).
@@ -519,6 +569,8 @@ impl Endpoint for NetEndpoint {
         size: u64,
     ) -> Result<()> {
         let remote = self.check_write(peer, src, src_off, dst, dst_off, size)?;
+        // Flags whose writes before them have completed go out before more data.
+        self.peers.post_ready(&mut self.ops, peer)?;
         let (st, mut net) = self.parts();
         let dest = if remote.mode == Mode::Staged {
             staging::Dest::Staged { remote, dst_off }
@@ -556,6 +608,18 @@ impl Endpoint for NetEndpoint {
         if let Some((ci, sent)) = st.records_pending(net.peers, peer) {
             // A direct flag must not overtake staged data still being applied by the peer.
             st.wait_acked(&mut net, ci, sent)?;
+        }
+        net.peers.post_ready(net.ops, peer)?;
+        let d = peers::Deferred {
+            after: 0,
+            value,
+            raddr: remote.base + dst_off,
+            key: remote.key,
+        };
+        if net.peers.defer_flag(net.ops, peer, d) {
+            // Posted by `post_ready` (progress, the next write, a flush) once the writes before
+            // it have completed, without holding up this proxy's other work.
+            return Ok(());
         }
         let fence = net.order_before_flag(peer)?;
         // Flags are plain writes, like data (no `confirm`): FI_DELIVERY_COMPLETE on
@@ -595,7 +659,8 @@ impl Endpoint for NetEndpoint {
     }
 
     fn progress(&mut self) -> Result<()> {
-        self.ops.progress(&mut self.peers)
+        self.ops.progress(&mut self.peers)?;
+        self.peers.post_ready_all(&mut self.ops)
     }
 
     fn poll_incoming(&mut self) -> Result<()> {
@@ -624,6 +689,18 @@ impl Drop for NetEndpoint {
                 s.copy_out_waits,
                 s.records_applied
             );
+        }
+        if s.order_drains + s.order_fences + s.deferred_flags > 0 {
+            crate::info!(
+                "net: {} ordering: {} flags, records or markers waited for the peer's writes to complete, {} were fenced, {} flags were queued behind their writes",
+                self.describe(),
+                s.order_drains,
+                s.order_fences,
+                s.deferred_flags
+            );
+        }
+        if let Some(l) = &self.ops.layer {
+            crate::info!("net: {}: {}", self.describe(), l.summary());
         }
         if s.naps.n > 0 {
             crate::info!(

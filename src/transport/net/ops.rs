@@ -4,9 +4,10 @@
 
 use super::fabric::{self, fab_err, strerror, InfoList, Objects, EAGAIN, EAVAIL, EBADFLAGS};
 use super::mr;
+use super::order::{FlagOrder, Plan};
 use super::peers::Peers;
-use super::select::Ordering;
 use super::staging::RECORD_BYTES;
+use super::unordered::Layer;
 use crate::error::{Error, Result};
 use crate::mem::HostBlock;
 use crate::sync::{Backoff, Nap, Policy};
@@ -32,6 +33,10 @@ struct OpSlot {
     busy: bool,
     /// The bounce slot this write reads, freed at its completion.
     bounce: Option<usize>,
+    /// A staging acknowledgement (`Peer::acks_in_flight`).
+    ack: bool,
+    /// Its sequence number among the writes to its peer (`Peer::completed`).
+    seq: u64,
 }
 
 /// One RMA write to post (see `Ops::post`).
@@ -53,6 +58,8 @@ pub(super) struct Op<'a> {
     /// Protocol traffic (staging acknowledgements): not a user write, so it does not make a
     /// later flush post a delivery marker.
     pub internal: bool,
+    /// A staging acknowledgement: counted in `Peer::acks_in_flight` until it completes.
+    pub ack: bool,
 }
 
 impl<'a> Op<'a> {
@@ -73,6 +80,7 @@ impl<'a> Op<'a> {
             inline: Some(bytes),
             bounce: None,
             internal: false,
+            ack: false,
         }
     }
 }
@@ -97,6 +105,12 @@ pub struct Stats {
     /// Waits for a free bounce slot (the writes that read them have not completed).
     pub bounce_waits: Timed,
     pub records_applied: u64,
+    /// Flags, records and markers posted with FI_FENCE, and those that first waited for the
+    /// peer's writes to complete (`order::Plan::after`).
+    pub order_fences: u64,
+    pub order_drains: u64,
+    /// Flags queued behind the writes before them instead of a drain (`Peers::defer_flag`).
+    pub deferred_flags: u64,
     /// Naps of waits for the provider on a crowded host (`Ops::pause`), and their time.
     pub naps: Timed,
 }
@@ -134,9 +148,17 @@ pub(super) struct Ops {
     /// The chosen fi_info, kept (not read) so it outlives every object made from it: declared
     /// after `objs`, so it drops after them.
     _info: InfoList,
+    /// The unordered test layer, where `MSCCLPP_TEST_UNORDERED` asks for it: every write and
+    /// completion goes through it. After `objs`: its pieces' contexts and source copies must
+    /// outlive the endpoint.
+    pub layer: Option<Box<Layer>>,
     pub provider: String,
     pub domain: String,
-    pub ordering: Ordering,
+    /// How flags, staging records and markers are ordered after earlier writes, and which
+    /// writes carry FI_DELIVERY_COMPLETE for that (`order`).
+    pub plan: Plan,
+    /// Flush markers carry FI_DELIVERY_COMPLETE (granted, and not turned off): a flush then
+    /// means arrived, else locally complete.
     pub delivery_complete: bool,
     slots: Box<[OpSlot]>,
     free: Vec<usize>,
@@ -165,7 +187,7 @@ impl Ops {
         max_chunk: u64,
         provider: String,
         domain: String,
-        ordering: Ordering,
+        plan: Plan,
         delivery_complete: bool,
     ) -> Result<(Self, Vec<u8>)> {
         let objs = Objects::open(&info, depth * 2)?;
@@ -178,9 +200,10 @@ impl Ops {
             scratch,
             objs,
             _info: info,
+            layer: None,
             provider,
             domain,
-            ordering,
+            plan,
             delivery_complete,
             slots: (0..depth).map(|_| OpSlot::default()).collect(),
             free: (0..depth).rev().collect(),
@@ -246,6 +269,8 @@ impl Ops {
         let s = &mut self.slots[idx];
         s.busy = false;
         let p = s.peer;
+        let ack = std::mem::take(&mut s.ack);
+        let seq = s.seq;
         if let Some(b) = s.bounce.take() {
             self.release_bounce(b);
         }
@@ -253,6 +278,15 @@ impl Ops {
         self.outstanding -= 1;
         if let Some(peer) = peers.get_mut(p) {
             peer.outstanding -= 1;
+            peer.completed(seq);
+            if ack {
+                peer.acks_in_flight -= 1;
+            }
+            if peer.outstanding == 0 && self.plan.beyond == FlagOrder::Drain {
+                // Every write to the peer completed, and those the plan does not order
+                // carried FI_DELIVERY_COMPLETE: all of them have arrived.
+                peer.largest_since_drain = 0;
+            }
         }
         self.stats.completed += 1;
         Ok(p)
@@ -273,8 +307,13 @@ impl Ops {
     /// Reads available completions once; returns how many.
     fn poll_cq(&mut self, peers: &mut Peers) -> Result<usize> {
         let mut ents = [fi::fi_cq_entry::default(); CQ_BATCH];
-        // SAFETY: cq is open with FI_CQ_FORMAT_CONTEXT; ents has room for CQ_BATCH entries.
-        let rc = unsafe { fi::fi_cq_read(self.objs.cq, ents.as_mut_ptr().cast(), CQ_BATCH) } as i64;
+        let rc = match self.layer.as_mut() {
+            Some(l) => l.read(self.objs.ep, self.objs.cq, &mut ents),
+            // SAFETY: cq is open with FI_CQ_FORMAT_CONTEXT; ents has room for CQ_BATCH entries.
+            None => unsafe {
+                fi::fi_cq_read(self.objs.cq, ents.as_mut_ptr().cast(), CQ_BATCH) as i64
+            },
+        };
         if rc > 0 {
             for e in &ents[..rc as usize] {
                 self.retire(peers, e.op_context)?;
@@ -293,8 +332,11 @@ impl Ops {
     /// Turns the error completion at the head of the CQ into an error naming the peer.
     fn read_error(&mut self, peers: &mut Peers) -> Error {
         let mut e = fi::fi_cq_err_entry::default();
-        // SAFETY: cq is open; e is a valid, zeroed error entry (err_data_size 0: no buffer).
-        let rc = unsafe { fi::fi_cq_readerr(self.objs.cq, &mut e, 0) } as i64;
+        let rc = match self.layer.as_mut() {
+            Some(l) => l.readerr(&mut e),
+            // SAFETY: cq is open; e is a valid, zeroed error entry (err_data_size 0: no buffer).
+            None => unsafe { fi::fi_cq_readerr(self.objs.cq, &mut e, 0) as i64 },
+        };
         if rc < 0 {
             return fab_err("fi_cq_readerr", rc);
         }
@@ -414,21 +456,25 @@ impl Ops {
             data: 0,
         };
         let mut wait: Option<Backoff> = None;
+        // Markers, and the writes that a later drain must see arrived (`Plan::needs_dc`).
+        let mut dc = (confirm && self.delivery_complete) || self.plan.needs_dc(len);
         loop {
             let mut flags = fi::FI_COMPLETION as u64;
-            // Every write in Drain mode (no ordering to lean on), else only markers.
-            let dc = self.delivery_complete && (confirm || self.ordering == Ordering::Drain);
             if dc {
                 flags |= fi::FI_DELIVERY_COMPLETE as u64;
             }
             if fence {
                 flags |= fi::FI_FENCE as u64;
             }
-            // SAFETY: ep is open; msg and everything it points to (iov, desc, rma) live until
-            // the call returns (the provider copies them); the source memory is registered and
-            // stays valid until completion (user buffers by contract, staging by slot
-            // ownership); the context is a slot that lives in `self.slots` until retired.
-            let rc = unsafe { fi::fi_writemsg(self.objs.ep, &msg, flags) } as i64;
+            let rc = match self.layer.as_mut() {
+                Some(l) => l.write(self.objs.ep, &msg, flags),
+                // SAFETY: ep is open; msg and everything it points to (iov, desc, rma) live
+                // until the call returns (the provider copies them); the source memory is
+                // registered and stays valid until completion (user buffers by contract,
+                // staging by slot ownership); the context is a slot that lives in
+                // `self.slots` until retired.
+                None => unsafe { fi::fi_writemsg(self.objs.ep, &msg, flags) as i64 },
+            };
             if rc == 0 {
                 break;
             }
@@ -442,13 +488,25 @@ impl Ops {
                         format!("provider kept answering -FI_EAGAIN to a write to rank {rank}")
                     })
                 })
-            } else if rc == EBADFLAGS && self.delivery_complete {
-                // Accepted at fi_getinfo time but refused per operation: fall back once.
+            } else if rc == EBADFLAGS && dc && self.plan.beyond == FlagOrder::Drain {
+                // Accepted at fi_getinfo time but refused per operation, where it is what
+                // orders a flag after data: nothing else can (`order::decide`).
+                Err(Error::usage(format!(
+                    "{} refuses FI_DELIVERY_COMPLETE on a write to {}, which it granted and which orders flags after data here ({}): no other ordering is available",
+                    self.describe(),
+                    peers.name(peer),
+                    self.plan.describe()
+                )))
+            } else if rc == EBADFLAGS && dc {
+                // Accepted at fi_getinfo time but refused per operation: fall back once. Only
+                // flush markers asked for it (ordering does not rest on it here).
                 self.delivery_complete = false;
                 crate::info!(
-                    "net: {} refuses FI_DELIVERY_COMPLETE on writes; flush now waits for local completion only",
-                    self.provider
+                    "net: {} refuses FI_DELIVERY_COMPLETE on writes; flush now waits for local completion only (flags stay ordered: {})",
+                    self.provider,
+                    self.plan.describe()
                 );
+                dc = false;
                 Ok(())
             } else {
                 Err(fab_err(
@@ -465,13 +523,29 @@ impl Ops {
                 return Err(e);
             }
         }
-        let dc = self.delivery_complete && (confirm || self.ordering == Ordering::Drain);
         self.stats.posted += 1;
         self.outstanding += 1;
+        self.slots[slot].ack = op.ack;
         let p = &mut peers[peer];
+        p.next_seq += 1;
+        self.slots[slot].seq = p.next_seq;
         p.outstanding += 1;
+        if op.ack {
+            p.acks_in_flight += 1;
+        }
+        if fence {
+            // Started once every earlier write to the peer completed: later ones follow it.
+            p.largest_since_drain = 0;
+            self.stats.order_fences += 1;
+        }
+        p.largest_since_drain = p.largest_since_drain.max(len);
         if !op.internal {
-            p.unconfirmed = !dc;
+            if !dc {
+                p.unconfirmed = true;
+            } else if confirm {
+                // A marker, ordered after every earlier write (`Peers::post_marker`).
+                p.unconfirmed = false;
+            }
             p.last_was_record = false;
         }
         Ok(())
@@ -481,7 +555,8 @@ impl Ops {
     /// `DROP_DRAIN`): they read registered memory.
     pub fn drain_at_close(&mut self, peers: &mut Peers) {
         let mut wait = provider_wait(DROP_DRAIN.min(self.timeout));
-        while self.outstanding > 0 {
+        // (The layer may have reported writes complete that it has not sent yet.)
+        while self.outstanding > 0 || self.layer.as_ref().is_some_and(|l| l.busy()) {
             match self.poll_cq(peers) {
                 Ok(0) => {
                     if self.pause(&mut wait, String::new).is_err() {

@@ -5,12 +5,25 @@ use super::blob::{AddrBlob, ChanBlob, MrBlob};
 use super::fabric::fab_err;
 use super::mr;
 use super::ops::{provider_wait, Op, Ops};
-use super::select::{self, Ordering};
+use super::order::FlagOrder;
+use super::select;
 use crate::error::{Error, Result};
 use crate::sync::Backoff;
 use crate::transport::PeerId;
 use libfabric_sys as fi;
+use std::collections::{BTreeSet, VecDeque};
 use std::ops::{Index, IndexMut};
+
+/// A flag that waits for the writes posted to its peer before it (`Peers::defer_flag`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Deferred {
+    /// The peer's write sequence number it waits for: posted once every write up to it has
+    /// completed (`Peer::done_upto`).
+    pub after: u64,
+    pub value: u64,
+    pub raddr: u64,
+    pub key: u64,
+}
 
 /// One peer (`Endpoint::add_peer`).
 pub(super) struct Peer {
@@ -21,9 +34,23 @@ pub(super) struct Peer {
     scratch: MrBlob,
     /// Posted operations to this peer whose completion has not been read yet.
     pub outstanding: usize,
-    /// A write without FI_DELIVERY_COMPLETE was posted since the last one with it: a flush
-    /// must post a marker before its completions mean "arrived".
+    /// A write without FI_DELIVERY_COMPLETE was posted since the last delivery marker: a
+    /// flush must post a marker before its completions mean "arrived".
     pub unconfirmed: bool,
+    /// The largest write posted to the peer since every earlier one was known to be ordered
+    /// before the next (all completed under a drain plan, or a fenced write posted): what
+    /// `order::Plan::after` orders the next flag, record or marker after.
+    pub largest_since_drain: u64,
+    /// Staging acknowledgements to the peer not completed yet (`staging::apply`).
+    pub acks_in_flight: u32,
+    /// Writes posted to the peer so far: the sequence number of the latest.
+    pub next_seq: u64,
+    /// Every write up to this sequence number has completed; `done_ahead` holds the later
+    /// ones that completed out of order.
+    pub done_upto: u64,
+    done_ahead: BTreeSet<u64>,
+    /// Flags waiting for the writes before them, oldest first (`defer_flag`).
+    pub deferred: VecDeque<Deferred>,
     /// Our staging channel for this rank (index into `Staging::chans`), once `address_for` made
     /// it.
     pub chan: Option<usize>,
@@ -32,6 +59,21 @@ pub(super) struct Peer {
     /// The last user write to the peer was a staging record: once the peer acknowledges it,
     /// every earlier write has arrived (no delivery marker needed).
     pub last_was_record: bool,
+}
+
+impl Peer {
+    /// Write `seq` to the peer completed: advances the completed prefix (`done_upto`).
+    pub fn completed(&mut self, seq: u64) {
+        if seq != self.done_upto + 1 {
+            self.done_ahead.insert(seq);
+            return;
+        }
+        self.done_upto = seq;
+        // Ends at the first sequence number not completed yet (the set is finite).
+        while self.done_ahead.remove(&(self.done_upto + 1)) {
+            self.done_upto += 1;
+        }
+    }
 }
 
 /// The peer table (`PeerId` indexes it) and our own address.
@@ -173,6 +215,12 @@ impl Peers {
             scratch: a.scratch,
             outstanding: 0,
             unconfirmed: false,
+            largest_since_drain: 0,
+            acks_in_flight: 0,
+            next_seq: 0,
+            done_upto: 0,
+            done_ahead: BTreeSet::new(),
+            deferred: VecDeque::new(),
             chan,
             remote_chan: a.chan,
             last_was_record: false,
@@ -180,23 +228,100 @@ impl Peers {
         Ok((self.list.len() - 1, true))
     }
 
-    /// Orders the next write to `peer` after every earlier one, as a flag must be: nothing
-    /// with WAW ordering, FI_FENCE on it (returns true), or drain every earlier write first.
+    /// Orders the next write to `peer` (a flag or a staging record) after every earlier one,
+    /// as `ops.plan` says for the largest of them since the last drain: nothing, FI_FENCE on
+    /// it (returns true), or wait until every earlier write has completed (those the plan
+    /// does not order carried FI_DELIVERY_COMPLETE, so they have arrived).
     pub fn order_before_flag(&mut self, ops: &mut Ops, peer: PeerId) -> Result<bool> {
-        match ops.ordering {
-            Ordering::Waw => Ok(false),
-            Ordering::Fence => Ok(true),
-            Ordering::Drain => {
-                self.drain_writes(ops, peer)?;
+        match ops.plan.after(self[peer].largest_since_drain) {
+            FlagOrder::Plain => Ok(false),
+            FlagOrder::Fence => Ok(true),
+            FlagOrder::Drain => {
+                ops.stats.order_drains += 1;
+                self.wait_completed(ops, peer)?;
                 Ok(false)
             }
         }
     }
 
+    /// Queues flag `d` (its `after` set here) behind the writes to `peer` posted so far, where
+    /// the plan would drain before it, or where earlier flags wait already (the flags keep
+    /// their order): the proxy serves everything else meanwhile, and `post_ready` posts it once
+    /// those writes have completed (the unordered ones carried FI_DELIVERY_COMPLETE, so they
+    /// have arrived). False: post it now, ordered as `order_before_flag` says.
+    pub fn defer_flag(&mut self, ops: &mut Ops, peer: PeerId, mut d: Deferred) -> bool {
+        let p = &mut self[peer];
+        let drain = ops.plan.after(p.largest_since_drain) == FlagOrder::Drain;
+        if !drain && p.deferred.is_empty() {
+            return false;
+        }
+        d.after = p.next_seq;
+        p.deferred.push_back(d);
+        ops.stats.deferred_flags += 1;
+        true
+    }
+
+    /// Posts `peer`'s deferred flags whose writes before them have all completed, oldest
+    /// first. Where one 8-byte write is not ordered after another, the next flag also waits
+    /// for the one just posted (an older count landing last would step the count back).
+    pub fn post_ready(&mut self, ops: &mut Ops, peer: PeerId) -> Result<()> {
+        // Ends when the queue is empty or its oldest flag still waits.
+        while let Some(d) = self[peer].deferred.front().copied() {
+            if d.after > self[peer].done_upto {
+                return Ok(());
+            }
+            self[peer].deferred.pop_front();
+            ops.post(
+                self,
+                &Op::inline(peer, &d.value.to_ne_bytes(), d.raddr, d.key),
+            )?;
+            if ops.plan.after(8) != FlagOrder::Plain {
+                let posted = self[peer].next_seq;
+                if let Some(next) = self[peer].deferred.front_mut() {
+                    next.after = next.after.max(posted);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `post_ready` for every peer with deferred flags.
+    pub fn post_ready_all(&mut self, ops: &mut Ops) -> Result<()> {
+        for p in 0..self.list.len() {
+            if !self.list[p].deferred.is_empty() {
+                self.post_ready(ops, p)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Waits (bounded) until every write to `peer` has arrived (`flush` without the staging
-    /// acknowledgements; see the module doc for what "arrived" rests on).
+    /// acknowledgements; see the module doc for what "arrived" rests on): posts its deferred
+    /// flags as they become ready, then the marker, then waits for every completion.
     pub fn drain_writes(&mut self, ops: &mut Ops, peer: PeerId) -> Result<()> {
+        let mut wait: Option<Backoff> = None;
+        // Ends when no flag waits (each waits for completions, which this loop reads), on an
+        // error, or at the deadline.
+        loop {
+            self.post_ready(ops, peer)?;
+            if self[peer].deferred.is_empty() {
+                break;
+            }
+            if ops.poll(self)? > 0 {
+                continue;
+            }
+            let (n, rank, limit) = (self[peer].deferred.len(), self[peer].rank, ops.timeout);
+            let w = wait.get_or_insert_with(|| provider_wait(limit));
+            ops.pause(w, || {
+                format!("{n} signals to rank {rank} wait for the writes before them to complete: no completion (is the peer's proxy running?)")
+            })?;
+        }
         self.post_marker(ops, peer)?;
+        self.wait_completed(ops, peer)
+    }
+
+    /// Waits (bounded) until every write posted to `peer` has completed.
+    fn wait_completed(&mut self, ops: &mut Ops, peer: PeerId) -> Result<()> {
         let mut wait: Option<Backoff> = None;
         // Ends when every write to `peer` has completed, on an error completion, or at the
         // deadline.
@@ -208,7 +333,7 @@ impl Peers {
             let w = wait.get_or_insert_with(|| provider_wait(limit));
             ops.pause(w, || {
                 format!(
-                    "flushing {n} writes to rank {rank}: no completion (is the peer's proxy running?)"
+                    "waiting for {n} writes to rank {rank} to complete: no completion (is the peer's proxy running?)"
                 )
             })?;
         }
@@ -219,10 +344,13 @@ impl Peers {
     /// once every write to the peer has completed, all of them have arrived.
     pub fn post_marker(&mut self, ops: &mut Ops, peer: PeerId) -> Result<()> {
         if ops.delivery_complete && self[peer].unconfirmed {
-            // The marker: ordered after every earlier write to the peer (WAW, or fenced), and
-            // its completion waits for delivery, so all of them have arrived when it completes.
+            // The marker: ordered after every earlier write to the peer as the plan says
+            // (plain, fenced; under a drain plan the writes it does not follow in order
+            // carried FI_DELIVERY_COMPLETE themselves, and the flush waits for them too), and
+            // its completion waits for delivery, so all of them have arrived when the flush's
+            // wait ends.
             let sc = self[peer].scratch;
-            let fence = ops.ordering == Ordering::Fence;
+            let fence = ops.plan.after(self[peer].largest_since_drain) == FlagOrder::Fence;
             ops.post(
                 self,
                 &Op {

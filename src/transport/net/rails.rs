@@ -350,21 +350,31 @@ impl Rails {
         // The peer's id on each rail is looked up where it is used (as `write` does), not
         // copied out: a signal after striped data comes here.
         let rank = self.peer(peer)?.rank;
-        for &r in which {
-            self.reserve(r, 1, rank)?;
-            let id = self.peers[peer].ids[r];
-            if let Err(e) = self.rails[r].ep.begin_flush(id) {
-                return Err(e.within(&self.label(r)));
+        // Ends when no rail had flags waiting at the start of a pass (their marker then
+        // follows them), on an error, or at a wait's bound (each pass waits for completions,
+        // which let the waiting flags go).
+        loop {
+            let mut again = false;
+            for &r in which {
+                self.reserve(r, 1, rank)?;
+                let id = self.peers[peer].ids[r];
+                match self.rails[r].ep.begin_flush(id) {
+                    Ok(a) => again |= a,
+                    Err(e) => return Err(e.within(&self.label(r))),
+                }
+            }
+            self.wait_until(|s| {
+                which.iter().find_map(|&r| {
+                    let n = s.rails[r].ep.outstanding_to(s.peers[peer].ids[r]);
+                    (n > 0).then(|| {
+                        (r, format!("flushing {n} writes to rank {rank}: no completion (is the peer's proxy running? is the link up?)"))
+                    })
+                })
+            })?;
+            if !again {
+                break;
             }
         }
-        self.wait_until(|s| {
-            which.iter().find_map(|&r| {
-                let n = s.rails[r].ep.outstanding_to(s.peers[peer].ids[r]);
-                (n > 0).then(|| {
-                    (r, format!("flushing {n} writes to rank {rank}: no completion (is the peer's proxy running? is the link up?)"))
-                })
-            })
-        })?;
         let p = &mut self.peers[peer];
         for &r in which {
             p.dirty[r] = false;

@@ -9,6 +9,7 @@
 
 use super::fabric::{strdup, InfoList, InfoView};
 use super::locality;
+use super::order::{self, Asked, Attrs};
 use crate::config::NetConfig;
 use crate::error::{Error, Result};
 use libfabric_sys as fi;
@@ -29,17 +30,6 @@ const SOFTWARE_PREFERENCE: &[&str] = &["tcp;ofi_rxm", "tcp", "net", "net;ofi_rxm
 /// transport enum).
 const NEVER_DEFAULT: &[&str] = &["shm", "ofi_hook", "ofi_mrail"];
 
-/// How the flag write is ordered after the data writes to the same peer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Ordering {
-    /// The provider orders RMA writes (FI_ORDER_RMA_WAW | FI_ORDER_WAW): nothing extra.
-    Waw,
-    /// The flag write carries FI_FENCE.
-    Fence,
-    /// Neither: wait for every earlier write to that peer to complete before the flag.
-    Drain,
-}
-
 /// What the caller asked for.
 #[derive(Clone, Debug)]
 pub(super) struct Request<'a> {
@@ -51,8 +41,8 @@ pub(super) struct Request<'a> {
 /// The outcome: one info (owned, `next` = NULL) and the guarantees it comes with.
 pub(super) struct Choice {
     pub info: InfoList,
-    pub ordering: Ordering,
-    pub delivery_complete: bool,
+    /// What it granted that bears on ordering (`order::decide` turns it into a plan).
+    pub attrs: Attrs,
     pub hmem: bool,
     /// Where the NIC was chosen by locality: the equally near NICs in the order to use them
     /// (the chosen one first), which a striping endpoint opens as further rails. Else empty.
@@ -395,7 +385,9 @@ pub(super) fn choose(req: &Request<'_>, env: &NetConfig) -> Result<Choice> {
     };
 
     // Step 2: the best guarantees for exactly this candidate. Order of preference: ordered
-    // writes with delivery completion, then ordered only, then fence (+dc), then drain.
+    // writes with delivery completion, then ordered only, then fence (+dc), then dc alone.
+    // FI_FENCE is asked for with ordering only where the ordering is bounded (a fence may
+    // cost: cxi turns off PCIe relaxed ordering for RMA when it is requested).
     let tries = [
         (true, true, false),
         (true, false, false),
@@ -403,7 +395,7 @@ pub(super) fn choose(req: &Request<'_>, env: &NetConfig) -> Result<Choice> {
         (false, false, true),
         (false, true, false),
     ];
-    for (order, dc, fence) in tries {
+    let query = |order: bool, dc: bool, fence: bool| -> Result<Option<(InfoList, Attrs)>> {
         let w = Wanted {
             order,
             dc,
@@ -413,34 +405,37 @@ pub(super) fn choose(req: &Request<'_>, env: &NetConfig) -> Result<Choice> {
         let mut h = hints(req, &w)?;
         narrow(&mut h, cand)?;
         let got = InfoList::query(node, flags, &h)?;
-        if let Some(i) = got.iter().find(|i| same_candidate(i, cand)) {
-            let v = InfoView(i);
-            let tx = v.tx();
-            let order_bits = fi::FI_ORDER_RMA_WAW | fi::FI_ORDER_WAW as u64;
-            let ordered = tx.is_some_and(|t| t.msg_order & order_bits == order_bits);
-            let fenced = i.caps & fi::FI_FENCE as u64 != 0;
-            let dc_ok = dc && tx.is_some_and(|t| t.op_flags & fi::FI_DELIVERY_COMPLETE as u64 != 0);
-            let ordering = if order && ordered {
-                Ordering::Waw
-            } else if fence && fenced {
-                Ordering::Fence
-            } else {
-                Ordering::Drain
-            };
-            return Ok(Choice {
-                info: InfoList::dup(i)?,
-                ordering,
-                delivery_complete: dc_ok,
-                hmem: hmem && i.caps & fi::FI_HMEM != 0,
-                nics,
-            });
+        let Some(i) = got.iter().find(|i| same_candidate(i, cand)) else {
+            return Ok(None);
+        };
+        let attrs = Attrs::from_info(i, Asked { order, fence, dc });
+        Ok(Some((InfoList::dup(i)?, attrs)))
+    };
+    for (order, dc, fence) in tries {
+        let Some((mut info, mut attrs)) = query(order, dc, fence)? else {
+            continue;
+        };
+        let bounded = order::decide(&attrs).map_or(true, |p| p.ordered_upto != u64::MAX);
+        if order && bounded {
+            if let Some((i, a)) = query(order, dc, true)? {
+                if a.fence {
+                    (info, attrs) = (i, a);
+                }
+            }
         }
+        let hmem = hmem && info.first().is_some_and(|i| i.caps & fi::FI_HMEM != 0);
+        return Ok(Choice {
+            info,
+            attrs,
+            hmem,
+            nics,
+        });
     }
-    // Nothing extra granted: the candidate itself, drained before every flag.
+    // Nothing extra granted: the candidate itself (`order::decide` refuses it unless it
+    // orders writes unasked, which does not count).
     Ok(Choice {
         info: InfoList::dup(cand)?,
-        ordering: Ordering::Drain,
-        delivery_complete: false,
+        attrs: Attrs::from_info(cand, Asked::default()),
         hmem: hmem && cand.caps & fi::FI_HMEM != 0,
         nics,
     })

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::transport::MemKind;
-use select::Ordering;
+use order::{FlagOrder, Plan};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -263,13 +263,13 @@ fn waits_nap_on_a_crowded_host_and_still_complete() {
 #[test]
 fn fence_and_drain_orderings_deliver_data_before_flag() {
     for kind in [Kind::Tcp, Kind::Shm] {
-        for ordering in [Ordering::Fence, Ordering::Drain] {
+        for ordering in [FlagOrder::Fence, FlagOrder::Drain] {
             let n = 32 << 10; // words
             let mut src = vec![0u64; n];
             let dst = vec![0u64; n];
             let flag = vec![0u64; 2];
             let (a, _b) = with_pair(kind, &NetConfig::default(), |a, b, pa| {
-                a.ops.ordering = ordering;
+                a.ops.plan = Plan::forced(ordering);
                 let d = a
                     .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
                     .unwrap();
@@ -303,6 +303,300 @@ fn fence_and_drain_orderings_deliver_data_before_flag() {
             });
             assert_eq!(a.ops.outstanding, 0);
         }
+    }
+}
+
+/// The ordering decision per write size (`order::Plan`), with a psm3-like bound (writes of up
+/// to 4095 bytes ordered) forced on providers that order every size: a flag after small
+/// writes goes plain, one after a larger write first waits for that write (which carried
+/// FI_DELIVERY_COMPLETE), or is fenced; a staging record after a larger chunk likewise, and so
+/// is a flush marker. Every value still finds its data.
+#[test]
+fn flags_are_ordered_per_write_size() {
+    for kind in [Kind::Tcp, Kind::Shm] {
+        for beyond in [FlagOrder::Drain, FlagOrder::Fence] {
+            let plan = Plan {
+                ordered_upto: 4095,
+                beyond,
+                why: "psm3-like, forced for a test".into(),
+            };
+            let n = 8 << 10; // words
+            let mut src = vec![0u64; n];
+            let dst = vec![0u64; n];
+            let flag = vec![0u64; 2];
+            // A flag the plan drains before is queued behind its writes instead.
+            let counted = |a: &NetEndpoint| match beyond {
+                FlagOrder::Drain => a.ops.stats.order_drains + a.ops.stats.deferred_flags,
+                _ => a.ops.stats.order_fences,
+            };
+            let (a, _b) = with_pair(kind, &NetConfig::default(), |a, b, pa| {
+                a.ops.plan = plan.clone();
+                let d = a
+                    .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
+                    .unwrap();
+                let f = a
+                    .import(pa, &b.lock().unwrap().register(region(&flag)).unwrap().1)
+                    .unwrap();
+                let s = a.register(region(&src)).unwrap().0;
+                for r in 1..=6u64 {
+                    for (i, w) in src.iter_mut().enumerate() {
+                        *w = r * 1_000_000 + i as u64;
+                    }
+                    // Odd rounds: only writes within the bound; even: one beyond it.
+                    let bytes = if r % 2 == 1 { 4088 } else { (n * 8) as u64 };
+                    let before = counted(a);
+                    a.write(pa, s, 0, d, 0, 8).unwrap();
+                    a.write(pa, s, 0, d, 0, bytes).unwrap();
+                    a.write_value(pa, f, 8, r).unwrap();
+                    let want = u64::from(r % 2 == 0);
+                    assert_eq!(counted(a) - before, want, "{kind:?} {beyond:?} round {r}");
+                    let t0 = Instant::now();
+                    // Ends when the value arrives, or fails after 20 s.
+                    while word(&flag, 1) != r {
+                        a.progress().unwrap();
+                        assert!(t0.elapsed() < Duration::from_secs(20));
+                        std::thread::yield_now();
+                    }
+                    for i in (0..(bytes / 8) as usize)
+                        .step_by(61)
+                        .chain([(bytes / 8) as usize - 1])
+                    {
+                        assert_eq!(
+                            word(&dst, i),
+                            r * 1_000_000 + i as u64,
+                            "{kind:?} round {r}"
+                        );
+                    }
+                    // A flush after a larger write: its marker is ordered the same way.
+                    a.write(pa, s, 0, d, 0, bytes).unwrap();
+                    let before = counted(a);
+                    a.flush(pa).unwrap();
+                    if beyond == FlagOrder::Fence {
+                        assert_eq!(counted(a) - before, want, "marker, round {r}");
+                    }
+                }
+            });
+            assert_eq!(a.ops.outstanding, 0);
+        }
+    }
+}
+
+/// A staging record after a chunk larger than the bound waits for the chunk (drain plan): one
+/// drain per chunk, and every byte arrives.
+#[test]
+fn staging_records_are_ordered_per_chunk_size() {
+    for kind in [Kind::Tcp, Kind::Shm] {
+        let n = 16 << 10; // bytes: four 4 KiB chunks of the 16 KiB ring
+        let src = vec![0x5a5a_5a5a_5a5a_5a5au64; n / 8];
+        let dst = vec![0u64; n / 8];
+        let cfg = NetConfig {
+            staging_chunk: Some(4096),
+            ..staged_tuning()
+        };
+        with_staged_pair_tuned(kind, &cfg, |a, b, pa| {
+            a.ops.plan = Plan {
+                ordered_upto: 4095,
+                beyond: FlagOrder::Drain,
+                why: "psm3-like, forced for a test".into(),
+            };
+            let d = a
+                .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
+                .unwrap();
+            let s = a.register(region(&src)).unwrap().0;
+            while_applying(b, || {
+                a.write(pa, s, 0, d, 0, n as u64).unwrap();
+                a.flush(pa).unwrap();
+            });
+            assert!(
+                a.ops.stats.order_drains >= 4,
+                "{kind:?}: {} drains for 4 chunks",
+                a.ops.stats.order_drains
+            );
+            assert!((0..n / 8).all(|i| word(&dst, i) == src[i]), "{kind:?}");
+        });
+    }
+}
+
+fn unordered_cfg(profile: crate::config::UnorderedProfile, seed: u64) -> NetConfig {
+    NetConfig {
+        unordered: Some(crate::config::Unordered {
+            profile,
+            seed: Some(seed),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The unordered test layer has teeth: with the EFA-like profile, a flag posted plain (the
+/// planted bug of issue 29, forced here through the plan) is seen at the target before all of
+/// its data, while the layer's own plan (drain to delivery) never is.
+#[test]
+fn unordered_layer_catches_a_flag_posted_plain() {
+    use crate::config::UnorderedProfile::Efa;
+    for kind in [Kind::Tcp, Kind::Shm] {
+        for planted in [true, false] {
+            let n = 32 << 10; // words: a write the layer cuts into pieces
+            let mut src = vec![0u64; n];
+            let dst = vec![0u64; n];
+            let flag = vec![0u64; 2];
+            let mut torn = 0;
+            let (a, _b) = with_pair(kind, &unordered_cfg(Efa, 29), |a, b, pa| {
+                assert_eq!(a.ops.plan.after(1), FlagOrder::Drain, "{kind:?}");
+                if planted {
+                    a.ops.plan = Plan::forced(FlagOrder::Plain);
+                }
+                let d = a
+                    .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
+                    .unwrap();
+                let f = a
+                    .import(pa, &b.lock().unwrap().register(region(&flag)).unwrap().1)
+                    .unwrap();
+                let s = a.register(region(&src)).unwrap().0;
+                for r in 1..=40u64 {
+                    for (i, w) in src.iter_mut().enumerate() {
+                        *w = r * 1_000_000 + i as u64;
+                    }
+                    a.write(pa, s, 0, d, 0, (n * 8) as u64).unwrap();
+                    a.write_value(pa, f, 8, r).unwrap();
+                    let t0 = Instant::now();
+                    // Ends when the value arrives, or fails after 20 s.
+                    while word(&flag, 1) != r {
+                        a.progress().unwrap();
+                        assert!(t0.elapsed() < Duration::from_secs(20));
+                        std::thread::yield_now();
+                    }
+                    // Only this thread moves the layer's held writes: what is missing now
+                    // was released after the flag.
+                    if (0..n).any(|i| word(&dst, i) != r * 1_000_000 + i as u64) {
+                        torn += 1;
+                    }
+                    a.flush(pa).unwrap();
+                }
+            });
+            let st = a.ops.layer.as_ref().unwrap().stats;
+            assert!(st.overtook > 0 && st.split > 0, "{kind:?}: {st:?}");
+            if planted {
+                assert!(
+                    torn > 0,
+                    "{kind:?}: the plain flag never overtook its data: {st:?}"
+                );
+            } else {
+                assert_eq!(
+                    torn, 0,
+                    "{kind:?}: {torn} rounds saw the flag before the data"
+                );
+            }
+        }
+    }
+}
+
+/// The profiles' rules: FI_FENCE (neither grants it) and a local buffer without its
+/// descriptor (FI_MR_LOCAL, EFA-like) are refused; psm3-like completes plain writes early
+/// (before they are sent), and a flush still means arrived.
+#[test]
+fn unordered_layer_enforces_its_profile() {
+    use crate::config::UnorderedProfile::{Efa, Psm3};
+    let src = vec![7u64; 4096];
+    let dst = vec![0u64; 4096];
+    let (a, _b) = with_pair(Kind::Tcp, &unordered_cfg(Efa, 1), |a, b, pa| {
+        let d = a
+            .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
+            .unwrap();
+        let remote = a.remote(pa, d).unwrap();
+        let s = a.register(region(&src)).unwrap().0;
+        a.ops.plan = Plan::forced(FlagOrder::Fence);
+        a.write(pa, s, 0, d, 0, 64).unwrap();
+        let e = a.write_value(pa, d, 0, 1).unwrap_err().to_string();
+        assert!(e.contains("Invalid argument"), "{e}");
+        a.ops.plan = Plan::forced(FlagOrder::Drain);
+        let op = Op {
+            peer: pa,
+            local: src.as_ptr() as u64,
+            len: 64,
+            desc: std::ptr::null_mut(),
+            raddr: remote.base,
+            key: remote.key,
+            fence: false,
+            confirm: false,
+            inline: None,
+            bounce: None,
+            internal: false,
+            ack: false,
+        };
+        let e = a.ops.post(&mut a.peers, &op).unwrap_err().to_string();
+        assert!(e.contains("Invalid argument"), "{e}");
+        a.flush(pa).unwrap();
+    });
+    assert_eq!(a.ops.outstanding, 0);
+    let (a, _b) = with_pair(Kind::Tcp, &unordered_cfg(Psm3, 2), |a, b, pa| {
+        let d = a
+            .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
+            .unwrap();
+        let s = a.register(region(&src)).unwrap().0;
+        for i in 0..512u64 {
+            a.write(pa, s, i * 8, d, i * 8, 8).unwrap();
+        }
+        a.flush(pa).unwrap();
+        assert!((0..512).all(|i| word(&dst, i) == 7));
+    });
+    let st = a.ops.layer.as_ref().unwrap().stats;
+    assert!(st.early > 0, "{st:?}");
+}
+
+/// Where the plan would drain before a flag, the flag is queued behind its writes instead
+/// (`Peers::defer_flag`): `write_value` returns at once, the flags go out in order as their
+/// writes complete, the count at the target never steps back, and a flush posts and delivers
+/// them all. Under the EFA-like layer (nothing ordered, completions out of order).
+#[test]
+fn deferred_flags_keep_their_order_and_leave_the_proxy_free() {
+    use crate::config::UnorderedProfile::Efa;
+    for kind in [Kind::Tcp, Kind::Shm] {
+        let n = 8 << 10; // words
+        let src = vec![3u64; 2 * n];
+        let dst = vec![0u64; 2 * n];
+        let flag = vec![0u64; 2];
+        let rounds = 30u64;
+        let (a, _b) = with_pair(kind, &unordered_cfg(Efa, 5), |a, b, pa| {
+            let d = a
+                .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
+                .unwrap();
+            let f = a
+                .import(pa, &b.lock().unwrap().register(region(&flag)).unwrap().1)
+                .unwrap();
+            let s = a.register(region(&src)).unwrap().0;
+            let stop = AtomicBool::new(false);
+            std::thread::scope(|sc| {
+                let watcher = sc.spawn(|| {
+                    let mut last = 0;
+                    // Ends when the test is done (Release below, Acquire here).
+                    while !stop.load(AtOrd::Acquire) {
+                        let v = word(&flag, 1);
+                        assert!(v >= last, "the count stepped back from {last} to {v}");
+                        last = v;
+                    }
+                });
+                for r in 1..=rounds {
+                    let off = (r % 2) * (n as u64) * 8;
+                    a.write(pa, s, off, d, off, (n * 8) as u64).unwrap();
+                    a.write_value(pa, f, 8, r).unwrap();
+                    if r == 1 {
+                        assert_eq!(a.peers[pa].deferred.len(), 1, "{kind:?}");
+                    }
+                }
+                a.flush(pa).unwrap();
+                assert_eq!(
+                    word(&flag, 1),
+                    rounds,
+                    "{kind:?}: every flag delivered at flush"
+                );
+                assert!(a.peers[pa].deferred.is_empty());
+                stop.store(true, AtOrd::Release);
+                watcher.join().unwrap();
+            });
+            assert!((0..2 * n).all(|i| word(&dst, i) == 3), "{kind:?}");
+        });
+        assert!(a.ops.stats.deferred_flags >= rounds, "{:?}", a.ops.stats);
+        assert_eq!(a.ops.stats.order_drains, 0, "no flag held up the proxy");
     }
 }
 

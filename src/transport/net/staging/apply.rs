@@ -4,6 +4,7 @@
 use super::{Kind, Record, Staging};
 use crate::error::{Error, Result};
 use crate::transport::net::ops::Op;
+use crate::transport::net::order::FlagOrder;
 use crate::transport::net::regions::{range_ok, Backing};
 use crate::transport::net::Net;
 
@@ -156,6 +157,17 @@ impl Staging {
         if inc.complete == inc.reported {
             return Ok(());
         }
+        // Two acknowledgements in flight land in either order where the plan does not order
+        // one 8-byte write after another, and the older count would then overwrite the newer
+        // one in the credit word: one at a time then (under such a plan it carries
+        // FI_DELIVERY_COMPLETE, so completed means arrived; a later call sends the newest
+        // count), or fenced.
+        let fence = match net.ops.plan.after(8) {
+            FlagOrder::Plain => false,
+            FlagOrder::Fence => true,
+            FlagOrder::Drain if net.peers[peer].acks_in_flight > 0 => return Ok(()),
+            FlagOrder::Drain => false,
+        };
         let n = inc.complete;
         inc.reported = n;
         let Some(credit) = net.peers[peer].remote_chan.map(|c| c.credit) else {
@@ -166,6 +178,8 @@ impl Staging {
         };
         net.post(&Op {
             internal: true,
+            ack: true,
+            fence,
             ..Op::inline(peer, &n.to_ne_bytes(), credit.base, credit.key)
         })
     }

@@ -134,6 +134,7 @@ impl Staging {
             inline: None,
             bounce: s.bounce.map(|(slot, _)| slot),
             internal: false,
+            ack: false,
         })
     }
 

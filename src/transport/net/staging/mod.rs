@@ -17,8 +17,8 @@
 //! `MSCCLPP_NET_STAGING_CHUNK`, at most half the peer's ring; default a quarter), `fi_write`
 //! the bytes into free ring space, then `fi_write` a record `{seq, Data, region, offset, size,
 //! ring position}` into the inbox slot `(seq - 1) % slots`; the record is ordered after its
-//! data like a flag (WAW ordering, else FI_FENCE, else the data is drained
-//! first). A value (the signal count, `write_value`) is a record `{seq, Value, region, offset,
+//! data like a flag (`order::Plan`: plain within the provider's trusted WAW bound, else
+//! FI_FENCE, else the data, sent with FI_DELIVERY_COMPLETE, is drained first). A value (the signal count, `write_value`) is a record `{seq, Value, region, offset,
 //! value}`. A staged *source* (device memory, or forced) is first copied out into a pinned
 //! bounce slot, which stays busy until the write that sends it completes; the copy of the next
 //! chunk starts before the current chunk is posted, so copies out overlap the wire
