@@ -9,6 +9,7 @@
 #   scripts/libfabric2.sh --source .carry/libfabric-src.tar.gz   # for the FI_HMEM runs (5a)
 #   cargo build --release -p libfabric-sys --example raw_rma && cp target/release/examples/raw_rma .carry/
 #   strip --strip-debug .carry/*.so .carry/*.a .carry/endpoint_conformance .carry/raw_rma  # 64 MiB at most
+#   pip wheel --no-deps -w .carry ./python                      # the Python package (step 5e)
 # Then run `scripts/gpu-check.sh` there with `.carry` carried. It
 #   1. installs the CMake package from the prebuilt library (-DMSCCLPP_PREBUILT_LIB_DIR),
 #   2. builds the CUDA examples (c_examples/cuda) against it with nvcc (-arch=sm_90), through
@@ -31,6 +32,7 @@
 #   5. runs NCCL's all-gather through PyTorch (2 processes, same sizes and timing), while the
 #      examples build; GPU memory between two network namespaces; striping over 1, 2 and 4
 #      veth rails on host memory (bench/rails.sh, $OUT/rails.txt),
+#   5e. runs the Python package's GPU examples where its wheel is carried (python/gpu_examples.sh),
 #   6. prints the table: size | ours | NCCL | 2023 anchor | target.
 # Everything is bounded by `timeout`, the whole by GPU_CHECK_BUDGET seconds (default 470).
 # GPU_CHECK_QUICK=1: while tuning, only the 2-rank test and the P2P benchmarks (no NCCL, no
@@ -704,6 +706,21 @@ if [[ -x $BIN/sendrecv_perf ]] && ((!QUICK)); then
     bash "$ROOT/bench/rails.sh" 2
   cp "$WORK"/rails/*-rails.txt "$OUT/rails.txt" 2>/dev/null
   grep -E "^## run|^ +(4194304|67108864) " "$OUT/rails.txt" 2>/dev/null
+fi
+
+# 5e. The Python package (issue 31): where a wheel built where Rust is lies in $CARRY
+#     (`pip wheel --no-deps -w .carry ./python`), python/gpu_examples.sh installs it and runs
+#     the CuPy (NVRTC, nvcc, over libfabric), PyTorch (torchrun, load_inline) and NumPy
+#     all-gathers, 2 ranks on one GPU under its own MPS daemon, every byte checked, then the
+#     package's pytest suite; its log also goes to $OUT/python-gpu-examples.log.
+wheel=$(ls "$CARRY"/mscclpp_rs-*.whl 2>/dev/null | head -1)
+if [[ -n $wheel ]]; then
+  mps_down
+  run_step "Python package: CuPy, PyTorch and NumPy examples (python/gpu_examples.sh)" 200 \
+    bash "$ROOT/python/gpu_examples.sh" "$wheel"
+  mps_down
+else
+  echo "SKIPPED the Python examples: no $CARRY/mscclpp_rs-*.whl (pip wheel --no-deps -w .carry ./python)"
 fi
 
 # 5b. While tuning: GPU_CHECK_EXTRA, a bash command line run as one more step (bounded by the
