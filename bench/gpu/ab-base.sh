@@ -31,6 +31,7 @@ ab_base() {
 # the build, the transport and the round, go to $OUT/ab-staged.txt.
 ab_staged() {
   local rounds=${1:-2} base=$WORK/base-bin r b t bin out=$OUT/ab-staged.txt
+  mkdir -p "$base"
   "$NVCC" -O2 -std=c++17 -arch=sm_90 -DPERF_OP=OP_ALLGATHER -I"$CARRY/base/include" \
     -I"$ROOT/c_examples/common" -o "$base/allgather_perf" "$ROOT/c_examples/perf/perf.cu" \
     -L"$CARRY/base" -lmscclpp || return 1
