@@ -564,17 +564,29 @@ fn deferred_flags_keep_their_order_and_leave_the_proxy_free() {
                 .import(pa, &b.lock().unwrap().register(region(&flag)).unwrap().1)
                 .unwrap();
             let s = a.register(region(&src)).unwrap().0;
+            /// Stops the watcher when the writer is done or panics (else the scope would
+            /// wait for it forever).
+            struct Stop<'a>(&'a AtomicBool);
+            impl Drop for Stop<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, AtOrd::Release);
+                }
+            }
             let stop = AtomicBool::new(false);
             std::thread::scope(|sc| {
                 let watcher = sc.spawn(|| {
                     let mut last = 0;
-                    // Ends when the test is done (Release below, Acquire here).
+                    // Ends when the writer is done (Release in `Stop::drop`, Acquire here).
                     while !stop.load(AtOrd::Acquire) {
                         let v = word(&flag, 1);
-                        assert!(v >= last, "the count stepped back from {last} to {v}");
+                        if v < last {
+                            return Err(format!("the count stepped back from {last} to {v}"));
+                        }
                         last = v;
                     }
+                    Ok(())
                 });
+                let stopper = Stop(&stop);
                 for r in 1..=rounds {
                     let off = (r % 2) * (n as u64) * 8;
                     a.write(pa, s, off, d, off, (n * 8) as u64).unwrap();
@@ -590,8 +602,8 @@ fn deferred_flags_keep_their_order_and_leave_the_proxy_free() {
                     "{kind:?}: every flag delivered at flush"
                 );
                 assert!(a.peers[pa].deferred.is_empty());
-                stop.store(true, AtOrd::Release);
-                watcher.join().unwrap();
+                drop(stopper);
+                watcher.join().unwrap().unwrap();
             });
             assert!((0..2 * n).all(|i| word(&dst, i) == 3), "{kind:?}");
         });
