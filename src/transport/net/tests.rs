@@ -38,6 +38,38 @@ pub(super) fn word(v: &[u64], i: usize) -> u64 {
     unsafe { AtomicU64::from_ptr(v.as_ptr().add(i) as *mut u64) }.load(AtOrd::Acquire)
 }
 
+/// Imports into `a` (for peer `pa`) the target `b`'s registration of `v`.
+fn import_from(a: &mut NetEndpoint, b: &Mutex<NetEndpoint>, pa: PeerId, v: &[u64]) -> RemoteId {
+    let blob = b.lock().unwrap().register(region(v)).unwrap().1;
+    a.import(pa, &blob).unwrap()
+}
+
+/// Word `i` of round `r`'s source pattern: each round's bytes differ from every other's.
+fn round_word(r: u64, i: usize) -> u64 {
+    r * 1_000_000 + i as u64
+}
+
+/// Fills `src` with round `r`'s pattern (`round_word`).
+fn fill_round(src: &mut [u64], r: u64) {
+    for (i, w) in src.iter_mut().enumerate() {
+        *w = round_word(r, i);
+    }
+}
+
+/// Progresses `a` until word `i` of `v` (written by the peer) reads `want`.
+fn progress_until_word(a: &mut NetEndpoint, v: &[u64], i: usize, want: u64) {
+    let t0 = Instant::now();
+    // Ends when the value arrives, or fails after 20 s.
+    while word(v, i) != want {
+        a.progress().unwrap();
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "word {i} never read {want}"
+        );
+        std::thread::yield_now();
+    }
+}
+
 /// Runs `body` with the initiator `a` (peer `pa` is `b`) while a thread progresses the target
 /// `b`, as its proxy would; returns both for inspection.
 fn with_target_progressed(
@@ -270,31 +302,20 @@ fn fence_and_drain_orderings_deliver_data_before_flag() {
             let flag = vec![0u64; 2];
             let (a, _b) = with_pair(kind, &NetConfig::default(), |a, b, pa| {
                 a.ops.plan = Plan::forced(ordering);
-                let d = a
-                    .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
-                    .unwrap();
-                let f = a
-                    .import(pa, &b.lock().unwrap().register(region(&flag)).unwrap().1)
-                    .unwrap();
+                let d = import_from(a, b, pa, &dst);
+                let f = import_from(a, b, pa, &flag);
                 let s = a.register(region(&src)).unwrap().0;
                 for r in 1..=10u64 {
                     // Same source buffer each round: its writes completed at the last flush.
-                    for (i, w) in src.iter_mut().enumerate() {
-                        *w = r * 1_000_000 + i as u64;
-                    }
+                    fill_round(&mut src, r);
                     a.write(pa, s, 0, d, 0, (n * 8) as u64).unwrap();
                     a.write_value(pa, f, 8, r).unwrap();
                     // The flag arrived => all data of this round arrived.
-                    let t0 = Instant::now();
-                    while word(&flag, 1) != r {
-                        a.progress().unwrap();
-                        assert!(t0.elapsed() < Duration::from_secs(20));
-                        std::thread::yield_now();
-                    }
+                    progress_until_word(a, &flag, 1, r);
                     for i in (0..n).step_by(97).chain([n - 1]) {
                         assert_eq!(
                             word(&dst, i),
-                            r * 1_000_000 + i as u64,
+                            round_word(r, i),
                             "{kind:?} {ordering:?} round {r} word {i}"
                         );
                     }
@@ -331,17 +352,11 @@ fn flags_are_ordered_per_write_size() {
             };
             let (a, _b) = with_pair(kind, &NetConfig::default(), |a, b, pa| {
                 a.ops.plan = plan.clone();
-                let d = a
-                    .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
-                    .unwrap();
-                let f = a
-                    .import(pa, &b.lock().unwrap().register(region(&flag)).unwrap().1)
-                    .unwrap();
+                let d = import_from(a, b, pa, &dst);
+                let f = import_from(a, b, pa, &flag);
                 let s = a.register(region(&src)).unwrap().0;
                 for r in 1..=6u64 {
-                    for (i, w) in src.iter_mut().enumerate() {
-                        *w = r * 1_000_000 + i as u64;
-                    }
+                    fill_round(&mut src, r);
                     // Odd rounds: only writes within the bound; even: one beyond it.
                     let bytes = if r % 2 == 1 { 4088 } else { (n * 8) as u64 };
                     let before = counted(a);
@@ -350,22 +365,12 @@ fn flags_are_ordered_per_write_size() {
                     a.write_value(pa, f, 8, r).unwrap();
                     let want = u64::from(r % 2 == 0);
                     assert_eq!(counted(a) - before, want, "{kind:?} {beyond:?} round {r}");
-                    let t0 = Instant::now();
-                    // Ends when the value arrives, or fails after 20 s.
-                    while word(&flag, 1) != r {
-                        a.progress().unwrap();
-                        assert!(t0.elapsed() < Duration::from_secs(20));
-                        std::thread::yield_now();
-                    }
+                    progress_until_word(a, &flag, 1, r);
                     for i in (0..(bytes / 8) as usize)
                         .step_by(61)
                         .chain([(bytes / 8) as usize - 1])
                     {
-                        assert_eq!(
-                            word(&dst, i),
-                            r * 1_000_000 + i as u64,
-                            "{kind:?} round {r}"
-                        );
+                        assert_eq!(word(&dst, i), round_word(r, i), "{kind:?} round {r}");
                     }
                     // A flush after a larger write: its marker is ordered the same way.
                     a.write(pa, s, 0, d, 0, bytes).unwrap();
@@ -399,9 +404,7 @@ fn staging_records_are_ordered_per_chunk_size() {
                 beyond: FlagOrder::Drain,
                 why: "psm3-like, forced for a test".into(),
             };
-            let d = a
-                .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
-                .unwrap();
+            let d = import_from(a, b, pa, &dst);
             let s = a.register(region(&src)).unwrap().0;
             while_applying(b, || {
                 a.write(pa, s, 0, d, 0, n as u64).unwrap();
@@ -445,29 +448,17 @@ fn unordered_layer_catches_a_flag_posted_plain() {
                 if planted {
                     a.ops.plan = Plan::forced(FlagOrder::Plain);
                 }
-                let d = a
-                    .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
-                    .unwrap();
-                let f = a
-                    .import(pa, &b.lock().unwrap().register(region(&flag)).unwrap().1)
-                    .unwrap();
+                let d = import_from(a, b, pa, &dst);
+                let f = import_from(a, b, pa, &flag);
                 let s = a.register(region(&src)).unwrap().0;
                 for r in 1..=40u64 {
-                    for (i, w) in src.iter_mut().enumerate() {
-                        *w = r * 1_000_000 + i as u64;
-                    }
+                    fill_round(&mut src, r);
                     a.write(pa, s, 0, d, 0, (n * 8) as u64).unwrap();
                     a.write_value(pa, f, 8, r).unwrap();
-                    let t0 = Instant::now();
-                    // Ends when the value arrives, or fails after 20 s.
-                    while word(&flag, 1) != r {
-                        a.progress().unwrap();
-                        assert!(t0.elapsed() < Duration::from_secs(20));
-                        std::thread::yield_now();
-                    }
+                    progress_until_word(a, &flag, 1, r);
                     // Only this thread moves the layer's held writes: what is missing now
                     // was released after the flag.
-                    if (0..n).any(|i| word(&dst, i) != r * 1_000_000 + i as u64) {
+                    if (0..n).any(|i| word(&dst, i) != round_word(r, i)) {
                         torn += 1;
                     }
                     a.flush(pa).unwrap();
@@ -499,9 +490,7 @@ fn unordered_layer_enforces_its_profile() {
     let src = vec![7u64; 4096];
     let dst = vec![0u64; 4096];
     let (a, _b) = with_pair(Kind::Tcp, &unordered_cfg(Efa, 1), |a, b, pa| {
-        let d = a
-            .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
-            .unwrap();
+        let d = import_from(a, b, pa, &dst);
         let remote = a.remote(pa, d).unwrap();
         let s = a.register(region(&src)).unwrap().0;
         a.ops.plan = Plan::forced(FlagOrder::Fence);
@@ -529,9 +518,7 @@ fn unordered_layer_enforces_its_profile() {
     });
     assert_eq!(a.ops.outstanding, 0);
     let (a, _b) = with_pair(Kind::Tcp, &unordered_cfg(Psm3, 2), |a, b, pa| {
-        let d = a
-            .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
-            .unwrap();
+        let d = import_from(a, b, pa, &dst);
         let s = a.register(region(&src)).unwrap().0;
         for i in 0..512u64 {
             a.write(pa, s, i * 8, d, i * 8, 8).unwrap();
@@ -557,21 +544,9 @@ fn deferred_flags_keep_their_order_and_leave_the_proxy_free() {
         let flag = vec![0u64; 2];
         let rounds = 30u64;
         let (a, _b) = with_pair(kind, &unordered_cfg(Efa, 5), |a, b, pa| {
-            let d = a
-                .import(pa, &b.lock().unwrap().register(region(&dst)).unwrap().1)
-                .unwrap();
-            let f = a
-                .import(pa, &b.lock().unwrap().register(region(&flag)).unwrap().1)
-                .unwrap();
+            let d = import_from(a, b, pa, &dst);
+            let f = import_from(a, b, pa, &flag);
             let s = a.register(region(&src)).unwrap().0;
-            /// Stops the watcher when the writer is done or panics (else the scope would
-            /// wait for it forever).
-            struct Stop<'a>(&'a AtomicBool);
-            impl Drop for Stop<'_> {
-                fn drop(&mut self) {
-                    self.0.store(true, AtOrd::Release);
-                }
-            }
             let stop = AtomicBool::new(false);
             std::thread::scope(|sc| {
                 let watcher = sc.spawn(|| {
@@ -718,17 +693,20 @@ fn apply_until(b: &Mutex<NetEndpoint>, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Sets its flag when dropped: stops a helper thread when the writer returns or panics (else a
+/// failed assertion would leave the scope waiting for that thread forever).
+struct Stop<'a>(&'a AtomicBool);
+
+impl Drop for Stop<'_> {
+    fn drop(&mut self) {
+        // Pairs with the helper thread's Acquire load of the flag.
+        self.0.store(true, AtOrd::Release);
+    }
+}
+
 /// Runs `body` (the writer) while another thread applies and acknowledges `b`'s incoming
 /// records, as the receiver's proxy would.
 fn while_applying(b: &Mutex<NetEndpoint>, body: impl FnOnce()) {
-    /// Stops the applying thread when `body` returns or panics (else a failed assertion would
-    /// leave the scope waiting for that thread forever).
-    struct Stop<'a>(&'a AtomicBool);
-    impl Drop for Stop<'_> {
-        fn drop(&mut self) {
-            self.0.store(true, AtOrd::Release);
-        }
-    }
     let stop = AtomicBool::new(false);
     std::thread::scope(|sc| {
         sc.spawn(|| {
