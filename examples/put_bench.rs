@@ -8,14 +8,13 @@
 //! schedule as the raw baseline (crates/libfabric-sys/examples/raw_rma.rs).
 //! Latency: 8-byte `putWithSignal` ping-pong, half the round trip, median of many rounds.
 
-use mscclpp::abi::*;
 use mscclpp::capi::comm::*;
 use mscclpp::capi::conn::*;
 use mscclpp::capi::devconn::*;
 use std::time::Instant;
 
 mod common;
-use common::{arg, ok, rank_env, spawn_ranks, transport};
+use common::{arg, connect_pair, ok, rank_env, spawn_ranks, transport};
 
 fn main() {
     let provider = arg("--provider", "tcp");
@@ -27,33 +26,10 @@ fn main() {
         let all_ok = spawn_ranks(2, "PUT_BENCH", &provider);
         std::process::exit(!all_ok as i32);
     };
-    let mut comm = std::ptr::null_mut();
-    ok(
-        mscclppCommInitRank(&mut comm, 2, root.as_ptr(), rank as i32),
-        "init",
-    );
     let max = max_mib << 20;
     let mut buf = vec![1u8; max + 4096];
     let tr = transport(&provider);
-    ok(
-        mscclppConnect(
-            comm,
-            1 - rank as i32,
-            0,
-            buf.as_mut_ptr().cast(),
-            buf.len() as u64,
-            tr as i32,
-            std::ptr::null(),
-        ),
-        "connect",
-    );
-    ok(mscclppConnectionSetup(comm), "setup");
-    ok(mscclppProxyLaunch(comm), "proxy");
-    let mut d: *mut mscclppDevConn = std::ptr::null_mut();
-    ok(
-        mscclppGetDeviceConnection(comm, 1 - rank as i32, 0, &mut d),
-        "conn",
-    );
+    let (comm, d) = connect_pair(rank, &root, &mut buf, tr);
 
     // Latency: ping-pong of signal() (one 8-byte write, as the raw baseline's), then of
     // 8-byte putWithSignal (data write + signal).

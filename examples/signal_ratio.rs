@@ -19,7 +19,7 @@ use mscclpp::capi::devconn::*;
 use std::time::Instant;
 
 mod common;
-use common::{arg, ok, rank_env, spawn_ranks, transport};
+use common::{arg, connect_pair, ok, rank_env, spawn_ranks, transport};
 
 const PUTS: usize = 64;
 
@@ -38,11 +38,6 @@ fn main() {
         let all_ok = spawn_ranks(2, "SIGNAL_RATIO", &provider);
         std::process::exit(!all_ok as i32);
     };
-    let mut comm = std::ptr::null_mut();
-    ok(
-        mscclppCommInitRank(&mut comm, 2, root.as_ptr(), rank as i32),
-        "init",
-    );
     let max = max_mib << 20;
     let mut buf = vec![1u8; 2 * max + 4096];
     let tr = if ib {
@@ -50,25 +45,7 @@ fn main() {
     } else {
         transport(&provider)
     };
-    ok(
-        mscclppConnect(
-            comm,
-            1 - rank as i32,
-            0,
-            buf.as_mut_ptr().cast(),
-            buf.len() as u64,
-            tr as i32,
-            std::ptr::null(),
-        ),
-        "connect",
-    );
-    ok(mscclppConnectionSetup(comm), "setup");
-    ok(mscclppProxyLaunch(comm), "proxy");
-    let mut d: *mut mscclppDevConn = std::ptr::null_mut();
-    ok(
-        mscclppGetDeviceConnection(comm, 1 - rank as i32, 0, &mut d),
-        "conn",
-    );
+    let (comm, d) = connect_pair(rank, &root, &mut buf, tr);
 
     // The 8-byte signal half round trip.
     let rounds = 2000;

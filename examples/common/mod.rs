@@ -1,5 +1,5 @@
-//! Shared by the Rust examples (`put_bench`, `soak`): exit on a failed call with the
-//! library's message, and `--name value` arguments.
+//! Shared by the Rust examples (`put_bench`, `signal_ratio`, `soak`): exit on a failed call
+//! with the library's message, `--name value` arguments, and a two-rank connection.
 
 use mscclpp::abi::mscclppResult_t::{self, mscclppSuccess};
 use mscclpp::capi::comm::mscclppGetLastError;
@@ -72,4 +72,45 @@ pub fn transport(provider: &str) -> mscclpp::abi::mscclppTransport_t {
     } else {
         mscclppTransportIB
     }
+}
+
+/// Rank `rank` of a two-rank communicator rooted at `root`: connects `buf` to the other rank
+/// over `tr`, sets the connection up, starts the proxy; returns the communicator and the
+/// device connection to the other rank.
+#[allow(dead_code)] // `soak` connects to every rank, not to one other.
+pub fn connect_pair(
+    rank: usize,
+    root: &std::ffi::CStr,
+    buf: &mut [u8],
+    tr: mscclpp::abi::mscclppTransport_t,
+) -> (
+    mscclpp::capi::mscclppComm_t,
+    *mut mscclpp::abi::mscclppDevConn,
+) {
+    use mscclpp::capi::conn::*;
+    let mut comm = std::ptr::null_mut();
+    ok(
+        mscclpp::capi::comm::mscclppCommInitRank(&mut comm, 2, root.as_ptr(), rank as i32),
+        "init",
+    );
+    ok(
+        mscclppConnect(
+            comm,
+            1 - rank as i32,
+            0,
+            buf.as_mut_ptr().cast(),
+            buf.len() as u64,
+            tr as i32,
+            std::ptr::null(),
+        ),
+        "connect",
+    );
+    ok(mscclppConnectionSetup(comm), "setup");
+    ok(mscclppProxyLaunch(comm), "proxy");
+    let mut d = std::ptr::null_mut();
+    ok(
+        mscclppGetDeviceConnection(comm, 1 - rank as i32, 0, &mut d),
+        "conn",
+    );
+    (comm, d)
 }
