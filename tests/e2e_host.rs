@@ -1327,27 +1327,23 @@ fn proxy_panic(e: Env) {
     ok(mscclppCommDestroy(c));
 }
 
-#[test]
-fn proxy_panic_fails_the_communicator_at_once_tcp() {
-    let name = "proxy_panic_fails_the_communicator_at_once_tcp";
+/// Runs `proxy_panic` as test `name`'s two ranks over `provider`, the proxy made to panic.
+fn proxy_panic_ranks(name: &str, provider: &str) {
     if is_rank(name) {
         return proxy_panic(env());
     }
     let d = Dir::new(name);
     let (k, v) = d.env();
-    let e = with(transport_env("tcp"), "MSCCLPP_TEST_PROXY_PANIC", "3");
+    let e = with(transport_env(provider), "MSCCLPP_TEST_PROXY_PANIC", "3");
     spawn(name, 2, &with(e, k, &v)).expect_success(DEADLINE);
 }
 #[test]
+fn proxy_panic_fails_the_communicator_at_once_tcp() {
+    proxy_panic_ranks("proxy_panic_fails_the_communicator_at_once_tcp", "tcp");
+}
+#[test]
 fn proxy_panic_fails_the_communicator_at_once_shm() {
-    let name = "proxy_panic_fails_the_communicator_at_once_shm";
-    if is_rank(name) {
-        return proxy_panic(env());
-    }
-    let d = Dir::new(name);
-    let (k, v) = d.env();
-    let e = with(transport_env("shm"), "MSCCLPP_TEST_PROXY_PANIC", "3");
-    spawn(name, 2, &with(e, k, &v)).expect_success(DEADLINE);
+    proxy_panic_ranks("proxy_panic_fails_the_communicator_at_once_shm", "shm");
 }
 
 /// A rank that never calls its counterpart mscclppConnect: setup fails within the timeout,

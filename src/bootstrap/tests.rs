@@ -133,6 +133,21 @@ fn root_cancel_joins_its_thread() {
     }
 }
 
+/// The three ranks of a bootstrap rooted on a free loopback port.
+fn three_ranks() -> [Bootstrap; 3] {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let (a1, a2) = (addr.clone(), addr.clone());
+    let h1 = std::thread::spawn(move || Bootstrap::from_addr(&a1, 1, 3).unwrap());
+    let h2 = std::thread::spawn(move || Bootstrap::from_addr(&a2, 2, 3).unwrap());
+    let b0 = Bootstrap::from_addr(&addr, 0, 3).unwrap();
+    [b0, h1.join().unwrap(), h2.join().unwrap()]
+}
+
 fn pair(addr: &str) -> (Bootstrap, Bootstrap) {
     let a = addr.to_string();
     let h = std::thread::spawn(move || Bootstrap::from_addr(&a, 1, 2).unwrap());
@@ -284,17 +299,7 @@ fn watched_peer_closing_without_goodbye_is_lost() {
 /// the first.
 #[test]
 fn every_lost_peer_is_reported_not_only_the_first() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let (a0, a1) = (addr.clone(), addr.clone());
-    let h0 = std::thread::spawn(move || Bootstrap::from_addr(&a0, 0, 3).unwrap());
-    let h1 = std::thread::spawn(move || Bootstrap::from_addr(&a1, 1, 3).unwrap());
-    let b2 = Bootstrap::from_addr(&addr, 2, 3).unwrap();
-    let (b0, b1) = (h0.join().unwrap(), h1.join().unwrap());
+    let [b0, b1, b2] = three_ranks();
     std::thread::scope(|s| {
         let w0 = s.spawn(|| b0.watch_peers(&[2]).unwrap());
         let w1 = s.spawn(|| b1.watch_peers(&[2]).unwrap());
@@ -428,17 +433,7 @@ fn a_connection_to_itself_is_told_apart() {
 fn hang_reports_are_answered_by_the_mailbox_thread() {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let (a1, a2) = (addr.clone(), addr.clone());
-    let h1 = std::thread::spawn(move || Bootstrap::from_addr(&a1, 1, 3).unwrap());
-    let h2 = std::thread::spawn(move || Bootstrap::from_addr(&a2, 2, 3).unwrap());
-    let b0 = Bootstrap::from_addr(&addr, 0, 3).unwrap();
-    let (b1, b2) = (h1.join().unwrap(), h2.join().unwrap());
+    let [b0, b1, b2] = three_ranks();
     // Rank 1 has no source yet: an empty report. Rank 2 is slow the first time it is asked
     // (a source must not block; this one does, to make an answer arrive late).
     let asked = Arc::new(AtomicU64::new(0));
