@@ -228,33 +228,51 @@ impl Mailbox {
         waiting: &dyn Fn() -> String,
         mut ready: impl FnMut(&mut State) -> Option<T>,
     ) -> Result<T> {
-        let mut st = lock(&self.shared.st);
-        // Ends: `ready` holds, the peer is gone, the communicator aborted, the reader stopped,
-        // or the deadline passes (wait_timeout is bounded by it).
-        loop {
-            if let Some(t) = ready(&mut st) {
-                return Ok(t);
+        self.wait_state(deadline, |st| {
+            if let Some(t) = ready(st) {
+                return Some(Ok(t));
             }
             if let Some(a) = &st.aborted {
-                return Err(Error::remote(format!("{}: {a}", what())));
+                return Some(Err(Error::remote(format!("{}: {a}", what()))));
             }
             if let Some(g) = &st.gone[peer] {
-                return Err(Error::remote(format!("{}: rank {peer} {g}", what())));
+                return Some(Err(Error::remote(format!("{}: rank {peer} {g}", what()))));
             }
             if st.stop {
-                return Err(Error::internal(format!(
+                return Some(Err(Error::internal(format!(
                     "{}: bootstrap reader stopped",
                     what()
-                )));
+                ))));
+            }
+            None
+        })
+        .unwrap_or_else(|| {
+            Err(Error::timeout(
+                format!("{}: {}", what(), waiting()),
+                timeout,
+            ))
+        })
+    }
+
+    /// Runs `check` under the state's lock, at once and after every change the reader makes,
+    /// until it gives an answer; None once the deadline passes without one.
+    fn wait_state<R>(
+        &self,
+        deadline: Instant,
+        mut check: impl FnMut(&mut State) -> Option<R>,
+    ) -> Option<R> {
+        let mut st = lock(&self.shared.st);
+        // Ends: `check` answers, or the deadline passes (each wait_timeout is bounded by it).
+        loop {
+            if let Some(r) = check(&mut st) {
+                return Some(r);
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::timeout(
-                    format!("{}: {}", what(), waiting()),
-                    timeout,
-                ));
+                return None;
             }
-            // Notified (cv) whenever the reader changes the state; bounded by the deadline.
+            // Notified (cv) whenever the reader changes the state (files a message, a peer
+            // goes, the reader stops).
             st = self
                 .shared
                 .cv
@@ -338,37 +356,29 @@ impl Mailbox {
         deadline: Instant,
         bound: Duration,
     ) -> std::result::Result<Vec<u8>, String> {
-        let mut st = lock(&self.shared.st);
         // Ends: the answer is filed, the peer is gone, the reader stopped, or the deadline
-        // passes (each wait_timeout is bounded by it). An aborted bootstrap does not end it:
-        // peers still answer while their connections last.
-        loop {
+        // passes. An aborted bootstrap does not end it: peers still answer while their
+        // connections last.
+        self.wait_state(deadline, |st| {
             if let Some(m) = st.pop((Kind::Report, peer, asked)) {
-                return Ok(m);
+                return Some(Ok(m));
             }
             if let Some((_, why)) = st.lost.iter().find(|(p, _)| *p == peer) {
-                return Err(format!("lost: {why}"));
+                return Some(Err(format!("lost: {why}")));
             }
             if let Some(g) = &st.gone[peer] {
-                return Err(format!("rank {peer} {g}"));
+                return Some(Err(format!("rank {peer} {g}")));
             }
             if st.stop {
-                return Err("this rank's bootstrap reader stopped".into());
+                return Some(Err("this rank's bootstrap reader stopped".into()));
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(format!(
-                    "not within {bound:?} (its process stopped, or its host unreachable?)"
-                ));
-            }
-            // Notified (cv) whenever the reader files an answer or a peer goes.
-            st = self
-                .shared
-                .cv
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+            None
+        })
+        .unwrap_or_else(|| {
+            Err(format!(
+                "not within {bound:?} (its process stopped, or its host unreachable?)"
+            ))
+        })
     }
 
     pub(crate) fn aborted(&self) -> Option<String> {
