@@ -345,24 +345,6 @@ fn destroy_during_a_push_loop_executes_nothing_after_the_abort_shm() {
 
 // ---- one abort for the whole communicator, and for its peers ---------------------------------
 
-fn connect_on(
-    c: mscclpp::capi::mscclppComm_t,
-    peer: usize,
-    tag: i32,
-    buf: &mut [u8],
-    t: mscclppTransport_t,
-) {
-    ok(mscclppConnect(
-        c,
-        peer as i32,
-        tag,
-        buf.as_mut_ptr().cast(),
-        buf.len() as u64,
-        t as i32,
-        std::ptr::null(),
-    ));
-}
-
 /// Each rank has two connections to the other: tag 0 over IB (tcp), tag 1 over SHM. Rank 0's
 /// proxy refuses an out-of-range put on IB: its thread waiting on the SHM connection returns
 /// at once, and rank 1's wait on the IB connection fails at once too (the abort reaches it as
@@ -372,8 +354,8 @@ fn error_aborts_every_transport_and_peer(e: Env) {
     let mut shm = vec![0u8; 4096];
     let c = init(&e.root, e.rank, e.n);
     let peer = 1 - e.rank;
-    connect_on(c, peer, 0, &mut ib, mscclppTransport_t::mscclppTransportIB);
-    connect_on(
+    connect_over(c, peer, 0, &mut ib, mscclppTransport_t::mscclppTransportIB);
+    connect_over(
         c,
         peer,
         1,

@@ -27,18 +27,6 @@ fn in_child(name: &str, provider: &str, body: fn()) {
     spawn(name, 1, &rank_env(provider, 10.0, 10.0)).expect_success(Duration::from_secs(55));
 }
 
-fn connect_with(c: mscclppComm_t, peer: usize, tag: i32, buf: &mut [u8], tr: mscclppTransport_t) {
-    ok(mscclppConnect(
-        c,
-        peer as i32,
-        tag,
-        buf.as_mut_ptr().cast(),
-        buf.len() as u64,
-        tr as i32,
-        std::ptr::null(),
-    ));
-}
-
 /// A raw connection pointer that threads may share: the host device API is thread-safe for
 /// put, signal and flush on one connection (multi-producer FIFO).
 #[derive(Clone, Copy)]
@@ -58,7 +46,7 @@ fn rank_rounds(root: String, rank: usize, tr: mscclppTransport_t, seed: usize) {
     let c = init(&root, rank, 2);
     let peer = 1 - rank;
     let mut buf = vec![0u8; 2 * CHUNK];
-    connect_with(c, peer, 3, &mut buf, tr);
+    connect_over(c, peer, 3, &mut buf, tr);
     ok(mscclppConnectionSetup(c));
     ok(mscclppProxyLaunch(c));
     let d = &mut dev_conns(c)[0];
@@ -135,7 +123,7 @@ fn producers_rank(root: String, rank: usize, tr: mscclppTransport_t) {
     let c = init(&root, rank, 2);
     let per = PUTS * PIECE;
     let mut buf = vec![0u8; PRODUCERS * per];
-    connect_with(c, 1 - rank, 0, &mut buf, tr);
+    connect_over(c, 1 - rank, 0, &mut buf, tr);
     ok(mscclppConnectionSetup(c));
     ok(mscclppProxyLaunch(c));
     let d = ConnPtr(&mut dev_conns(c)[0]);

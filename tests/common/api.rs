@@ -72,6 +72,18 @@ pub fn transport() -> (i32, Option<String>) {
 pub fn connect(c: mscclppComm_t, peer: usize, tag: i32, buf: &mut [u8]) -> mscclppResult_t {
     let (t, dev) = transport();
     let dev = dev.map(|d| CString::new(d).unwrap());
+    connect_dev(c, peer, tag, buf, t, dev.as_deref())
+}
+
+/// Connects `buf` to `peer` over transport `t` (an `mscclppTransport_t` as i32), `ibDev` `dev`.
+pub fn connect_dev(
+    c: mscclppComm_t,
+    peer: usize,
+    tag: i32,
+    buf: &mut [u8],
+    t: i32,
+    dev: Option<&CStr>,
+) -> mscclppResult_t {
     mscclppConnect(
         c,
         peer as i32,
@@ -79,8 +91,19 @@ pub fn connect(c: mscclppComm_t, peer: usize, tag: i32, buf: &mut [u8]) -> msccl
         buf.as_mut_ptr().cast(),
         buf.len() as u64,
         t,
-        dev.as_ref().map_or(std::ptr::null(), |d| d.as_ptr()),
+        dev.map_or(std::ptr::null(), |d| d.as_ptr()),
     )
+}
+
+/// Connects `buf` to `peer` over transport `t` (no `ibDev`); fails the test unless it succeeds.
+pub fn connect_over(
+    c: mscclppComm_t,
+    peer: usize,
+    tag: i32,
+    buf: &mut [u8],
+    t: mscclppTransport_t,
+) {
+    ok(connect_dev(c, peer, tag, buf, t as i32, None));
 }
 
 pub fn dev_conns(c: mscclppComm_t) -> &'static mut [mscclppDevConn] {
