@@ -98,14 +98,20 @@ run_step() {
 ranks() {
   local np=$1
   shift
-  local port pids=() rc=0 r
-  port=$("$ROOT/scripts/free-port.sh") || return 1
   # Two ranks per GPU: their kernels run at once only under MPS (without it they time-slice
   # the GPU, ~2 ms per switch); one rank per GPU runs without it, as users run. More than two
   # per GPU time-slice: under MPS, 8 ranks on one H100 deadlocked in the all-gather benchmark
   # (every rank's proxy timed out waiting for its copies to complete while the ranks' spinning
   # kernels and SM engines held the GPU; the library reported it and the kernels ended).
   if ((np > NGPU && np <= 2 * NGPU)); then mps_up; else mps_down; fi
+  spawn_ranks "$np" "$@"
+}
+# spawn_ranks NP PROGRAM ARGS...: NP processes of PROGRAM with -r/-n/-a on a fresh port, the
+# MPS state left as it is; fails if any rank fails (`ranks`, `stuck_case`).
+spawn_ranks() {
+  local np=$1 port pids=() rc=0 r p
+  shift
+  port=$("$ROOT/scripts/free-port.sh") || return 1
   for ((r = 0; r < np; r++)); do
     "$@" -r $r -n "$np" -a "127.0.0.1:$port" &
     pids+=($!)
@@ -145,7 +151,7 @@ mps_down() {
 mps_down # one left by an interrupted run
 trap mps_down EXIT
 trap 'exit 130' INT TERM
-export -f ranks mps_running mps_up mps_down
+export -f ranks spawn_ranks mps_running mps_up mps_down
 export ROOT CARRY WORK PREFIX BIN OUT
 # A rank whose peer died must not wait for the default 30 s.
 export MSCCLPP_BOOTSTRAP_TIMEOUT=20 MSCCLPP_WAIT_TIMEOUT=20
@@ -522,20 +528,11 @@ fi
 #     stuck_teardown line (how long the stop and destroy took, whether and when its kernel
 #     ended) and exits 1 past a bound or when its kernel did not end, 3 on a hang.
 stuck_case() { # MODE MPS [ARGS...]
-  local mode=$1 mps=$2 port pids=() rc=0 r p
+  local mode=$1 mps=$2
   shift 2
   mps_down
   ((mps)) && mps_up
-  port=$("$ROOT/scripts/free-port.sh") || return 1
-  for r in 0 1; do
-    CUDA_VISIBLE_DEVICES=${STUCK_GPU:-0} "$BIN/stuck_teardown" --mode "$mode" "$@" \
-      -r $r -n 2 -a "127.0.0.1:$port" &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do
-    wait "$p" || rc=$?
-  done
-  return $rc
+  spawn_ranks 2 env CUDA_VISIBLE_DEVICES="${STUCK_GPU:-0}" "$BIN/stuck_teardown" --mode "$mode" "$@"
 }
 export -f stuck_case
 if ((!${GPU_CHECK_STUCK:-1})); then
