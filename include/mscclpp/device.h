@@ -200,50 +200,41 @@ MSCCLPP_DEVICE_INLINE void addOneSys(uint64_t* p)
 #endif
 }
 
+/* Copies the whole words of type W at the start of [src, src + n) to dst (both aligned to W),
+ * kInFlight loads before their stores; returns the bytes copied. */
+template <typename W, int kInFlight>
+MSCCLPP_DEVICE_INLINE uint64_t copyWords(char* dst, const char* src, uint64_t n)
+{
+  const uint64_t words = n / sizeof(W);
+  const W* s = reinterpret_cast<const W*>(src);
+  W* d = reinterpret_cast<W*>(dst);
+  uint64_t i = 0;
+  for (; i + kInFlight <= words; i += kInFlight) {
+    W v[kInFlight];
+#pragma unroll
+    for (int j = 0; j < kInFlight; j++) v[j] = s[i + j];
+#pragma unroll
+    for (int j = 0; j < kInFlight; j++) d[i + j] = v[j];
+  }
+  for (; i < words; i++) d[i] = s[i];
+  return words * sizeof(W);
+}
+
 /* Copies n bytes from src to dst by the calling thread alone (a direct put: dst is a peer's
- * buffer mapped through CUDA IPC): 16-, 8- or 4-byte words as both addresses allow, eight
- * loads in flight before their stores (the source's latency, not the link, bounds one
- * thread), then the rest byte by byte. Plain loads and stores: the caller's release fence
+ * buffer mapped through CUDA IPC): 16-, 8- or 4-byte words as both addresses allow (16 and 8
+ * with eight loads in flight before their stores: the source's latency, not the link, bounds
+ * one thread), then the rest byte by byte. Plain loads and stores: the caller's release fence
  * orders them before the signal that publishes them. */
 MSCCLPP_DEVICE_INLINE void copyThread(char* dst, const char* src, uint64_t n)
 {
-  constexpr int kInFlight = 8;
   const uint64_t both = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src);
   uint64_t done = 0;
   if (both % 16 == 0) {
-    const uint64_t words = n / 16;
-    const int4* s = reinterpret_cast<const int4*>(src);
-    int4* d = reinterpret_cast<int4*>(dst);
-    uint64_t i = 0;
-    for (; i + kInFlight <= words; i += kInFlight) {
-      int4 v[kInFlight];
-#pragma unroll
-      for (int j = 0; j < kInFlight; j++) v[j] = s[i + j];
-#pragma unroll
-      for (int j = 0; j < kInFlight; j++) d[i + j] = v[j];
-    }
-    for (; i < words; i++) d[i] = s[i];
-    done = words * 16;
+    done = copyWords<int4, 8>(dst, src, n);
   } else if (both % 8 == 0) {
-    const uint64_t words = n / 8;
-    const uint64_t* s = reinterpret_cast<const uint64_t*>(src);
-    uint64_t* d = reinterpret_cast<uint64_t*>(dst);
-    uint64_t i = 0;
-    for (; i + kInFlight <= words; i += kInFlight) {
-      uint64_t v[kInFlight];
-#pragma unroll
-      for (int j = 0; j < kInFlight; j++) v[j] = s[i + j];
-#pragma unroll
-      for (int j = 0; j < kInFlight; j++) d[i + j] = v[j];
-    }
-    for (; i < words; i++) d[i] = s[i];
-    done = words * 8;
+    done = copyWords<uint64_t, 8>(dst, src, n);
   } else if (both % 4 == 0) {
-    const uint64_t words = n / 4;
-    const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
-    uint32_t* d = reinterpret_cast<uint32_t*>(dst);
-    for (uint64_t i = 0; i < words; i++) d[i] = s[i];
-    done = words * 4;
+    done = copyWords<uint32_t, 1>(dst, src, n);
   }
   for (; done < n; done++) dst[done] = src[done];
 }
