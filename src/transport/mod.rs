@@ -10,6 +10,7 @@ pub mod epoch;
 pub mod inbox;
 pub mod net;
 pub mod p2p;
+pub mod slots;
 pub mod staging;
 
 use crate::abi::mscclppTransport_t;

@@ -10,6 +10,7 @@
 
 use super::fabric::{check, close_fid, fab_err, ENOSYS};
 use crate::error::{Error, Result};
+use crate::transport::slots::Slots;
 use libfabric_sys as fi;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -137,37 +138,25 @@ pub(super) fn register<O: FabricOps>(
 /// their call (a released index is reused, so the table never grows past what is open at
 /// once). Every entry left is closed by `teardown`.
 pub(super) struct Table<H> {
-    mrs: Vec<Option<LocalMr<H>>>,
-    /// Indices of closed entries, reused first.
-    free: Vec<usize>,
+    mrs: Slots<LocalMr<H>>,
 }
 
 impl<H> Table<H> {
     pub fn new() -> Self {
         Table {
-            mrs: Vec::new(),
-            free: Vec::new(),
+            mrs: Slots::default(),
         }
     }
 
     /// Keeps `m` until `close` or `teardown`; returns its index.
     pub fn insert(&mut self, m: LocalMr<H>) -> usize {
-        match self.free.pop() {
-            Some(i) => {
-                self.mrs[i] = Some(m);
-                i
-            }
-            None => {
-                self.mrs.push(Some(m));
-                self.mrs.len() - 1
-            }
-        }
+        self.mrs.insert(m)
     }
 
     /// The registrations open now.
     #[cfg(test)]
     pub fn open(&self) -> usize {
-        self.mrs.len() - self.free.len()
+        self.mrs.held()
     }
 }
 
@@ -176,8 +165,8 @@ impl<H> Table<H> {
 impl<H> std::ops::Index<usize> for Table<H> {
     type Output = LocalMr<H>;
     fn index(&self, i: usize) -> &LocalMr<H> {
-        self.mrs[i]
-            .as_ref()
+        self.mrs
+            .get(i)
             .unwrap_or_else(|| panic!("memory registration {i} used after it was closed"))
     }
 }
@@ -188,10 +177,8 @@ impl<H> std::ops::Index<usize> for Table<H> {
 pub(super) fn close<O: FabricOps>(ops: &mut O, t: &mut Table<O::Handle>, i: usize) -> Result<()> {
     let m = t
         .mrs
-        .get_mut(i)
-        .and_then(Option::take)
+        .remove(i)
         .ok_or_else(|| Error::internal(format!("closing memory registration {i}, not open")))?;
-    t.free.push(i);
     ops.close_mr(m.handle)
 }
 
@@ -200,13 +187,12 @@ pub(super) fn close<O: FabricOps>(ops: &mut O, t: &mut Table<O::Handle>, i: usiz
 /// logged; the first one is returned after everything was attempted.
 pub(super) fn teardown<O: FabricOps>(ops: &mut O, t: &mut Table<O::Handle>) -> Result<()> {
     let mut first: Option<Error> = None;
-    for m in t.mrs.drain(..).flatten() {
+    for m in t.mrs.drain() {
         if let Err(e) = ops.close_mr(m.handle) {
             crate::warn!("net: closing a memory registration: {e}");
             first.get_or_insert(e);
         }
     }
-    t.free.clear();
     if let Err(e) = ops.close_ep() {
         crate::warn!("net: closing the endpoint: {e}");
         first.get_or_insert(e);

@@ -32,6 +32,7 @@ use super::ops::provider_wait;
 use super::NetEndpoint;
 use crate::config::NetConfig;
 use crate::error::{Error, Result};
+use crate::transport::slots::Slots;
 use crate::transport::{
     AbortCheck, Caps, Endpoint, EpochMem, MemKind, MrId, PeerId, Region, RemoteId,
 };
@@ -82,9 +83,8 @@ pub struct Rails {
     rails: Vec<Rail>,
     peers: Vec<RailPeer>,
     /// Our regions (`MrId` indexes this); a source's id is freed by `release_source` and
-    /// reused (`free_ids`).
-    regions: Vec<Option<RailRegion>>,
-    free_ids: Vec<MrId>,
+    /// reused.
+    regions: Slots<RailRegion>,
     /// Rail 0's region id -> ours (registering a region twice returns the same id).
     by_first: HashMap<MrId, MrId>,
     remotes: Vec<RemoteRails>,
@@ -213,8 +213,7 @@ impl Rails {
                 })
                 .collect(),
             peers: Vec::new(),
-            regions: Vec::new(),
-            free_ids: Vec::new(),
+            regions: Slots::default(),
             by_first: HashMap::new(),
             remotes: Vec::new(),
             chunk: cfg.stripe_chunk.max(crate::config::MIN_STRIPE_CHUNK),
@@ -242,21 +241,12 @@ impl Rails {
 
     /// Our region `id`, if held.
     fn region(&self, id: MrId) -> Option<&RailRegion> {
-        self.regions.get(id).and_then(Option::as_ref)
+        self.regions.get(id)
     }
 
     /// Keeps `g` (in a released id's place if there is one); returns its id.
     fn hold(&mut self, g: RailRegion) -> MrId {
-        match self.free_ids.pop() {
-            Some(id) => {
-                self.regions[id] = Some(g);
-                id
-            }
-            None => {
-                self.regions.push(Some(g));
-                self.regions.len() - 1
-            }
-        }
+        self.regions.insert(g)
     }
 
     /// Releases the sources `ids` (rail 0 first) on their rails; every one is attempted, the
@@ -586,17 +576,16 @@ impl Endpoint for Rails {
     }
 
     fn release_source(&mut self, src: MrId) -> Result<()> {
-        let ids = match self.regions.get_mut(src) {
-            Some(slot @ Some(RailRegion { blob: None, .. })) => slot.take().map(|g| g.ids),
-            _ => None,
-        }
-        .ok_or_else(|| {
-            Error::internal(format!(
-                "{}: releasing region {src}, which is not a held source",
-                self.describe()
-            ))
-        })?;
-        self.free_ids.push(src);
+        let ids = self
+            .regions
+            .remove_if(src, |g| g.blob.is_none())
+            .map(|g| g.ids)
+            .ok_or_else(|| {
+                Error::internal(format!(
+                    "{}: releasing region {src}, which is not a held source",
+                    self.describe()
+                ))
+            })?;
         self.release_ids(&ids)
     }
 

@@ -8,6 +8,7 @@ use super::ops::Ops;
 use super::peers::Peers;
 use super::staging::Staging;
 use crate::error::{Error, Result};
+use crate::transport::slots::Slots;
 use crate::transport::{MemKind, MrId, PeerId, Region, RemoteId};
 use libfabric_sys as fi;
 use std::collections::HashMap;
@@ -56,10 +57,8 @@ pub(super) struct Regions {
     hmem: std::result::Result<(), &'static str>,
     /// Regions handed out by `register` (deduplicated by `region_ids`, kept until the
     /// endpoint closes) and by `register_source` (until `release_source`). `MrId` indexes
-    /// this; a released id is reused (`free_ids`), so that a registration per call does not
-    /// grow it.
-    local: Vec<Option<LocalRegion>>,
-    free_ids: Vec<MrId>,
+    /// this; a released id is reused, so that a registration per call does not grow it.
+    local: Slots<LocalRegion>,
     region_ids: HashMap<Region, MrId>,
     remotes: Vec<Remote>,
     /// Unit tests only: host regions registered from now on stand in for FI_HMEM memory of
@@ -72,8 +71,8 @@ impl Index<MrId> for Regions {
     type Output = LocalRegion;
     /// `id` was handed out and not released: the write paths use only ids the caller holds.
     fn index(&self, id: MrId) -> &LocalRegion {
-        self.local[id]
-            .as_ref()
+        self.local
+            .get(id)
             .unwrap_or_else(|| panic!("local region {id} used after it was released"))
     }
 }
@@ -84,8 +83,7 @@ impl Regions {
             mrs: mr::Table::new(),
             policy,
             hmem,
-            local: Vec::new(),
-            free_ids: Vec::new(),
+            local: Slots::default(),
             region_ids: HashMap::new(),
             remotes: Vec::new(),
             host_as_hmem: None,
@@ -93,7 +91,7 @@ impl Regions {
     }
 
     pub fn get(&self, id: MrId) -> Option<&LocalRegion> {
-        self.local.get(id).and_then(Option::as_ref)
+        self.local.get(id)
     }
 
     /// Region `id` if `register` handed it out: what a peer's staging record may name (a
@@ -106,7 +104,7 @@ impl Regions {
     /// (with the fixed ones and bounce slots): what `register_source` must not grow.
     #[cfg(test)]
     pub fn held(&self) -> (usize, usize) {
-        (self.local.len() - self.free_ids.len(), self.mrs.open())
+        (self.local.held(), self.mrs.open())
     }
 
     /// The registrations every endpoint makes when it opens: the op slots' inline area
@@ -200,7 +198,7 @@ impl Regions {
             },
         }
         .encode();
-        if let Some(Some(r)) = self.local.get_mut(id) {
+        if let Some(r) = self.local.get_mut(id) {
             r.blob = blob.clone();
         }
         self.region_ids.insert(region, id);
@@ -258,17 +256,12 @@ impl Regions {
 
     /// `Endpoint::release_source`: closes the source's registration and frees its id.
     pub fn release_source(&mut self, ops: &mut Ops, id: MrId) -> Result<()> {
-        let r = match self.local.get_mut(id) {
-            Some(slot @ Some(LocalRegion { source: true, .. })) => slot.take(),
-            _ => None,
-        }
-        .ok_or_else(|| {
+        let r = self.local.remove_if(id, |r| r.source).ok_or_else(|| {
             Error::internal(format!(
                 "{}: releasing local region {id}, which is not a held source",
                 ops.describe()
             ))
         })?;
-        self.free_ids.push(id);
         match r.backing {
             Backing::Mr(i) | Backing::Hmem(i, _) => mr::close(&mut ops.mr_ops(), &mut self.mrs, i),
             Backing::Staged => Ok(()),
@@ -277,16 +270,7 @@ impl Regions {
 
     /// Keeps `r` (in a released id's place if there is one); returns its id.
     fn hold(&mut self, r: LocalRegion) -> MrId {
-        match self.free_ids.pop() {
-            Some(id) => {
-                self.local[id] = Some(r);
-                id
-            }
-            None => {
-                self.local.push(Some(r));
-                self.local.len() - 1
-            }
-        }
+        self.local.insert(r)
     }
 
     /// How `region` is backed: registered (host memory, FI_HMEM) or staged, and for staged

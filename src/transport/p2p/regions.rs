@@ -5,6 +5,7 @@
 use super::blob::{process_nonce, RegionBlob};
 use crate::cuda::{self, IpcMapping, IPC_HANDLE_BYTES};
 use crate::error::{Error, Result};
+use crate::transport::slots::Slots;
 use crate::transport::{MemKind, MrId, PeerId, Region, RemoteId};
 use std::collections::HashMap;
 
@@ -49,10 +50,9 @@ pub(super) struct Regions {
     /// The endpoint's device: peers' allocations are mapped there.
     device: i32,
     /// Regions of `register` (deduplicated by `local_ids`, kept) and of `register_source`
-    /// (until `release_source`); `MrId` indexes this, and a released id is reused
-    /// (`free_ids`), so that a registration per call does not grow it.
-    locals: Vec<Option<Local>>,
-    free_ids: Vec<MrId>,
+    /// (until `release_source`); `MrId` indexes this, and a released id is reused, so that a
+    /// registration per call does not grow it.
+    locals: Slots<Local>,
     local_ids: HashMap<Region, MrId>,
     remotes: Vec<Remote>,
     maps: HashMap<MapKey, IpcMapping>,
@@ -62,8 +62,7 @@ impl Regions {
     pub(super) fn new(device: i32) -> Regions {
         Regions {
             device,
-            locals: Vec::new(),
-            free_ids: Vec::new(),
+            locals: Slots::default(),
             local_ids: HashMap::new(),
             remotes: Vec::new(),
             maps: HashMap::new(),
@@ -142,13 +141,9 @@ impl Regions {
 
     /// `Endpoint::release_source`.
     pub(super) fn release_source(&mut self, id: MrId) -> Result<()> {
-        match self.locals.get_mut(id) {
-            Some(slot @ Some(Local { source: true, .. })) => {
-                *slot = None;
-                self.free_ids.push(id);
-                Ok(())
-            }
-            _ => Err(Error::internal(format!(
+        match self.locals.remove_if(id, |l| l.source) {
+            Some(_) => Ok(()),
+            None => Err(Error::internal(format!(
                 "P2P: releasing local region {id}, which is not a held source"
             ))),
         }
@@ -156,22 +151,13 @@ impl Regions {
 
     /// Keeps `l` (in a released id's place if there is one); returns its id.
     fn hold(&mut self, l: Local) -> MrId {
-        match self.free_ids.pop() {
-            Some(id) => {
-                self.locals[id] = Some(l);
-                id
-            }
-            None => {
-                self.locals.push(Some(l));
-                self.locals.len() - 1
-            }
-        }
+        self.locals.insert(l)
     }
 
     /// Local regions held now (registered and sources).
     #[cfg(test)]
     fn held(&self) -> usize {
-        self.locals.len() - self.free_ids.len()
+        self.locals.held()
     }
 
     /// Imports the region of blob `b` (decoded) from `peer`, the rank `rank` whose endpoint's
@@ -268,7 +254,6 @@ impl Regions {
         let l = self
             .locals
             .get(src)
-            .and_then(Option::as_ref)
             .ok_or_else(|| Error::internal(format!("P2P local region {src}")))?
             .region;
         let r = self.remote(dst, peer)?;
@@ -340,12 +325,12 @@ mod tests {
         for i in 0..10_000u64 {
             let s = r.register_source(host(0x20_0000, 8 + i)).unwrap();
             assert_ne!(s, conn);
-            assert_eq!(r.locals[s].as_ref().unwrap().region.len, 8 + i);
+            assert_eq!(r.locals.get(s).unwrap().region.len, 8 + i);
             r.release_source(s).unwrap();
             assert!(r.release_source(s).is_err(), "released twice");
             assert_eq!(r.held(), 1);
         }
-        assert_eq!(r.locals.len(), 2, "one slot for the sources, reused");
+        assert_eq!(r.locals.ids(), 2, "one slot for the sources, reused");
         // The same range as the connection's region is still a registration of its own.
         let s = r.register_source(host(0x10_0000, 4096)).unwrap();
         assert_ne!(s, conn);
@@ -354,10 +339,7 @@ mod tests {
             r.release_source(conn).is_err(),
             "a connection region is not a source"
         );
-        assert_eq!(
-            r.locals[conn].as_ref().unwrap().region,
-            host(0x10_0000, 4096)
-        );
+        assert_eq!(r.locals.get(conn).unwrap().region, host(0x10_0000, 4096));
         assert!(r.register_source(host(0, 8)).is_err());
     }
 }

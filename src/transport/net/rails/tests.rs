@@ -465,7 +465,7 @@ fn sources_stripe_and_are_released_on_every_rail() {
     let mut src = vec![0u64; words];
     let held = |a: &Rails| {
         let rails: Vec<_> = a.rails.iter().map(|r| r.ep.regions.held()).collect();
-        (rails, a.regions.len() - a.free_ids.len(), a.regions.len())
+        (rails, a.regions.held(), a.regions.ids())
     };
     let ((), _b) = with_target(b, || {
         let mut first = None;
