@@ -113,14 +113,7 @@ impl ProxyWork {
     /// The record in words: the operation, the connection and peer, what it waits for and
     /// what it has, the FIFO's head and how long.
     fn describe(&self, r: &WaitRecord) -> String {
-        let conn = match self.conns.get(r.conn_id) {
-            Some(c) => format!("connection {} (to rank {})", c.index, c.remote_rank),
-            None => format!(
-                "connection id {} (this proxy has {})",
-                r.conn_id,
-                self.conns.len()
-            ),
-        };
+        let conn = self.conn_name(r.conn_id);
         let (wanted, seen) = (r.wanted, r.seen);
         let what = match r.op {
             MSCCLPP_WAIT_OP_WAIT => {

@@ -65,6 +65,18 @@ pub(super) enum Round {
 }
 
 impl ProxyWork {
+    /// Connection `conn_id` of this proxy (an id a kernel wrote) in words for an error: its
+    /// index and peer, or that no such connection exists here.
+    pub(super) fn conn_name(&self, conn_id: usize) -> String {
+        match self.conns.get(conn_id) {
+            Some(c) => format!("connection {} (to rank {})", c.index, c.remote_rank),
+            None => format!(
+                "connection id {conn_id} (this proxy has {})",
+                self.conns.len()
+            ),
+        }
+    }
+
     pub fn new(
         fifo: Fifo,
         endpoint: SharedEndpoint,
@@ -338,14 +350,7 @@ pub(super) fn lost_peer_of(boot: &crate::bootstrap::Bootstrap, ranks: &[usize]) 
 /// The error for a trigger its producer refused to encode (`MSCCLPP_TRIGGER_REFUSED`): a put
 /// that no trigger can carry, reported instead of moved with wrapped offsets.
 fn refused(w: &ProxyWork, r: &crate::fifo::Refusal) -> Error {
-    let conn = match w.conns.get(r.conn_id) {
-        Some(c) => format!("connection {} (to rank {})", c.index, c.remote_rank),
-        None => format!(
-            "connection id {} (this proxy has {})",
-            r.conn_id,
-            w.conns.len()
-        ),
-    };
+    let conn = w.conn_name(r.conn_id);
     Error::invalid_arg(format!(
         "{}: a kernel's put on {conn} was refused: {}",
         w.name,
