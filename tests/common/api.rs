@@ -162,6 +162,24 @@ pub fn async_error(c: mscclppComm_t) -> mscclppResult_t {
     r
 }
 
+/// Waits until `c` has an asynchronous error (a peer's abort arrives in milliseconds) and
+/// returns it; fails the test after 20 s, saying `what` never arrived.
+pub fn await_async_error(c: mscclppComm_t, what: &str) -> mscclppResult_t {
+    let t0 = std::time::Instant::now();
+    // Ends when an error is set, or fails at 20 s.
+    loop {
+        let r = async_error(c);
+        if r != mscclppSuccess {
+            return r;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "{what} never arrived"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Fills a byte pattern unique to (rank, index).
 pub fn pattern(rank: usize, i: usize) -> u8 {
     (rank as u8)
