@@ -932,7 +932,7 @@ mod tests {
     }
 
     #[test]
-    fn p2p_direct_bytes_default_off_and_limit() {
+    fn p2p_direct_bytes_default_zero_means_off_and_limit() {
         let get = |v: &str| with(&[("MSCCLPP_P2P_DIRECT_BYTES", v)]);
         assert_eq!(with(&[]).p2p.direct_bytes, P2P_DIRECT_BYTES);
         assert_eq!(get("0").p2p.direct_bytes, 0);
