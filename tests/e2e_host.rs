@@ -638,19 +638,11 @@ fn registered_write(e: Env) {
     let mut target = vec![0u8; e.n * 1000];
     let mut reg = register(c, &mut target);
     let mut src: Vec<u8> = (0..1100).map(|i| pattern(e.rank, i)).collect();
-    // Bytes 100..1100 of src land at [rank*1000, rank*1000+1000) of every peer's target.
-    ok(mscclppRegisteredBufferWrite(
-        c,
-        &mut reg,
-        src.as_mut_ptr().cast(),
-        1000,
-        100,
-        (e.rank * 1000) as u32,
-        0,
-    ));
-    // The same write on cudaStreamLegacy (1) and cudaStreamPerThread (2), which a program built
-    // with `--default-stream per-thread` passes; a negative stream is no cudaStream_t.
-    for stream in [1, 2] {
+    // Bytes 100..1100 of src land at [rank*1000, rank*1000+1000) of every peer's target: on
+    // stream 0, then the same write on cudaStreamLegacy (1) and cudaStreamPerThread (2), which
+    // a program built with `--default-stream per-thread` passes; a negative stream is no
+    // cudaStream_t.
+    for stream in [0, 1, 2] {
         ok(mscclppRegisteredBufferWrite(
             c,
             &mut reg,
