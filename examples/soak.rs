@@ -19,7 +19,7 @@ use mscclpp::capi::devconn::*;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{arg, ok, rank_env, spawn_ranks, transport};
+use common::{arg, connect_to, ok, rank_env, spawn_ranks, transport};
 
 /// Each sender owns a region of SLOT bytes in each half of every receiver's buffer.
 const SLOT: usize = 256 * 1024;
@@ -91,18 +91,7 @@ fn main() {
     let tr = transport(&provider);
     let peers: Vec<usize> = (0..n).filter(|&p| p != rank).collect();
     for &p in &peers {
-        ok(
-            mscclppConnect(
-                comm,
-                p as i32,
-                0,
-                buf.as_mut_ptr().cast(),
-                buf.len() as u64,
-                tr as i32,
-                std::ptr::null(),
-            ),
-            "connect",
-        );
+        connect_to(comm, p, &mut buf, tr);
     }
     ok(mscclppConnectionSetup(comm), "setup");
     ok(mscclppProxyLaunch(comm), "proxy");

@@ -93,18 +93,7 @@ pub fn connect_pair(
         mscclpp::capi::comm::mscclppCommInitRank(&mut comm, 2, root.as_ptr(), rank as i32),
         "init",
     );
-    ok(
-        mscclppConnect(
-            comm,
-            1 - rank as i32,
-            0,
-            buf.as_mut_ptr().cast(),
-            buf.len() as u64,
-            tr as i32,
-            std::ptr::null(),
-        ),
-        "connect",
-    );
+    connect_to(comm, 1 - rank, buf, tr);
     ok(mscclppConnectionSetup(comm), "setup");
     ok(mscclppProxyLaunch(comm), "proxy");
     let mut d = std::ptr::null_mut();
@@ -113,4 +102,25 @@ pub fn connect_pair(
         "conn",
     );
     (comm, d)
+}
+
+/// Connects `buf` to rank `peer` (tag 0) over `tr`.
+pub fn connect_to(
+    comm: mscclpp::capi::mscclppComm_t,
+    peer: usize,
+    buf: &mut [u8],
+    tr: mscclpp::abi::mscclppTransport_t,
+) {
+    ok(
+        mscclpp::capi::conn::mscclppConnect(
+            comm,
+            peer as i32,
+            0,
+            buf.as_mut_ptr().cast(),
+            buf.len() as u64,
+            tr as i32,
+            std::ptr::null(),
+        ),
+        "connect",
+    );
 }
