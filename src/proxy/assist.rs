@@ -33,7 +33,11 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
     }
 
     fn withdraw(&self, ticket: u64) -> Withdrawal {
-        let Some(mut w) = locked(self) else {
+        // Not `locked`'s few tries: this runs once, on a call's failure path, right when the
+        // timeout that caused it has the hang reporter reading this very consumer (it holds
+        // the lock up to 20 ms), and a busy proxy round is short. A lock still held after
+        // WITHDRAW_WAIT (a proxy stuck in its transport) leaves the trigger queued, as before.
+        let Some(mut w) = locked_within(self, WITHDRAW_WAIT) else {
             return Withdrawal::Queued;
         };
         if w.sticky.get().is_some() {
@@ -75,6 +79,25 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
 fn idle(m: &Mutex<ProxyWork>) -> Option<MutexGuard<'_, ProxyWork>> {
     let w = locked(m)?;
     (w.active && w.fifo.aborted() == 0 && w.fifo.all_retired()).then_some(w)
+}
+
+/// How long taking back a timed-out trigger waits for the consumer's lock.
+const WITHDRAW_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The consumer, locked, if the lock is had within `limit` (yielding between tries).
+fn locked_within(
+    m: &Mutex<ProxyWork>,
+    limit: std::time::Duration,
+) -> Option<MutexGuard<'_, ProxyWork>> {
+    let t0 = std::time::Instant::now();
+    // Ends: the lock is had, or `limit` passed.
+    loop {
+        match m.try_lock() {
+            Ok(w) => return Some(w),
+            Err(_) if t0.elapsed() < limit => std::thread::yield_now(),
+            Err(_) => return None,
+        }
+    }
 }
 
 /// The consumer, locked, if the lock is had within a few tries (see `idle`).
