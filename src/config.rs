@@ -35,6 +35,7 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_NET_RAILS",
     "MSCCLPP_NET_STRIPE_CHUNK",
     "MSCCLPP_NET_DELIVERY_COMPLETE",
+    "MSCCLPP_NET_CQ_SIGNALS",
     "MSCCLPP_NET_HMEM",
     "MSCCLPP_NET_STAGING_BYTES",
     "MSCCLPP_NET_STAGING_SLOTS",
@@ -110,6 +111,9 @@ pub struct NetConfig {
     pub stripe_chunk: u64,
     /// `MSCCLPP_NET_DELIVERY_COMPLETE=0` turns it off: flush then means locally complete.
     pub delivery_complete: bool,
+    /// `MSCCLPP_NET_CQ_SIGNALS=0` turns off signals carried as remote CQ data
+    /// (`transport::net::signals`): every signal is then an 8-byte write of its own.
+    pub cq_signals: bool,
     /// `MSCCLPP_NET_HMEM`: when GPU memory is registered with FI_HMEM (see [`Hmem`]).
     pub hmem: Hmem,
     /// `MSCCLPP_NET_STAGING_BYTES`: bytes of each peer's staging ring.
@@ -163,6 +167,7 @@ impl Default for NetConfig {
             rails: DEFAULT_RAILS,
             stripe_chunk: DEFAULT_STRIPE_CHUNK,
             delivery_complete: true,
+            cq_signals: true,
             hmem: Hmem::Auto,
             staging_bytes: None,
             staging_slots: None,
@@ -648,6 +653,7 @@ impl Config {
                 "MSCCLPP_NET_DELIVERY_COMPLETE",
                 net_default.delivery_complete,
             ),
+            cq_signals: r.flag("MSCCLPP_NET_CQ_SIGNALS", net_default.cq_signals),
             hmem: match r
                 .choice("MSCCLPP_NET_HMEM", &["auto", "1", "0"], "auto")
                 .as_deref()

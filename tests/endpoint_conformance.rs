@@ -318,6 +318,10 @@ macro_rules! suite {
                 go("value_after_data", cases::value_after_data)
             }
             #[test]
+            fn value_rides_with_data() {
+                go("value_rides_with_data", cases::value_rides_with_data)
+            }
+            #[test]
             fn flush_means_arrived() {
                 go("flush_means_arrived", cases::flush_means_arrived)
             }

@@ -17,7 +17,9 @@ const FLAG_VIRT_ADDR: u32 = 1;
 /// Mode flags (at most one): see [`Mode`].
 const FLAG_RELAY_VALUES: u32 = 2;
 const FLAG_STAGED: u32 = 4;
-const KNOWN_FLAGS: u32 = FLAG_VIRT_ADDR | FLAG_RELAY_VALUES | FLAG_STAGED;
+/// The owner stores values that name this region in remote CQ data (`signals.rs`).
+const FLAG_CQ_VALUES: u32 = 8;
+const KNOWN_FLAGS: u32 = FLAG_VIRT_ADDR | FLAG_RELAY_VALUES | FLAG_STAGED | FLAG_CQ_VALUES;
 /// Bounds on a peer's staging channel (sanity, not policy: the owner chose the sizes).
 const MAX_INBOX_SLOTS: u64 = 1 << 16;
 const MIN_RING: u64 = 4096;
@@ -182,6 +184,9 @@ pub(super) struct MrBlob {
     pub key: u64,
     pub mode: Mode,
     pub id: u32,
+    /// Values into it may ride as remote CQ data (`signals.rs`): the owner reads them from its
+    /// completion queue and stores them itself. Only on `Mode::Direct` regions.
+    pub cq_values: bool,
 }
 
 impl MrBlob {
@@ -194,6 +199,7 @@ impl MrBlob {
             key,
             mode: Mode::Direct,
             id: 0,
+            cq_values: false,
         }
     }
 
@@ -206,7 +212,11 @@ impl MrBlob {
         Writer::new()
             .u32(MR_MAGIC)
             .u32(VERSION)
-            .u32(if self.virt_addr { FLAG_VIRT_ADDR } else { 0 } | mode)
+            .u32(
+                if self.virt_addr { FLAG_VIRT_ADDR } else { 0 }
+                    | mode
+                    | if self.cq_values { FLAG_CQ_VALUES } else { 0 },
+            )
             .u32(self.id)
             .u64(self.base)
             .u64(self.len)
@@ -248,6 +258,12 @@ impl MrBlob {
             }
         };
         let peer_virt = flags & FLAG_VIRT_ADDR != 0;
+        let cq_values = flags & FLAG_CQ_VALUES != 0;
+        if cq_values && mode != Mode::Direct {
+            return Err(Error::remote(format!(
+                "network region blob: CQ-data values into a region of mode {mode:?}"
+            )));
+        }
         if peer_virt != virt_addr {
             return Err(Error::remote(format!(
                 "network region blob addresses by {} but this endpoint by {}: the two ranks use different providers or settings",
@@ -272,6 +288,7 @@ impl MrBlob {
                 key,
                 mode,
                 id,
+                cq_values,
             });
         }
         if base.checked_add(len).is_none() {
@@ -299,6 +316,7 @@ impl MrBlob {
             key,
             mode,
             id,
+            cq_values,
         })
     }
 }

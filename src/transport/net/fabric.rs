@@ -266,7 +266,8 @@ impl Objects {
             )?;
             let mut cq_attr = fi::fi_cq_attr {
                 size: cq_size,
-                format: fi::FI_CQ_FORMAT_CONTEXT,
+                // DATA: peers' writes may carry a signal in remote CQ data (`signals.rs`).
+                format: fi::FI_CQ_FORMAT_DATA,
                 // We poll from the proxy loop; no wait object needed.
                 wait_obj: fi::FI_WAIT_NONE,
                 ..Default::default()

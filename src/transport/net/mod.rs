@@ -59,6 +59,7 @@ mod peers;
 mod rails;
 mod regions;
 mod select;
+mod signals;
 mod staging;
 mod unordered;
 
@@ -188,6 +189,24 @@ const HMEM_SLOWER_THAN_STAGING: &[(&str, &str)] = &[(
     "FI_HMEM through the shm provider measured ~4x slower than staging (1.6 against 6.7 GB/s one way, one H100, libfabric 2.1 with CUDA, bench/RESULTS.md 2026-11-24); MSCCLPP_NET_HMEM=1 uses it anyway",
 )];
 
+/// Whether signals ride as remote CQ data on this endpoint (`signals.rs`), or why not.
+fn signals_choice(cfg: &NetConfig, a: &order::Attrs) -> std::result::Result<(), String> {
+    if !cfg.cq_signals {
+        return Err("MSCCLPP_NET_CQ_SIGNALS=0".into());
+    }
+    if a.cq_data_size < signals::CQ_DATA_BYTES {
+        return Err(format!(
+            "the provider carries {} bytes of remote CQ data, the signal layout needs {}",
+            a.cq_data_size,
+            signals::CQ_DATA_BYTES
+        ));
+    }
+    if a.rx_cq_data {
+        return Err("remote CQ data needs a posted receive per write (FI_RX_CQ_DATA), which this endpoint does not post".into());
+    }
+    Ok(())
+}
+
 /// Whether this endpoint registers GPU memory with FI_HMEM, or why not (the reason is logged
 /// per region).
 fn hmem_choice(
@@ -279,14 +298,25 @@ impl NetEndpoint {
                 "net:{provider}/{domain_name}: {why}; choose another provider (MSCCLPP_NET_PROVIDER)"
             ))
         })?;
+        let cq_signals = match signals_choice(cfg, &attrs) {
+            Ok(()) => true,
+            Err(why) => {
+                crate::info!(
+                    "net: {provider}/{domain_name}: signals are writes of their own: {why}"
+                );
+                false
+            }
+        };
         let (mut ops, raw) = Ops::open(
             info,
             depth,
             max_chunk,
-            provider.clone(),
-            domain_name.clone(),
-            plan,
-            attrs.delivery_complete && cfg.delivery_complete,
+            (provider.clone(), domain_name.clone()),
+            (
+                plan,
+                attrs.delivery_complete && cfg.delivery_complete,
+                cq_signals,
+            ),
         )?;
         ops.layer = layer.map(Box::new);
         let mut ep = NetEndpoint {
@@ -326,9 +356,14 @@ impl NetEndpoint {
             );
         }
         crate::info!(
-            "net: {} orders each flag, staging record and delivery marker after the peer's earlier writes: {}",
+            "net: {} orders each flag, staging record and delivery marker after the peer's earlier writes: {}{}",
             ep.describe(),
-            ep.ops.plan.describe()
+            ep.ops.plan.describe(),
+            if ep.ops.cq_signals {
+                "; a signal into host memory rides as remote CQ data on the put before it (or alone on an 8-byte write), stored by the receiver once that write is in place, and ordered as a flag is"
+            } else {
+                ""
+            }
         );
         if !ep.ops.delivery_complete && !WEAK_FLUSH_LOGGED.swap(true, AtOrd::Relaxed) {
             // True by construction: `order::decide` refuses a plan that would drain without
@@ -460,6 +495,30 @@ impl NetEndpoint {
         self.ops.pause(wait, what)
     }
 
+    /// The remote CQ data carrying `value` into word `off` of `remote` (imported region `dst`),
+    /// where values into it ride so (the owner said so in its blob, and this endpoint sends
+    /// them), or None: a write of the value itself. An error for a value the owner could not
+    /// rebuild (`signals::Outgoing`).
+    fn cq_value(
+        &mut self,
+        dst: RemoteId,
+        remote: &MrBlob,
+        off: u64,
+        value: u64,
+    ) -> Result<Option<u64>> {
+        if !self.ops.cq_signals || !remote.cq_values {
+            return Ok(None);
+        }
+        let Some(d) = signals::encode(remote.id, off, value) else {
+            return Ok(None);
+        };
+        self.ops
+            .outgoing
+            .take(dst, off, value)
+            .map_err(Error::invalid_arg)?;
+        Ok(Some(d))
+    }
+
     fn check_peer(&self, peer: PeerId) -> Result<()> {
         if peer >= self.peers.len() {
             return Err(Error::invalid_arg(format!(
@@ -580,13 +639,76 @@ impl Endpoint for NetEndpoint {
                 key: remote.key,
             }
         };
-        st.write_chunks(&mut net, peer, src, src_off, size, dest)
+        st.write_chunks(&mut net, peer, (src, src_off), size, dest, None)
+    }
+
+    /// One write whose last chunk carries the value as remote CQ data (`signals.rs`) where it
+    /// can: the value goes into host memory of a peer that stores such values, the data into a
+    /// direct region, nothing of the peer's waits (queued flags, unacknowledged staging
+    /// records), and the plan places every earlier write to the peer, and every chunk of this
+    /// one, before the last chunk (its completion at the peer, which carries the value, then
+    /// means all of them are in place). Otherwise the write, then `write_value`.
+    fn write_then_value(
+        &mut self,
+        peer: PeerId,
+        src: MrId,
+        src_off: u64,
+        dst: RemoteId,
+        dst_off: u64,
+        size: u64,
+        (vdst, voff, value): (RemoteId, u64, u64),
+    ) -> Result<()> {
+        let remote = self.check_write(peer, src, src_off, dst, dst_off, size)?;
+        self.peers.post_ready(&mut self.ops, peer)?;
+        let v = self.remote(peer, vdst)?;
+        regions::check_value(&self.peers, peer, &v, voff)?;
+        let chunk = if size > self.ops.max_chunk {
+            self.ops.max_chunk
+        } else {
+            0
+        };
+        let rides = size > 0
+            && remote.mode == Mode::Direct
+            && self.peers[peer].deferred.is_empty()
+            && !self.records_unacked(peer)
+            && self
+                .ops
+                .plan
+                .after(self.peers[peer].largest_since_drain.max(chunk))
+                == order::FlagOrder::Plain;
+        let cq = match rides {
+            true => self.cq_value(vdst, &v, voff, value)?,
+            false => None,
+        };
+        if cq.is_none() {
+            self.write(peer, src, src_off, dst, dst_off, size)?;
+            return self.write_value(peer, vdst, voff, value);
+        }
+        let dest = staging::Dest::Direct {
+            base: remote.base + dst_off,
+            key: remote.key,
+        };
+        let (st, mut net) = self.parts();
+        st.write_chunks(&mut net, peer, (src, src_off), size, dest, cq)?;
+        self.ops.stats.signals_with_data += 1;
+        Ok(())
     }
 
     fn write_value(&mut self, peer: PeerId, dst: RemoteId, dst_off: u64, value: u64) -> Result<()> {
         self.check_peer(peer)?;
         let remote = self.remote(peer, dst)?;
         regions::check_value(&self.peers, peer, &remote, dst_off)?;
+        // Into a region whose owner stores CQ-data values: the value rides alone on an 8-byte
+        // write into the peer's scratch word, ordered like a flag (every value into such a
+        // word goes this way, so the owner is its only writer).
+        let cq = match remote.mode {
+            Mode::Direct => self.cq_value(dst, &remote, dst_off, value)?,
+            _ => None,
+        };
+        let (raddr, key) = match cq {
+            Some(_) => self.peers.scratch(peer),
+            None => (remote.base + dst_off, remote.key),
+        };
         let (st, mut net) = self.parts();
         if remote.mode != Mode::Direct {
             // Into device memory: the owner's proxy stores it after the data (module doc).
@@ -613,9 +735,13 @@ impl Endpoint for NetEndpoint {
         let d = peers::Deferred {
             after: 0,
             value,
-            raddr: remote.base + dst_off,
-            key: remote.key,
+            raddr,
+            key,
+            cq_data: cq,
         };
+        if cq.is_some() {
+            net.ops.stats.signals_alone += 1;
+        }
         if net.peers.defer_flag(net.ops, peer, d) {
             // Posted by `post_ready` (progress, the next write, a flush) once the writes before
             // it have completed, without holding up this proxy's other work.
@@ -629,12 +755,8 @@ impl Endpoint for NetEndpoint {
         // doc).
         net.post(&Op {
             fence,
-            ..Op::inline(
-                peer,
-                &value.to_ne_bytes(),
-                remote.base + dst_off,
-                remote.key,
-            )
+            cq_data: cq,
+            ..Op::inline(peer, &value.to_ne_bytes(), raddr, key)
         })
     }
 
@@ -697,6 +819,16 @@ impl Drop for NetEndpoint {
                 s.order_drains,
                 s.order_fences,
                 s.deferred_flags
+            );
+        }
+        if s.signals_with_data + s.signals_alone + s.signals_stored > 0 {
+            crate::info!(
+                "net: {} signals as remote CQ data: sent {} on their puts and {} alone; stored {} from peers ({} overtaken by a later one)",
+                self.describe(),
+                s.signals_with_data,
+                s.signals_alone,
+                s.signals_stored,
+                self.ops.incoming.stale
             );
         }
         if let Some(l) = &self.ops.layer {

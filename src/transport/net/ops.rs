@@ -6,6 +6,7 @@ use super::fabric::{self, fab_err, strerror, InfoList, Objects, EAGAIN, EAVAIL, 
 use super::mr;
 use super::order::{FlagOrder, Plan};
 use super::peers::Peers;
+use super::signals;
 use super::staging::RECORD_BYTES;
 use super::unordered::Layer;
 use crate::error::{Error, Result};
@@ -60,6 +61,9 @@ pub(super) struct Op<'a> {
     pub internal: bool,
     /// A staging acknowledgement: counted in `Peer::acks_in_flight` until it completes.
     pub ack: bool,
+    /// Remote CQ data: a signal the target stores when it reads this write's completion
+    /// (`signals.rs`).
+    pub cq_data: Option<u64>,
 }
 
 impl<'a> Op<'a> {
@@ -81,6 +85,7 @@ impl<'a> Op<'a> {
             bounce: None,
             internal: false,
             ack: false,
+            cq_data: None,
         }
     }
 }
@@ -111,6 +116,11 @@ pub struct Stats {
     pub order_drains: u64,
     /// Flags queued behind the writes before them instead of a drain (`Peers::defer_flag`).
     pub deferred_flags: u64,
+    /// Signals sent as remote CQ data: riding on a data write, or alone on an 8-byte write
+    /// into the peer's scratch word (`signals.rs`); and those received and stored.
+    pub signals_with_data: u64,
+    pub signals_alone: u64,
+    pub signals_stored: u64,
     /// Naps of waits for the provider on a crowded host (`Ops::pause`), and their time.
     pub naps: Timed,
 }
@@ -160,6 +170,13 @@ pub(super) struct Ops {
     /// Flush markers carry FI_DELIVERY_COMPLETE (granted, and not turned off): a flush then
     /// means arrived, else locally complete.
     pub delivery_complete: bool,
+    /// Signals ride as remote CQ data (`signals.rs`), both ways: this endpoint's host regions
+    /// accept them, and values into a peer's region that accepts them are sent so.
+    pub cq_signals: bool,
+    /// The regions signals may name, and the stores of those that arrived.
+    pub incoming: signals::Incoming,
+    /// The values sent as CQ data so far (checked to be ones the receiver can rebuild).
+    pub outgoing: signals::Outgoing,
     slots: Box<[OpSlot]>,
     free: Vec<usize>,
     pub outstanding: usize,
@@ -179,18 +196,19 @@ pub(super) struct Ops {
 }
 
 impl Ops {
-    /// Opens the libfabric objects for `info` (a CQ of twice `depth` entries), `depth` op slots
-    /// and their inline area, and the scratch word; returns them with the endpoint's address.
+    /// Opens the libfabric objects for `info` (a CQ of twice `depth` entries, four times with
+    /// CQ-data signals), `depth` op slots and their inline area, and the scratch word; returns
+    /// them with the endpoint's address. `(plan, delivery_complete, cq_signals)`: the fields.
     pub fn open(
         info: InfoList,
         depth: usize,
         max_chunk: u64,
-        provider: String,
-        domain: String,
-        plan: Plan,
-        delivery_complete: bool,
+        (provider, domain): (String, String),
+        (plan, delivery_complete, cq_signals): (Plan, bool, bool),
     ) -> Result<(Self, Vec<u8>)> {
-        let objs = Objects::open(&info, depth * 2)?;
+        // Room for the completions of our writes and, with CQ-data signals, as many of peers'
+        // writes to us read late.
+        let objs = Objects::open(&info, depth * if cq_signals { 4 } else { 2 })?;
         let raw = objs.name()?;
         let inline = HostBlock::zeroed(depth * INLINE_BYTES, 64)?;
         let scratch = HostBlock::zeroed(8, 64)?;
@@ -205,6 +223,9 @@ impl Ops {
             domain,
             plan,
             delivery_complete,
+            cq_signals,
+            incoming: signals::Incoming::default(),
+            outgoing: signals::Outgoing::default(),
             slots: (0..depth).map(|_| OpSlot::default()).collect(),
             free: (0..depth).rev().collect(),
             outstanding: 0,
@@ -306,16 +327,24 @@ impl Ops {
 
     /// Reads available completions once; returns how many.
     fn poll_cq(&mut self, peers: &mut Peers) -> Result<usize> {
-        let mut ents = [fi::fi_cq_entry::default(); CQ_BATCH];
+        let mut ents = [fi::fi_cq_data_entry::default(); CQ_BATCH];
         let rc = match self.layer.as_mut() {
             Some(l) => l.read(self.objs.ep, self.objs.cq, &mut ents),
-            // SAFETY: cq is open with FI_CQ_FORMAT_CONTEXT; ents has room for CQ_BATCH entries.
+            // SAFETY: cq is open with FI_CQ_FORMAT_DATA; ents has room for CQ_BATCH entries.
             None => unsafe {
                 fi::fi_cq_read(self.objs.cq, ents.as_mut_ptr().cast(), CQ_BATCH) as i64
             },
         };
         if rc > 0 {
             for e in &ents[..rc as usize] {
+                // A peer's write that carried CQ data: its context is not ours (none is).
+                if e.flags & fi::FI_REMOTE_CQ_DATA as u64 != 0 {
+                    self.incoming.apply(e.data).map_err(|why| {
+                        Error::remote(format!("{}: a peer's write: {why}", self.describe()))
+                    })?;
+                    self.stats.signals_stored = self.incoming.stored;
+                    continue;
+                }
                 self.retire(peers, e.op_context)?;
             }
             return Ok(rc as usize);
@@ -453,13 +482,16 @@ impl Ops {
             rma_iov: &rma,
             rma_iov_count: 1,
             context: (&mut self.slots[slot] as *mut OpSlot).cast(),
-            data: 0,
+            data: op.cq_data.unwrap_or(0),
         };
         let mut wait: Option<Backoff> = None;
         // Markers, and the writes that a later drain must see arrived (`Plan::needs_dc`).
         let mut dc = (confirm && self.delivery_complete) || self.plan.needs_dc(len);
         loop {
             let mut flags = fi::FI_COMPLETION as u64;
+            if op.cq_data.is_some() {
+                flags |= fi::FI_REMOTE_CQ_DATA as u64;
+            }
             if dc {
                 flags |= fi::FI_DELIVERY_COMPLETE as u64;
             }

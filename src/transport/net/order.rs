@@ -223,7 +223,7 @@ pub(super) fn decide(a: &Attrs) -> Result<Plan, String> {
     };
     if a.cq_data_size > 0 {
         why.push(format!(
-            "remote CQ data {} bytes{}, not used",
+            "remote CQ data {} bytes{}",
             a.cq_data_size,
             if a.rx_cq_data {
                 ", each needing a posted receive"

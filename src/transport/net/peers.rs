@@ -23,6 +23,8 @@ pub(super) struct Deferred {
     pub value: u64,
     pub raddr: u64,
     pub key: u64,
+    /// The value as remote CQ data (`signals.rs`): the write then goes to the peer's scratch.
+    pub cq_data: Option<u64>,
 }
 
 /// One peer (`Endpoint::add_peer`).
@@ -119,6 +121,12 @@ impl Peers {
     /// The peer of rank `rank`, if added.
     pub fn of_rank(&self, rank: usize) -> Option<PeerId> {
         self.list.iter().position(|p| p.rank == rank)
+    }
+
+    /// The peer's scratch word (where markers and lone CQ-data signals go): address and key.
+    pub fn scratch(&self, p: PeerId) -> (u64, u64) {
+        let s = self.list[p].scratch;
+        (s.base, s.key)
     }
 
     /// `rank N` for errors and logs.
@@ -273,7 +281,10 @@ impl Peers {
             self[peer].deferred.pop_front();
             ops.post(
                 self,
-                &Op::inline(peer, &d.value.to_ne_bytes(), d.raddr, d.key),
+                &Op {
+                    cq_data: d.cq_data,
+                    ..Op::inline(peer, &d.value.to_ne_bytes(), d.raddr, d.key)
+                },
             )?;
             if ops.plan.after(8) != FlagOrder::Plain {
                 let posted = self[peer].next_seq;

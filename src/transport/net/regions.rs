@@ -187,6 +187,8 @@ impl Regions {
                     Mode::Direct
                 },
                 id: id as u32,
+                // Host memory: this endpoint stores values that ride as CQ data into it.
+                cq_values: ops.cq_signals && matches!(backing, Backing::Mr(_)),
             },
             Backing::Staged => MrBlob {
                 virt_addr: virt,
@@ -195,9 +197,13 @@ impl Regions {
                 key: 0,
                 mode: Mode::Staged,
                 id: id as u32,
+                cq_values: false,
             },
+        };
+        if blob.cq_values {
+            ops.incoming.accept(blob.id, region.addr, region.len);
         }
-        .encode();
+        let blob = blob.encode();
         if let Some(r) = self.local.get_mut(id) {
             r.blob = blob.clone();
         }

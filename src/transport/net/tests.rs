@@ -518,6 +518,7 @@ fn unordered_layer_enforces_its_profile() {
             bounce: None,
             internal: false,
             ack: false,
+            cq_data: None,
         };
         let e = a.ops.post(&mut a.peers, &op).unwrap_err().to_string();
         assert!(e.contains("Invalid argument"), "{e}");
@@ -616,6 +617,9 @@ fn rejected_write_is_an_error() {
                 let mut mb =
                     MrBlob::decode(&blob, a.regions.policy.virt_addr, a.regions.policy.key_size)
                         .unwrap();
+                // The value as a write of its own (a CQ-data value names the region by id and
+                // goes to the scratch word: `cq_values_are_checked_by_their_receiver`).
+                mb.cq_values = false;
                 let off = if bad_key {
                     mb.key ^= 0x5555;
                     0
@@ -1135,4 +1139,122 @@ fn staged_sources_are_released_and_never_named_by_peers() {
         assert_eq!(word(&dst, i), *want, "word {i}");
     }
     assert!(spare.iter().all(|w| *w == 0));
+}
+
+// ---- signals carried as remote CQ data (`signals.rs`) ---------------------------------------
+
+/// Rounds of a 64 KiB write carrying its value (`write_then_value`), then lone values: whoever
+/// sees value r sees round r's bytes; with CQ-data signals on (tcp;ofi_rxm and shm carry 8 bytes
+/// of it) each value rode on its write or alone and the target stored each one; with them off
+/// (`MSCCLPP_NET_CQ_SIGNALS=0`) none did, and the bytes and values are the same.
+#[test]
+fn signals_ride_on_their_writes_and_land_after_them() {
+    for kind in [Kind::Tcp, Kind::Shm] {
+        for on in [true, false] {
+            let cfg = NetConfig {
+                cq_signals: on,
+                ..NetConfig::default()
+            };
+            let n = 8192;
+            let mut src = vec![0u64; n];
+            let dst = vec![0u64; n];
+            let flag = vec![0u64; 2];
+            let rounds = 30u64;
+            let mut a = open(kind, &cfg);
+            let mut b = open(kind, &cfg);
+            let pa = a.add_peer(1, &b.address().unwrap()).unwrap();
+            b.add_peer(0, &a.address().unwrap()).unwrap();
+            let (a, b) = with_target_progressed(a, b, pa, |a, b, pa| {
+                let d = import_from(a, b, pa, &dst);
+                let f = import_from(a, b, pa, &flag);
+                let s = a.register(region(&src)).unwrap().0;
+                for r in 1..=rounds {
+                    fill_round(&mut src, r);
+                    a.write_then_value(pa, s, 0, d, 0, (n * 8) as u64, (f, 8, r))
+                        .unwrap();
+                    progress_until_word(a, &flag, 1, r);
+                    for i in 0..n {
+                        assert_eq!(
+                            word(&dst, i),
+                            round_word(r, i),
+                            "{kind:?} round {r} word {i}"
+                        );
+                    }
+                }
+                for r in rounds + 1..=2 * rounds {
+                    a.write_value(pa, f, 8, r).unwrap();
+                }
+                progress_until_word(a, &flag, 1, 2 * rounds);
+                a.flush(pa).unwrap();
+            });
+            let (sa, sb) = (a.stats(), b.stats());
+            if on {
+                // tcp orders writes of any size: every value rides on its write. shm is trusted
+                // only up to its inject size: after a 64 KiB write the next value waits in the
+                // queue for it, then goes alone.
+                let with_data = match kind {
+                    Kind::Tcp => rounds,
+                    Kind::Shm => sa.signals_with_data.max(1),
+                };
+                assert_eq!(
+                    (sa.signals_with_data, sa.signals_alone, sb.signals_stored),
+                    (with_data, 2 * rounds - with_data, 2 * rounds),
+                    "{kind:?}"
+                );
+            } else {
+                assert_eq!(
+                    (sa.signals_with_data, sa.signals_alone, sb.signals_stored),
+                    (0, 0, 0),
+                    "{kind:?} with MSCCLPP_NET_CQ_SIGNALS=0"
+                );
+            }
+        }
+    }
+}
+
+/// A value naming a region its receiver does not take values into, or a word past that
+/// region's end (a forged blob: valid ones never do), is an error at the receiver, which names
+/// it, and nothing is stored; a value that does not grow is refused by its sender.
+#[test]
+fn cq_values_are_checked_by_their_receiver() {
+    for (id_delta, off, what) in [(40u32, 8u64, "region"), (0, 64, "offset 64")] {
+        let flag = vec![0u64; 2];
+        let mut a = open(Kind::Tcp, &NetConfig::default());
+        let mut b = open(Kind::Tcp, &NetConfig::default());
+        let pa = a.add_peer(1, &b.address().unwrap()).unwrap();
+        b.add_peer(0, &a.address().unwrap()).unwrap();
+        let (_, blob) = b.register(region(&flag)).unwrap();
+        let mut mb =
+            MrBlob::decode(&blob, a.regions.policy.virt_addr, a.regions.policy.key_size).unwrap();
+        assert!(mb.cq_values, "tcp;ofi_rxm carries 8 bytes of CQ data");
+        mb.id += id_delta;
+        mb.len = 128;
+        let f = a.import(pa, &mb.encode()).unwrap();
+        // The receiver progresses on a thread of its own (tcp connects only then) until its
+        // first error, which it returns; it gives up after 20 s.
+        let receiver = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            // Ends at the first error, or after 20 s.
+            loop {
+                if let Err(e) = b.progress() {
+                    return Some(e.to_string());
+                }
+                if t0.elapsed() > Duration::from_secs(20) {
+                    return None;
+                }
+                std::thread::yield_now();
+            }
+        });
+        a.write_value(pa, f, off, 1).unwrap();
+        // Ends when the receiver's thread does (bounded above).
+        while !receiver.is_finished() {
+            a.progress().unwrap();
+            std::thread::yield_now();
+        }
+        let e = receiver.join().unwrap().expect("no error at the receiver");
+        assert!(e.contains(what) && e.contains("a peer's write"), "{e}");
+        assert_eq!(flag, [0, 0], "nothing stored");
+        let e = a.write_value(pa, f, off, 0).unwrap_err().to_string();
+        assert!(e.contains("must grow"), "{e}");
+    }
 }

@@ -16,8 +16,10 @@
 //!
 //! And what it refuses (the profile's rules, each refusal logged at WARN): FI_FENCE (neither
 //! profile grants it), a local buffer without its descriptor (FI_MR_LOCAL, EFA-like), and
-//! remote CQ data, whose target must have posted receives (FI_RX_CQ_DATA, EFA-like), which no
-//! endpoint here does.
+//! remote CQ data where the profile's target must have posted receives for it (FI_RX_CQ_DATA,
+//! EFA-like), which no endpoint here does. A write carrying remote CQ data (psm3-like) is never
+//! cut: its target completion, which carries the data, means the whole write is in place; the
+//! peers' CQ-data completions are returned as the provider gives them.
 //!
 //! Lifecycle of a write: (1) `write` takes it into `writes` and its pieces into `held`, maybe
 //! reporting it complete at once (`early`, from `Write::copy`); (2) `step` posts pieces to the
@@ -115,6 +117,8 @@ struct Held {
     raddr: u64,
     key: u64,
     flags: u64,
+    /// Remote CQ data (with FI_REMOTE_CQ_DATA in `flags`).
+    data: u64,
     /// Within the profile's ordered size: no later write to `peer` may be released first.
     ordered: bool,
     age: u32,
@@ -157,6 +161,8 @@ pub(super) struct Layer {
     free_pieces: Vec<usize>,
     /// Completions to return: (context, post order of its write, polls waited).
     ready: Vec<(*mut c_void, u64, u32)>,
+    /// Peers' writes that carried remote CQ data, to return as they came.
+    remote: VecDeque<fi::fi_cq_data_entry>,
     errors: VecDeque<fi::fi_cq_err_entry>,
     copied: usize,
     posted: u64,
@@ -187,6 +193,7 @@ impl Layer {
             pieces: (0..n).map(|_| PieceSlot::default()).collect(),
             free_pieces: (0..n).rev().collect(),
             ready: Vec::new(),
+            remote: VecDeque::new(),
             errors: VecDeque::new(),
             copied: 0,
             posted: 0,
@@ -227,7 +234,8 @@ impl Layer {
             crate::warn!("net: unordered test layer ({p}): a write without the descriptor of its local buffer (FI_MR_LOCAL)");
             return EINVAL;
         }
-        if flags & fi::FI_REMOTE_CQ_DATA as u64 != 0 {
+        let cq_data = flags & fi::FI_REMOTE_CQ_DATA as u64 != 0;
+        if cq_data && (self.profile.rx_cq_data || self.profile.cq_data_size < 8) {
             crate::warn!(
                 "net: unordered test layer ({p}): remote CQ data ({} bytes here{}); no endpoint posts receives for it",
                 self.profile.cq_data_size,
@@ -253,7 +261,7 @@ impl Layer {
         };
         // Pieces: one, or up to four cut at random 8-byte boundaries.
         let mut cuts = vec![0, len];
-        if len > SPLIT_ABOVE {
+        if len > SPLIT_ABOVE && !cq_data {
             for _ in 0..1 + self.below(3) {
                 cuts.push(self.below(len / 8) * 8);
             }
@@ -293,6 +301,7 @@ impl Layer {
                 raddr: rma.addr + c[0],
                 key: rma.key,
                 flags,
+                data: msg.data,
                 ordered,
                 age: 0,
             });
@@ -364,7 +373,7 @@ impl Layer {
             rma_iov: &rma,
             rma_iov_count: 1,
             context: (&mut self.pieces[slot] as *mut PieceSlot).cast(),
-            data: 0,
+            data: h.data,
         };
         // SAFETY: ep is open; msg and what it points to live until the call returns; the
         // source stays valid until the piece completes (the user's buffer until the write's
@@ -434,16 +443,22 @@ impl Layer {
         &mut self,
         ep: *mut fi::fid_ep,
         cq: *mut fi::fid_cq,
-        out: &mut [fi::fi_cq_entry],
+        out: &mut [fi::fi_cq_data_entry],
     ) -> i64 {
         self.step(ep);
-        let mut ents = [fi::fi_cq_entry::default(); 32];
+        let mut ents = [fi::fi_cq_data_entry::default(); 32];
+        // Peers' writes that carried CQ data: returned first, in the provider's order.
+        let mut n = 0;
         // Ends when the provider's queue is empty, or at its error.
         loop {
-            // SAFETY: cq is open with FI_CQ_FORMAT_CONTEXT; ents has room for its length.
+            // SAFETY: cq is open with FI_CQ_FORMAT_DATA; ents has room for its length.
             let rc = unsafe { fi::fi_cq_read(cq, ents.as_mut_ptr().cast(), ents.len()) } as i64;
             if rc > 0 {
                 for e in &ents[..rc as usize] {
+                    if e.flags & fi::FI_REMOTE_CQ_DATA as u64 != 0 {
+                        self.remote.push_back(*e);
+                        continue;
+                    }
                     let Some(w) = self.piece_of(e.op_context) else {
                         return EINVAL;
                     };
@@ -472,9 +487,15 @@ impl Layer {
         if !self.errors.is_empty() {
             return EAVAIL;
         }
+        while n < out.len() {
+            let Some(e) = self.remote.pop_front() else {
+                break;
+            };
+            out[n] = e;
+            n += 1;
+        }
         // A random half of the ready completions, and every one that waited two calls, in a
         // random order.
-        let mut n = 0;
         let mut i = 0;
         while i < self.ready.len() && n < out.len() {
             if self.ready[i].2 >= 2 || self.below(2) == 0 {
@@ -485,7 +506,10 @@ impl Layer {
                     self.stats.late_completions += 1;
                 }
                 self.last_returned = self.last_returned.max(order);
-                out[n] = fi::fi_cq_entry { op_context: ctx };
+                out[n] = fi::fi_cq_data_entry {
+                    op_context: ctx,
+                    ..Default::default()
+                };
                 n += 1;
             } else {
                 self.ready[i].2 += 1;

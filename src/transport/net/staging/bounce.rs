@@ -106,15 +106,16 @@ impl Staging {
         }
     }
 
-    /// Posts one RMA write of a prepared source to `raddr`/`key`, once its copy out (if any)
-    /// is complete. On an error the source is abandoned (its slot freed once no copy writes it).
+    /// Posts one RMA write of a prepared source to `raddr`/`key` (carrying `cq_data`, a signal,
+    /// if given), once its copy out (if any) is complete. On an error the source is abandoned
+    /// (its slot freed once no copy writes it).
     pub fn post_source(
         &mut self,
         net: &mut Net<'_>,
         peer: PeerId,
         s: Source,
-        raddr: u64,
-        key: u64,
+        (raddr, key): (u64, u64),
+        cq_data: Option<u64>,
     ) -> Result<()> {
         if let Some((_, t)) = s.bounce {
             if let Err(e) = self.wait_out(net, t) {
@@ -135,6 +136,7 @@ impl Staging {
             bounce: s.bounce.map(|(slot, _)| slot),
             internal: false,
             ack: false,
+            cq_data,
         })
     }
 

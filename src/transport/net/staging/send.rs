@@ -106,10 +106,10 @@ impl Staging {
         &mut self,
         net: &mut Net<'_>,
         peer: PeerId,
-        src: MrId,
-        src_off: u64,
+        (src, src_off): (MrId, u64),
         size: u64,
         dest: Dest,
+        cq_data: Option<u64>,
     ) -> Result<()> {
         let limit = match dest {
             Dest::Direct { .. } => u64::MAX,
@@ -145,7 +145,9 @@ impl Staging {
                 },
             };
             let (off, n, source) = cur;
-            if let Err(e) = self.send_chunk(net, peer, &dest, off, n, source) {
+            // A signal rides on the last chunk (only into a direct destination: the caller).
+            let data = if next.is_none() { cq_data } else { None };
+            if let Err(e) = self.send_chunk(net, peer, &dest, (off, n), source, data) {
                 if let Some((_, _, s)) = next {
                     self.abandon(net, s);
                 }
@@ -165,13 +167,13 @@ impl Staging {
         net: &mut Net<'_>,
         peer: PeerId,
         dest: &Dest,
-        off: u64,
-        n: u64,
+        (off, n): (u64, u64),
         source: Source,
+        cq_data: Option<u64>,
     ) -> Result<()> {
         let (remote, dst_off) = match *dest {
             Dest::Direct { base, key } => {
-                return self.post_source(net, peer, source, base + off, key)
+                return self.post_source(net, peer, source, (base + off, key), cq_data)
             }
             Dest::Staged { remote, dst_off } => (remote, dst_off),
         };
@@ -202,7 +204,11 @@ impl Staging {
                 return Err(e);
             }
         };
-        self.post_source(net, peer, source, ring.base + pos, ring.key)?;
+        debug_assert!(
+            cq_data.is_none(),
+            "signals ride only into direct destinations"
+        );
+        self.post_source(net, peer, source, (ring.base + pos, ring.key), None)?;
         let seq = self.post_record(
             net,
             peer,
