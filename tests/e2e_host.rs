@@ -825,6 +825,8 @@ fn registered_write_reused_address(e: Env) {
             ));
             how.free(second, len);
             ok(mscclppBootstrapBarrier(c));
+            // The next round's write may land only once rank 1 has checked this one.
+            ok(mscclppBootstrapBarrier(c));
         } else {
             ok(mscclppBootstrapBarrier(c));
             assert!(
@@ -840,6 +842,7 @@ fn registered_write_reused_address(e: Env) {
                     "byte {i} of {len}: the write from the reused address must send its new bytes"
                 );
             }
+            ok(mscclppBootstrapBarrier(c));
         }
     }
     finish(c);
