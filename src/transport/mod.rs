@@ -64,11 +64,10 @@ pub type RemoteId = usize;
 /// Ordering contract: on one `PeerId`, `write_value` is delivered after every earlier `write`
 /// (the receiver that sees the value sees the data), and `flush` returns only when every earlier
 /// `write` and `write_value` to that peer has reached the peer's memory (for memory the peer
-/// stages, its destination memory: see `net/staging/`), or, for a value the peer's endpoint
-/// stores itself (the net transport's signals carried as remote CQ data, `net/signals.rs`),
-/// reached the peer's endpoint, which stores it at its next `progress`. Some of that may need
-/// the receiving endpoint's own work: its proxy calls `progress` and `poll_incoming` whenever
-/// idle. Values into one word only grow (they are signal counts), by less than 2^31 a write.
+/// stages, its destination memory: see `net/staging/`). Some of that may need the receiving
+/// endpoint's own work: its proxy calls `progress` and `poll_incoming` whenever idle. Values
+/// into one word only grow (they are signal counts), by less than 2^31 a write: a transport
+/// may carry a value with a `write_then_value`'s data as its low bits (`net/signals.rs`).
 pub trait Endpoint: Send {
     /// Human-readable identity for logs and errors, e.g. `net:tcp;ofi_rxm/lo`.
     fn describe(&self) -> String;

@@ -130,6 +130,11 @@ fn values_after_data(o: &Opener, ride: bool) {
         }
         // Reusing `src` needs its writes complete; the ack gates the next overwrite of dst.
         g.a.flush(p).unwrap();
+        // The value too has arrived at the flush (also one that rode with its write).
+        assert!(
+            epoch.word(1) >= r,
+            "round {r}: the value had not arrived at flush"
+        );
         g.wait_word_from(&ack, 0, r, "the target's acknowledgement", &mut checker);
     }
     // The checker's last flush may need `a`'s progress.
@@ -138,9 +143,8 @@ fn values_after_data(o: &Opener, ride: bool) {
     checker.join().unwrap().unwrap();
 }
 
-/// When flush returns, every earlier write's bytes have arrived: checked at once, without
-/// waiting or progressing, after rounds that end with a value and rounds that end with data;
-/// a value carried as remote CQ data is stored by the peer's next progress (waited for).
+/// When flush returns, every earlier write has arrived: checked at once, without waiting or
+/// progressing, after rounds that end with a value and rounds that end with data.
 pub fn flush_means_arrived(o: &Opener) {
     let len = o.big;
     let (src, dst, flag) = (o.alloc(len), o.alloc(len), o.alloc(16));
@@ -162,15 +166,16 @@ pub fn flush_means_arrived(o: &Opener) {
             g.a.write(p, s, 0, d, 0, len as u64).unwrap();
         }
         g.a.flush(p).unwrap();
+        assert_eq!(
+            flag.word(1),
+            r,
+            "round {r}: the value had not arrived at flush"
+        );
         let what = format!(
             "round {r} (ends with {})",
             if with_value { "a value" } else { "data" }
         );
         assert_bytes(&dst.read(0, len), &bytes, &what);
-        // The value: in place, or in the peer's completion queue (carried as remote CQ data),
-        // stored at the peer's next progress (the `Endpoint` contract): waited for, bounded.
-        g.wait_word(&flag, 1, r, &format!("round {r}: the value after flush"));
-        assert_eq!(flag.word(1), r, "round {r}: a value past the last one");
     }
 }
 
@@ -350,15 +355,12 @@ pub fn two_peers(o: &Opener) {
         g.a.write(p, s, (k * len) as u64, d, 0, len as u64).unwrap();
         g.a.write_value(p, f, 8, 1 + k as u64).unwrap();
     }
-    // At a flush the bytes are there; a value is there, or (carried as remote CQ data) in
-    // the peer's completion queue, stored at the peer's next progress (the `Endpoint`
-    // contract), which its thread makes: waited for, bounded.
     g.a.flush(g.peers[1]).unwrap();
+    assert_eq!(flags[1].word(1), 2, "peer 1's value at its flush");
     assert_bytes(&dsts[1].read(0, len), &all[len..], "peer 1");
-    g.wait_word(&flags[1], 1, 2, "peer 1's value after its flush");
     g.a.flush(g.peers[0]).unwrap();
+    assert_eq!(flags[0].word(1), 1, "peer 0's value at its flush");
     assert_bytes(&dsts[0].read(0, len), &all[..len], "peer 0");
-    g.wait_word(&flags[0], 1, 1, "peer 0's value after its flush");
 
     // Back: each target writes its half of `back` and its word of `back_flags`.
     let (_, back_blob) = g.a.register(back.region()).unwrap();

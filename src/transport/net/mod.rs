@@ -360,7 +360,7 @@ impl NetEndpoint {
             ep.describe(),
             ep.ops.plan.describe(),
             if ep.ops.cq_signals {
-                "; a signal into host memory rides as remote CQ data on the put before it (or alone on an 8-byte write), stored by the receiver once that write is in place, and ordered as a flag is"
+                "; a put's signal into host memory rides as remote CQ data on the put's last write where that write is ordered as a flag would be, and the receiver stores it once the write is in place"
             } else {
                 ""
             }
@@ -438,6 +438,7 @@ impl NetEndpoint {
     /// them).
     fn begin_flush(&mut self, peer: PeerId) -> Result<bool> {
         self.check_peer(peer)?;
+        self.rewrite_rode(peer)?;
         self.peers.post_ready(&mut self.ops, peer)?;
         if !self.peers[peer].deferred.is_empty() {
             return Ok(true);
@@ -495,6 +496,20 @@ impl NetEndpoint {
         self.ops.pause(wait, what)
     }
 
+    /// Writes again, as a lone value, the latest value of each word that values rode into since
+    /// the last flush of `peer`, where that latest one rode: what the flush then waits for
+    /// covers it (a riding value is stored by the peer's endpoint when it reads the write's
+    /// completion, maybe after our flush would return; the copy lands first and the late store
+    /// changes nothing, `signals.rs`). At most one 8-byte write per word per flush.
+    fn rewrite_rode(&mut self, peer: PeerId) -> Result<()> {
+        for (dst, off) in std::mem::take(&mut self.peers[peer].rode) {
+            if let Some(value) = self.ops.outgoing.rode_last(dst, off) {
+                self.write_value(peer, dst, off, value)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The remote CQ data carrying `value` into word `off` of `remote` (imported region `dst`),
     /// where values into it ride so (the owner said so in its blob, and this endpoint sends
     /// them), or None: a write of the value itself. An error for a value the owner could not
@@ -514,7 +529,7 @@ impl NetEndpoint {
         };
         self.ops
             .outgoing
-            .take(dst, off, value)
+            .take(dst, off, value, true)
             .map_err(Error::invalid_arg)?;
         Ok(Some(d))
     }
@@ -691,6 +706,10 @@ impl Endpoint for NetEndpoint {
         let (st, mut net) = self.parts();
         st.write_chunks(&mut net, peer, (src, src_off), size, dest, cq)?;
         self.ops.stats.signals_with_data += 1;
+        let rode = &mut self.peers[peer].rode;
+        if !rode.contains(&(vdst, voff)) {
+            rode.push((vdst, voff));
+        }
         Ok(())
     }
 
@@ -698,17 +717,18 @@ impl Endpoint for NetEndpoint {
         self.check_peer(peer)?;
         let remote = self.remote(peer, dst)?;
         regions::check_value(&self.peers, peer, &remote, dst_off)?;
-        // Into a region whose owner stores CQ-data values: the value rides alone on an 8-byte
-        // write into the peer's scratch word, ordered like a flag (every value into such a
-        // word goes this way, so the owner is its only writer).
-        let cq = match remote.mode {
-            Mode::Direct => self.cq_value(dst, &remote, dst_off, value)?,
-            _ => None,
-        };
-        let (raddr, key) = match cq {
-            Some(_) => self.peers.scratch(peer),
-            None => (remote.base + dst_off, remote.key),
-        };
+        // A lone value is a write of its own, also into a word that riding values go to (a
+        // CQ-data value alone measured 1.2x the signal half round trip on tcp, bench/RESULTS.md
+        // session 16): both ordered after the writes before them, and the owner's stores of
+        // riding values never step a count back (`signals.rs`), so the two ways mix. Recorded
+        // for the sender's check of later riding values.
+        if self.ops.cq_signals && remote.cq_values {
+            self.ops
+                .outgoing
+                .take(dst, dst_off, value, false)
+                .map_err(Error::invalid_arg)?;
+        }
+        let (raddr, key) = (remote.base + dst_off, remote.key);
         let (st, mut net) = self.parts();
         if remote.mode != Mode::Direct {
             // Into device memory: the owner's proxy stores it after the data (module doc).
@@ -737,11 +757,7 @@ impl Endpoint for NetEndpoint {
             value,
             raddr,
             key,
-            cq_data: cq,
         };
-        if cq.is_some() {
-            net.ops.stats.signals_alone += 1;
-        }
         if net.peers.defer_flag(net.ops, peer, d) {
             // Posted by `post_ready` (progress, the next write, a flush) once the writes before
             // it have completed, without holding up this proxy's other work.
@@ -755,7 +771,6 @@ impl Endpoint for NetEndpoint {
         // doc).
         net.post(&Op {
             fence,
-            cq_data: cq,
             ..Op::inline(peer, &value.to_ne_bytes(), raddr, key)
         })
     }
@@ -764,6 +779,7 @@ impl Endpoint for NetEndpoint {
     /// peer has copied it into its destination memory (it acknowledges only then).
     fn flush(&mut self, peer: PeerId) -> Result<()> {
         self.check_peer(peer)?;
+        self.rewrite_rode(peer)?;
         let (st, mut net) = self.parts();
         if let Some(ci) = net.peers[peer].chan {
             let sent = st.chans[ci].out.sent;
@@ -821,12 +837,11 @@ impl Drop for NetEndpoint {
                 s.deferred_flags
             );
         }
-        if s.signals_with_data + s.signals_alone + s.signals_stored > 0 {
+        if s.signals_with_data + s.signals_stored > 0 {
             crate::info!(
-                "net: {} signals as remote CQ data: sent {} on their puts and {} alone; stored {} from peers ({} overtaken by a later one)",
+                "net: {} signals as remote CQ data: sent {} on their puts; stored {} from peers ({} overtaken by a later one)",
                 self.describe(),
                 s.signals_with_data,
-                s.signals_alone,
                 s.signals_stored,
                 self.ops.incoming.stale
             );

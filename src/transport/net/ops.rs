@@ -116,10 +116,9 @@ pub struct Stats {
     pub order_drains: u64,
     /// Flags queued behind the writes before them instead of a drain (`Peers::defer_flag`).
     pub deferred_flags: u64,
-    /// Signals sent as remote CQ data: riding on a data write, or alone on an 8-byte write
-    /// into the peer's scratch word (`signals.rs`); and those received and stored.
+    /// Signals sent as remote CQ data riding on a put's write (`signals.rs`), and those
+    /// received and stored.
     pub signals_with_data: u64,
-    pub signals_alone: u64,
     pub signals_stored: u64,
     /// Naps of waits for the provider on a crowded host (`Ops::pause`), and their time.
     pub naps: Timed,

@@ -23,8 +23,6 @@ pub(super) struct Deferred {
     pub value: u64,
     pub raddr: u64,
     pub key: u64,
-    /// The value as remote CQ data (`signals.rs`): the write then goes to the peer's scratch.
-    pub cq_data: Option<u64>,
 }
 
 /// One peer (`Endpoint::add_peer`).
@@ -61,6 +59,9 @@ pub(super) struct Peer {
     /// The last user write to the peer was a staging record: once the peer acknowledges it,
     /// every earlier write has arrived (no delivery marker needed).
     pub last_was_record: bool,
+    /// The words (imported region, offset) values rode into as remote CQ data since the last
+    /// flush: a flush writes the latest value of each again (`NetEndpoint::flush`).
+    pub rode: Vec<(usize, u64)>,
 }
 
 impl Peer {
@@ -121,12 +122,6 @@ impl Peers {
     /// The peer of rank `rank`, if added.
     pub fn of_rank(&self, rank: usize) -> Option<PeerId> {
         self.list.iter().position(|p| p.rank == rank)
-    }
-
-    /// The peer's scratch word (where markers and lone CQ-data signals go): address and key.
-    pub fn scratch(&self, p: PeerId) -> (u64, u64) {
-        let s = self.list[p].scratch;
-        (s.base, s.key)
     }
 
     /// `rank N` for errors and logs.
@@ -232,6 +227,7 @@ impl Peers {
             chan,
             remote_chan: a.chan,
             last_was_record: false,
+            rode: Vec::new(),
         });
         Ok((self.list.len() - 1, true))
     }
@@ -281,10 +277,7 @@ impl Peers {
             self[peer].deferred.pop_front();
             ops.post(
                 self,
-                &Op {
-                    cq_data: d.cq_data,
-                    ..Op::inline(peer, &d.value.to_ne_bytes(), d.raddr, d.key)
-                },
+                &Op::inline(peer, &d.value.to_ne_bytes(), d.raddr, d.key),
             )?;
             if ops.plan.after(8) != FlagOrder::Plain {
                 let posted = self[peer].next_seq;

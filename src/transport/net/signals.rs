@@ -1,8 +1,11 @@
 //! Signals carried as remote CQ data (docs/DESIGN.md 3.6): a `putWithSignal` is one RMA write
 //! whose 8 bytes of remote CQ data name the signal word and the count, and the receiver's
 //! endpoint stores the count when it reads that write's completion, which the provider
-//! reports once the write's data is in place. A lone signal is an 8-byte write into the
-//! peer's scratch word carrying the same. No second write per signal, no fence, no drain.
+//! reports once the write's data is in place: no second write per signal. A lone signal stays
+//! an 8-byte write of the count into the word (riding alone on a write into the peer's scratch
+//! word measured slower), and a flush writes the latest riding value of each word again, so
+//! that what it waits for covers it; the two ways mix because a rebuilt value is stored only
+//! if it is ahead of the word's (below).
 //!
 //! Pure: the CQ-data layout, the sender's check that a value can be carried, and the
 //! receiver's table of words it stores into ([`Incoming`]); the endpoint posts and reads.
@@ -137,25 +140,34 @@ impl Incoming {
     }
 }
 
-/// The sender's check: the values it carried per (imported region, offset), so that it never
-/// sends one the receiver would rebuild wrong.
+/// The sender's side: the latest value it sent per word (imported region, offset) of regions
+/// that take riding values, and whether it rode, so that it never sends a value the receiver
+/// would rebuild wrong, and a flush knows what to write again.
 #[derive(Default)]
 pub(super) struct Outgoing {
-    last: std::collections::HashMap<(usize, u64), u64>,
+    last: std::collections::HashMap<(usize, u64), (u64, bool)>,
 }
 
 impl Outgoing {
-    /// Records `value` into word `off` of imported region `remote`, or says why the layout
-    /// cannot carry it (a value that does not grow from the last one, or jumps too far).
-    pub fn take(&mut self, remote: usize, off: u64, value: u64) -> Result<(), String> {
-        let prev = self.last.get(&(remote, off)).copied().unwrap_or(0);
+    /// Records `value` into word `off` of imported region `remote`, riding (`rode`) or as a
+    /// write of its own, or says why the layout cannot carry it (a value that does not grow
+    /// from the last one, or jumps too far).
+    pub fn take(&mut self, remote: usize, off: u64, value: u64, rode: bool) -> Result<(), String> {
+        let prev = self.last.get(&(remote, off)).map_or(0, |l| l.0);
         if value < prev || value - prev > MAX_STEP {
             return Err(format!(
-                "a signal value {value} after {prev} into the same word: values carried as remote CQ data must grow by at most {MAX_STEP} per write"
+                "a signal value {value} after {prev} into the same word: values into a word that signals ride as remote CQ data into must grow by at most {MAX_STEP} per write"
             ));
         }
-        self.last.insert((remote, off), value);
+        self.last.insert((remote, off), (value, rode));
         Ok(())
+    }
+
+    /// The latest value into word `off` of `remote`, if it rode.
+    pub fn rode_last(&self, remote: usize, off: u64) -> Option<u64> {
+        self.last
+            .get(&(remote, off))
+            .and_then(|&(v, rode)| rode.then_some(v))
     }
 }
 
@@ -259,10 +271,16 @@ mod tests {
     #[test]
     fn the_sender_refuses_values_the_receiver_would_rebuild_wrong() {
         let mut out = Outgoing::default();
-        out.take(0, 8, 1).unwrap();
-        out.take(0, 8, 2).unwrap();
-        assert!(out.take(0, 8, 1).is_err(), "backwards");
-        assert!(out.take(0, 8, 2 + MAX_STEP + 1).is_err(), "too far");
-        out.take(1, 8, MAX_STEP).unwrap();
+        out.take(0, 8, 1, true).unwrap();
+        assert_eq!(out.rode_last(0, 8), Some(1));
+        out.take(0, 8, 2, false).unwrap();
+        assert_eq!(
+            out.rode_last(0, 8),
+            None,
+            "the latest went as a write of its own"
+        );
+        assert!(out.take(0, 8, 1, true).is_err(), "backwards");
+        assert!(out.take(0, 8, 2 + MAX_STEP + 1, true).is_err(), "too far");
+        out.take(1, 8, MAX_STEP, true).unwrap();
     }
 }
