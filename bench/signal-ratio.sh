@@ -7,6 +7,10 @@
 #
 #   AB_BINS="/tmp/sr-old /tmp/sr-new" bench/signal-ratio.sh [rounds] [reps]   defaults: 3 5
 #
+# PEERS=3 streams from rank 0 to three peers at once (`--peers`, builds from session 16 on);
+# CONFIGS="tcp shm" picks the transports. A build with CQ-data signals run with them off
+# (today's path) is a wrapper script: `exec env MSCCLPP_NET_CQ_SIGNALS=0 /tmp/sr-new "$@"`.
+#
 # The binaries are copies of target/release/examples/signal_ratio built from each tree. Prints
 # per transport and size, for each binary, the median over rounds of its two GB/s figures and
 # of its ratio (signalled / unsignalled, each run's own median of paired reps), and the signal
@@ -20,6 +24,7 @@ n=${#bins[@]}
 run() { # config binary-index round
   local c=$1 k=$2 b=${bins[$2]} args=(--reps "$reps")
   local -a env=(env -u MSCCLPP_NET_PROVIDER -u MSCCLPP_TEST_UNORDERED)
+  [[ ${PEERS:-1} == 1 ]] || args+=(--peers "$PEERS")
   case $c in
   tcp) args+=(--provider tcp) ;;
   shm) args+=(--provider shm) ;;
@@ -33,11 +38,11 @@ run() { # config binary-index round
     echo "signal-ratio: $c: $b failed" >&2
 }
 for ((i = 0; i < rounds; i++)); do
-  for c in tcp shm shm-ib efa-tcp; do
+  for c in ${CONFIGS:-tcp shm shm-ib efa-tcp}; do
     for ((j = 0; j < n; j++)); do run "$c" $(((i + j) % n)) "$i"; done
   done
 done
-echo "# $(date -u +%F) $(uname -n), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $rounds alternating rounds, $reps reps each"
+echo "# $(date -u +%F) $(uname -n), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $rounds alternating rounds, $reps reps each; ${PEERS:-1} peer(s)"
 for ((k = 0; k < n; k++)); do echo "# build $k: ${bins[$k]}"; done
 python3 - "$log" "$n" <<'EOF'
 import statistics as st, sys
@@ -49,7 +54,7 @@ for line in open(sys.argv[1]):
         lat.setdefault((f[0], int(f[1])), []).append(float(f[3]))
     else:
         bw.setdefault((f[0], int(f[1]), int(f[2])), []).append(tuple(map(float, f[3:6])))
-for c in ["tcp", "shm", "shm-ib", "efa-tcp"]:
+for c in [c for c in ["tcp", "shm", "shm-ib", "efa-tcp"] if any(k[0] == c for k in bw)]:
     l = " ".join(f"{st.median(lat[(c, k)]):.2f}" if (c, k) in lat else "-" for k in range(n))
     print(f"\n{c}: signal half round trip (us, median of rounds), build 0..{n-1}: {l}")
     print(f"{'bytes':>9} " + " ".join(f"{'b%d put+sig' % k:>12} {'pws':>6} {'ratio':>5}" for k in range(n)))

@@ -1,16 +1,18 @@
 //! What a signal costs a stream of puts (issue 29): through the C API over host memory, two
 //! local processes, per size the time of 64 puts then one `signal` and a `flush` ("unsignalled")
 //! against 64 `putWithSignal`s then a `flush` ("signalled"), alternating, medians of `--reps`.
-//! Also the 8-byte `signal` half round trip (ping-pong median).
+//! Also the 8-byte `signal` half round trip (ping-pong median). With `--peers N`, rank 0 streams
+//! to N peers at once (N + 1 processes), each put and signal going to each peer in turn.
 //!
 //! `cargo run --release --example signal_ratio -- [--provider tcp|net|shm] [--ib] [--reps 9]
-//!  [--min-kib 16] [--max-mib 4]`
+//!  [--min-kib 16] [--max-mib 4] [--peers 1]`
 //!
 //! `--provider shm` is mscclppTransportSHM; with `--ib` (and `MSCCLPP_NET_PROVIDER=shm` in the
 //! environment) it is mscclppTransportIB over libfabric's shm provider.
 //!
-//! Prints per size: the two medians (GB/s: 64 x size over the time from the first put to the
-//! flush's return) and the median of the runs' paired ratios (signalled / unsignalled).
+//! Prints per size: the two medians (GB/s: peers x 64 x size over the time from the first put to
+//! the last flush's return) and the median of the runs' paired ratios (signalled /
+//! unsignalled).
 
 use mscclpp::abi::*;
 use mscclpp::capi::comm::*;
@@ -19,7 +21,7 @@ use mscclpp::capi::devconn::*;
 use std::time::Instant;
 
 mod common;
-use common::{arg, connect_pair, ok, rank_env, spawn_ranks, transport};
+use common::{arg, connect_to, ok, rank_env, spawn_ranks, transport};
 
 const PUTS: usize = 64;
 
@@ -34,8 +36,9 @@ fn main() {
     let reps: usize = arg("--reps", "9").parse().unwrap();
     let min_kib: usize = arg("--min-kib", "16").parse().unwrap();
     let max_mib: usize = arg("--max-mib", "4").parse().unwrap();
+    let npeers: usize = arg("--peers", "1").parse().unwrap();
     let Some((rank, root)) = rank_env("SIGNAL_RATIO") else {
-        let all_ok = spawn_ranks(2, "SIGNAL_RATIO", &provider);
+        let all_ok = spawn_ranks(npeers + 1, "SIGNAL_RATIO", &provider);
         std::process::exit(!all_ok as i32);
     };
     let max = max_mib << 20;
@@ -45,13 +48,45 @@ fn main() {
     } else {
         transport(&provider)
     };
-    let (comm, d) = connect_pair(rank, &root, &mut buf, tr);
+    // Rank 0 connects to every other rank, each of them to rank 0 only.
+    let mut comm = std::ptr::null_mut();
+    ok(
+        mscclppCommInitRank(&mut comm, npeers as i32 + 1, root.as_ptr(), rank as i32),
+        "init",
+    );
+    let peers: Vec<usize> = if rank == 0 {
+        (1..=npeers).collect()
+    } else {
+        vec![0]
+    };
+    for &p in &peers {
+        connect_to(comm, p, &mut buf, tr);
+    }
+    ok(mscclppConnectionSetup(comm), "setup");
+    ok(mscclppProxyLaunch(comm), "proxy");
+    let conns: Vec<*mut mscclppDevConn> = peers
+        .iter()
+        .map(|&p| {
+            let mut d = std::ptr::null_mut();
+            ok(
+                mscclppGetDeviceConnection(comm, p as i32, 0, &mut d),
+                "conn",
+            );
+            d
+        })
+        .collect();
+    // The ping-pong runs between ranks 0 and 1; other ranks only join the barriers.
+    let d = conns[0];
+    let pinging = rank <= 1;
 
     // The 8-byte signal half round trip.
     let rounds = 2000;
     let mut samples = Vec::with_capacity(rounds);
     ok(mscclppBootstrapBarrier(comm), "barrier");
     for i in 0..rounds + 100 {
+        if !pinging {
+            break;
+        }
         let t = Instant::now();
         if rank == 0 {
             ok(mscclppDevConnSignal(d), "signal");
@@ -65,11 +100,14 @@ fn main() {
         }
     }
     ok(mscclppDevConnFlush(d), "flush");
-    let label = if ib {
+    let mut label = if ib {
         format!("{provider} (IB transport)")
     } else {
         provider.clone()
     };
+    if npeers > 1 {
+        label += &format!(", {npeers} peers");
+    }
     if rank == 0 {
         println!(
             "{label}: signal half round trip median {:.2} us",
@@ -93,16 +131,22 @@ fn main() {
                     let t0 = Instant::now();
                     for p in 0..PUTS {
                         let off = ((p % 2) * size) as u64;
-                        if with_signal {
-                            ok(mscclppDevConnPutWithSignal(d, off, off, size as u64), "pws");
-                        } else {
-                            ok(mscclppDevConnPut(d, off, off, size as u64), "put");
+                        for &c in &conns {
+                            if with_signal {
+                                ok(mscclppDevConnPutWithSignal(c, off, off, size as u64), "pws");
+                            } else {
+                                ok(mscclppDevConnPut(c, off, off, size as u64), "put");
+                            }
                         }
                     }
-                    if !with_signal {
-                        ok(mscclppDevConnSignal(d), "signal");
+                    for &c in &conns {
+                        if !with_signal {
+                            ok(mscclppDevConnSignal(c), "signal");
+                        }
                     }
-                    ok(mscclppDevConnFlush(d), "flush");
+                    for &c in &conns {
+                        ok(mscclppDevConnFlush(c), "flush");
+                    }
                     t[usize::from(with_signal)] = t0.elapsed().as_secs_f64();
                 } else {
                     for _ in 0..if with_signal { PUTS } else { 1 } {
@@ -111,7 +155,7 @@ fn main() {
                 }
             }
             if rank == 0 {
-                let gbs = |s: f64| (PUTS * size) as f64 / s / 1e9;
+                let gbs = |s: f64| (npeers * PUTS * size) as f64 / s / 1e9;
                 plain.push(gbs(t[0]));
                 signalled.push(gbs(t[1]));
                 ratios.push(t[0] / t[1]);
