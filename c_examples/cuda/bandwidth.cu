@@ -6,6 +6,11 @@
  * Per size: rank 0 runs one kernel of `iters` putWithSignal()s of the same range and one
  * flush(); rank 1 wait()s for each signal. Timed on rank 0 with CUDA events; the received
  * range is checked on rank 1 against rank 0's pattern.
+ *
+ * BANDWIDTH_PAD_STREAMS=K (measurement, bench/RESULTS.md "Hardware work queues"): creates K
+ * streams after the kernels' own and before the library makes its streams, shifting which of
+ * CUDA's hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, handed out round-robin to streams
+ * in creation order) the kernels' stream and the library's streams share.
  */
 #include "common.cuh"
 
@@ -36,6 +41,11 @@ int main(int argc, char** argv)
   CUDACHECK(cudaMalloc(&buf, maxBytes));
   cudaStream_t s;
   CUDACHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int pad = 0;
+  if (const char* v = getenv("BANDWIDTH_PAD_STREAMS")) pad = atoi(v);
+  cudaStream_t padding[64];
+  for (int i = 0; i < pad && i < 64; i++)
+    CUDACHECK(cudaStreamCreateWithFlags(&padding[i], cudaStreamNonBlocking));
   /* One "slice" of maxBytes owned by rank 0: rank 0 holds the pattern, rank 1 its complement. */
   const uint32_t seed = 77;
   fillKernel<<<264, 512, 0, s>>>(buf, maxBytes / 4, c.rank == 0 ? 0 : -1, 1, seed);
@@ -84,6 +94,7 @@ int main(int argc, char** argv)
   CUDACHECK(cudaEventDestroy(t0));
   CUDACHECK(cudaEventDestroy(t1));
   CUDACHECK(cudaStreamDestroy(s));
+  for (int i = 0; i < pad && i < 64; i++) CUDACHECK(cudaStreamDestroy(padding[i]));
   CUDACHECK(cudaFree(buf));
   return failures ? 1 : 0;
 }
