@@ -830,11 +830,12 @@ impl Drop for NetEndpoint {
         }
         if s.order_drains + s.order_fences + s.deferred_flags > 0 {
             crate::info!(
-                "net: {} ordering: {} flags, records or markers waited for the peer's writes to complete, {} were fenced, {} flags were queued behind their writes",
+                "net: {} ordering: {} flags, records or markers waited for the peer's writes to complete, {} were fenced, {} flags were queued behind their writes ({} of them left out for a newer count into the same word)",
                 self.describe(),
                 s.order_drains,
                 s.order_fences,
-                s.deferred_flags
+                s.deferred_flags,
+                s.coalesced_flags
             );
         }
         if s.signals_with_data + s.signals_stored > 0 {

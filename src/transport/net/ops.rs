@@ -114,8 +114,10 @@ pub struct Stats {
     /// peer's writes to complete (`order::Plan::after`).
     pub order_fences: u64,
     pub order_drains: u64,
-    /// Flags queued behind the writes before them instead of a drain (`Peers::defer_flag`).
+    /// Flags queued behind the writes before them instead of a drain (`Peers::defer_flag`),
+    /// and those of them not posted because a newer count into the same word went instead.
     pub deferred_flags: u64,
+    pub coalesced_flags: u64,
     /// Signals sent as remote CQ data riding on a put's write (`signals.rs`), and those
     /// received and stored.
     pub signals_with_data: u64,

@@ -270,11 +270,23 @@ impl Peers {
     /// for the one just posted (an older count landing last would step the count back).
     pub fn post_ready(&mut self, ops: &mut Ops, peer: PeerId) -> Result<()> {
         // Ends when the queue is empty or its oldest flag still waits.
-        while let Some(d) = self[peer].deferred.front().copied() {
+        while let Some(mut d) = self[peer].deferred.front().copied() {
             if d.after > self[peer].done_upto {
                 return Ok(());
             }
             self[peer].deferred.pop_front();
+            // Later flags into the same word that are ready too: only the newest count goes
+            // (counts only grow, and its writes before it include theirs), one write instead
+            // of several, each of which would wait for the one before it where 8-byte writes
+            // are not ordered. Ends at the first flag not ready or into another word.
+            while let Some(n) = self[peer].deferred.front().copied() {
+                if n.after > self[peer].done_upto || (n.raddr, n.key) != (d.raddr, d.key) {
+                    break;
+                }
+                self[peer].deferred.pop_front();
+                d = n;
+                ops.stats.coalesced_flags += 1;
+            }
             ops.post(
                 self,
                 &Op::inline(peer, &d.value.to_ne_bytes(), d.raddr, d.key),
