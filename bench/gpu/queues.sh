@@ -18,3 +18,19 @@ queues() {
   ((ce_reps > 0)) && outcomes "$ce_reps" bandwidth "--max 16M" "${ce[@]}"
   return 0
 }
+
+# Whose kernel holds the copies up: the same `bandwidth` runs with rank 1's waiting kernel
+# alongside rank 0's (as the example runs) and with it only after rank 0's kernel has ended
+# (BANDWIDTH_RECV_AFTER=1): if only the first stalls, the copies of one MPS client wait behind
+# another client's running kernel.
+#
+#   queues_recv REPS
+queues_recv() {
+  local reps=${1:-4}
+  # shellcheck source=bench/gpu/outcomes.sh
+  source "$ROOT/bench/gpu/outcomes.sh"
+  outcomes "$reps" bandwidth "--max 16M" \
+    "sm-together:MSCCLPP_P2P_SM_SHARED=1 MSCCLPP_WAIT_TIMEOUT=5" \
+    "sm-recv-after:MSCCLPP_P2P_SM_SHARED=1 MSCCLPP_WAIT_TIMEOUT=5 BANDWIDTH_RECV_AFTER=1"
+  return 0
+}

@@ -11,6 +11,8 @@
  * streams after the kernels' own and before the library makes its streams, shifting which of
  * CUDA's hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, handed out round-robin to streams
  * in creation order) the kernels' stream and the library's streams share.
+ * BANDWIDTH_RECV_AFTER=1 (measurement): rank 1 waits for rank 0's signals only after rank 0's
+ * kernel has ended, so that no kernel of rank 1 runs while rank 0's copies are queued.
  */
 #include "common.cuh"
 
@@ -41,6 +43,7 @@ int main(int argc, char** argv)
   CUDACHECK(cudaMalloc(&buf, maxBytes));
   cudaStream_t s;
   CUDACHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const bool recvAfter = getenv("BANDWIDTH_RECV_AFTER") != nullptr;
   int pad = 0;
   if (const char* v = getenv("BANDWIDTH_PAD_STREAMS")) pad = atoi(v);
   cudaStream_t padding[64];
@@ -68,11 +71,19 @@ int main(int argc, char** argv)
         sendKernel<<<1, 1, 0, s>>>(bytes, pass ? iters : 2);
         KERNELCHECK();
         CUDACHECK(cudaEventRecord(t1, s));
-      } else {
+      } else if (!recvAfter) {
         recvKernel<<<1, 1, 0, s>>>(pass ? iters : 2);
         KERNELCHECK();
       }
       CUDACHECK(cudaStreamSynchronize(s));
+      if (recvAfter) {
+        MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+        if (c.rank == 1) {
+          recvKernel<<<1, 1, 0, s>>>(pass ? iters : 2);
+          KERNELCHECK();
+          CUDACHECK(cudaStreamSynchronize(s));
+        }
+      }
     }
     /* Rank 1 checks the first `bytes` (the rest must still be its complement pattern). */
     double bad = 0;
