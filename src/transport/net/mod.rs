@@ -18,8 +18,13 @@
 //!   record, or marker) carries `FI_FENCE`, or failing that every earlier write to the peer is
 //!   completed first, the unordered ones having carried FI_DELIVERY_COMPLETE: a flag waits for
 //!   that in a per-peer queue (`Peers::defer_flag`, posted by `post_ready` from progress, the
-//!   next write or a flush), so the proxy is not held up. A provider with none of these is
-//!   refused when the endpoint opens.
+//!   next write or a flush), so the proxy is not held up; queued flags into one word that are
+//!   ready together go as one, the newest count. A provider with none of these is refused when
+//!   the endpoint opens.
+//! - A `write_then_value` into host memory of a peer that takes them is one write carrying the
+//!   value as remote CQ data, stored by the peer's endpoint when it reads that write's
+//!   completion (`signals.rs`), where the plan would post a flag after the earlier writes
+//!   plain; a flush writes the newest such value of each word again, so it covers them.
 //! - flush = "arrived": tcp;ofi_rxm and net complete a plain write locally before the data is
 //!   at the target, so flush needs `FI_DELIVERY_COMPLETE`. Putting it on every write costs a
 //!   target acknowledgement per write (measured, 8 B put + flag half round trip: tcp 7.5 us
