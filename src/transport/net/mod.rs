@@ -515,6 +515,28 @@ impl NetEndpoint {
         Ok(())
     }
 
+    /// Posts a checked write of `size` bytes from `src` to `dst` (the imported region's blob and
+    /// the offset), its last chunk carrying `cq_data` if given (only into a direct region).
+    fn post_write(
+        &mut self,
+        peer: PeerId,
+        src: (MrId, u64),
+        (remote, dst_off): (MrBlob, u64),
+        size: u64,
+        cq_data: Option<u64>,
+    ) -> Result<()> {
+        let dest = if remote.mode == Mode::Staged {
+            staging::Dest::Staged { remote, dst_off }
+        } else {
+            staging::Dest::Direct {
+                base: remote.base + dst_off,
+                key: remote.key,
+            }
+        };
+        let (st, mut net) = self.parts();
+        st.write_chunks(&mut net, peer, src, size, dest, cq_data)
+    }
+
     /// The remote CQ data carrying `value` into word `off` of `remote` (imported region `dst`),
     /// where values into it ride so (the owner said so in its blob, and this endpoint sends
     /// them), or None: a write of the value itself. An error for a value the owner could not
@@ -650,16 +672,7 @@ impl Endpoint for NetEndpoint {
         let remote = self.check_write(peer, src, src_off, dst, dst_off, size)?;
         // Flags whose writes before them have completed go out before more data.
         self.peers.post_ready(&mut self.ops, peer)?;
-        let (st, mut net) = self.parts();
-        let dest = if remote.mode == Mode::Staged {
-            staging::Dest::Staged { remote, dst_off }
-        } else {
-            staging::Dest::Direct {
-                base: remote.base + dst_off,
-                key: remote.key,
-            }
-        };
-        st.write_chunks(&mut net, peer, (src, src_off), size, dest, None)
+        self.post_write(peer, (src, src_off), (remote, dst_off), size, None)
     }
 
     /// One write whose last chunk carries the value as remote CQ data (`signals.rs`) where it
@@ -679,6 +692,7 @@ impl Endpoint for NetEndpoint {
         (vdst, voff, value): (RemoteId, u64, u64),
     ) -> Result<()> {
         let remote = self.check_write(peer, src, src_off, dst, dst_off, size)?;
+        // Flags whose writes before them have completed go out before more data.
         self.peers.post_ready(&mut self.ops, peer)?;
         let v = self.remote(peer, vdst)?;
         regions::check_value(&self.peers, peer, &v, voff)?;
@@ -700,16 +714,10 @@ impl Endpoint for NetEndpoint {
             true => self.cq_value(vdst, &v, voff, value)?,
             false => None,
         };
+        self.post_write(peer, (src, src_off), (remote, dst_off), size, cq)?;
         if cq.is_none() {
-            self.write(peer, src, src_off, dst, dst_off, size)?;
             return self.write_value(peer, vdst, voff, value);
         }
-        let dest = staging::Dest::Direct {
-            base: remote.base + dst_off,
-            key: remote.key,
-        };
-        let (st, mut net) = self.parts();
-        st.write_chunks(&mut net, peer, (src, src_off), size, dest, cq)?;
         self.ops.stats.signals_with_data += 1;
         let rode = &mut self.peers[peer].rode;
         if !rode.contains(&(vdst, voff)) {
