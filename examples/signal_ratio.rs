@@ -2,10 +2,12 @@
 //! local processes, per size the time of 64 puts then one `signal` and a `flush` ("unsignalled")
 //! against 64 `putWithSignal`s then a `flush` ("signalled"), alternating, medians of `--reps`.
 //! Also the 8-byte `signal` half round trip (ping-pong median). With `--peers N`, rank 0 streams
-//! to N peers at once (N + 1 processes), each put and signal going to each peer in turn.
+//! to N peers at once (N + 1 processes), each put and signal going to each peer in turn. With
+//! `--wait-after`, the peers wait for the signals only once rank 0's flush has returned (behind
+//! a barrier, outside the timing): what the stream costs without a consumer waking per signal.
 //!
 //! `cargo run --release --example signal_ratio -- [--provider tcp|net|shm] [--ib] [--reps 9]
-//!  [--min-kib 16] [--max-mib 4] [--peers 1]`
+//!  [--min-kib 16] [--max-mib 4] [--peers 1] [--wait-after]`
 //!
 //! `--provider shm` is mscclppTransportSHM; with `--ib` (and `MSCCLPP_NET_PROVIDER=shm` in the
 //! environment) it is mscclppTransportIB over libfabric's shm provider.
@@ -37,6 +39,7 @@ fn main() {
     let min_kib: usize = arg("--min-kib", "16").parse().unwrap();
     let max_mib: usize = arg("--max-mib", "4").parse().unwrap();
     let npeers: usize = arg("--peers", "1").parse().unwrap();
+    let wait_after = std::env::args().any(|a| a == "--wait-after");
     let Some((rank, root)) = rank_env("SIGNAL_RATIO") else {
         let all_ok = spawn_ranks(npeers + 1, "SIGNAL_RATIO", &provider);
         std::process::exit(!all_ok as i32);
@@ -148,7 +151,13 @@ fn main() {
                         ok(mscclppDevConnFlush(c), "flush");
                     }
                     t[usize::from(with_signal)] = t0.elapsed().as_secs_f64();
+                    if wait_after {
+                        ok(mscclppBootstrapBarrier(comm), "barrier");
+                    }
                 } else {
+                    if wait_after {
+                        ok(mscclppBootstrapBarrier(comm), "barrier");
+                    }
                     for _ in 0..if with_signal { PUTS } else { 1 } {
                         ok(mscclppDevConnWait(d), "wait");
                     }
