@@ -159,7 +159,11 @@ fn run(
                     // shm, a test's host thread lost the lock to this progress on every try.
                     let endpoint = w.endpoint.clone();
                     drop(w);
-                    progress_idle(&endpoint).map(|_| Round::Idle)
+                    // Peers' writes arriving keep it polling (`Endpoint::took_incoming`).
+                    progress_idle(&endpoint).map(|took| match took {
+                        true => Round::Busy,
+                        false => Round::Idle,
+                    })
                 }
                 Ok(r) => Ok(r),
                 // Recorded before the lock is let go: a host thread must not run the trigger

@@ -298,10 +298,13 @@ impl ProxyWork {
 /// An idle round's endpoint work: progress, then the writes peers made into us that need our
 /// work before our waiters may see them (net staging; after progress, which may just have
 /// delivered some).
-pub(super) fn progress_idle(endpoint: &SharedEndpoint) -> Result<()> {
+/// Progress of an idle proxy's endpoint; returns whether peers' writes arrived meanwhile
+/// (`Endpoint::took_incoming`).
+pub(super) fn progress_idle(endpoint: &SharedEndpoint) -> Result<bool> {
     let mut ep = lock(endpoint);
     ep.progress()?;
-    ep.poll_incoming()
+    ep.poll_incoming()?;
+    Ok(ep.took_incoming())
 }
 
 /// `MSCCLPP_TEST_PROXY_PANIC=N` (tests): panics before the N-th trigger, `handled` having

@@ -160,6 +160,13 @@ pub trait Endpoint: Send {
     fn flush(&mut self, peer: PeerId) -> Result<()>;
     /// Drives completions and the provider's progress engine; called by the proxy when idle.
     fn progress(&mut self) -> Result<()>;
+    /// Whether peers' writes arrived since the last call, as far as this endpoint can see them
+    /// (the net transport: writes that carried remote CQ data). An idle proxy that sees them
+    /// keeps polling rather than napping: over providers whose writes move only while the
+    /// target progresses, a napping target slows its peers' streams. Default: false.
+    fn took_incoming(&mut self) -> bool {
+        false
+    }
     /// Finishes writes that peers made into this endpoint and that need this side's work
     /// before the local waiter may see them (the net transport applies staged writes to GPU
     /// memory, then stores the signal count after them). Called by the proxy when idle and

@@ -194,6 +194,11 @@ const HMEM_SLOWER_THAN_STAGING: &[(&str, &str)] = &[(
     "FI_HMEM through the shm provider measured ~4x slower than staging (1.6 against 6.7 GB/s one way, one H100, libfabric 2.1 with CUDA, bench/RESULTS.md 2026-11-24); MSCCLPP_NET_HMEM=1 uses it anyway",
 )];
 
+/// Providers (the first of a layered name) whose writes move only while the target calls into
+/// them, software all: their writes carry the activity mark (`signals::ACTIVITY`). Hardware
+/// providers place writes without the target, and their completion queues do not grow.
+const TARGET_PROGRESSES: &[&str] = &["tcp", "shm", "net", "sockets", "udp"];
+
 /// Whether signals ride as remote CQ data on this endpoint (`signals.rs`), or why not.
 fn signals_choice(cfg: &NetConfig, a: &order::Attrs) -> std::result::Result<(), String> {
     if !cfg.cq_signals {
@@ -324,6 +329,9 @@ impl NetEndpoint {
             ),
         )?;
         ops.layer = layer.map(Box::new);
+        // Writes carry the activity mark where the target must progress for them to move.
+        ops.activity_marks = cq_signals
+            && TARGET_PROGRESSES.contains(&provider.split(';').next().unwrap_or_default());
         let mut ep = NetEndpoint {
             regions: Regions::new(policy, hmem_choice(cfg.hmem, choice.hmem, &provider)),
             ops,
@@ -817,6 +825,11 @@ impl Endpoint for NetEndpoint {
     fn poll_incoming(&mut self) -> Result<()> {
         let (st, mut net) = self.parts();
         st.poll_incoming(&mut net)
+    }
+
+    fn took_incoming(&mut self) -> bool {
+        let seen = self.ops.incoming_seen;
+        std::mem::replace(&mut self.ops.incoming_told, seen) != seen
     }
 }
 

@@ -178,6 +178,11 @@ pub(super) struct Ops {
     pub incoming: signals::Incoming,
     /// The values sent as CQ data so far (checked to be ones the receiver can rebuild).
     pub outgoing: signals::Outgoing,
+    /// Writes without a signal carry `signals::ACTIVITY` (software providers, `signals.rs`).
+    pub activity_marks: bool,
+    /// Peers' CQ-data writes read so far, and how many of them `took_incoming` last saw.
+    pub incoming_seen: u64,
+    pub incoming_told: u64,
     slots: Box<[OpSlot]>,
     free: Vec<usize>,
     pub outstanding: usize,
@@ -227,6 +232,9 @@ impl Ops {
             cq_signals,
             incoming: signals::Incoming::default(),
             outgoing: signals::Outgoing::default(),
+            activity_marks: false,
+            incoming_seen: 0,
+            incoming_told: 0,
             slots: (0..depth).map(|_| OpSlot::default()).collect(),
             free: (0..depth).rev().collect(),
             outstanding: 0,
@@ -340,6 +348,7 @@ impl Ops {
             for e in &ents[..rc as usize] {
                 // A peer's write that carried CQ data: its context is not ours (none is).
                 if e.flags & fi::FI_REMOTE_CQ_DATA as u64 != 0 {
+                    self.incoming_seen += 1;
                     self.incoming.apply(e.data).map_err(|why| {
                         Error::remote(format!("{}: a peer's write: {why}", self.describe()))
                     })?;
@@ -475,6 +484,10 @@ impl Ops {
             len: len as usize,
             key,
         };
+        // A signal, or on software providers the activity mark (`signals.rs`).
+        let cq_data = op
+            .cq_data
+            .or(self.activity_marks.then_some(signals::ACTIVITY));
         let msg = fi::fi_msg_rma {
             msg_iov: (&iov as *const libc::iovec).cast(),
             desc: &mut desc,
@@ -483,14 +496,14 @@ impl Ops {
             rma_iov: &rma,
             rma_iov_count: 1,
             context: (&mut self.slots[slot] as *mut OpSlot).cast(),
-            data: op.cq_data.unwrap_or(0),
+            data: cq_data.unwrap_or(0),
         };
         let mut wait: Option<Backoff> = None;
         // Markers, and the writes that a later drain must see arrived (`Plan::needs_dc`).
         let mut dc = (confirm && self.delivery_complete) || self.plan.needs_dc(len);
         loop {
             let mut flags = fi::FI_COMPLETION as u64;
-            if op.cq_data.is_some() {
+            if cq_data.is_some() {
                 flags |= fi::FI_REMOTE_CQ_DATA as u64;
             }
             if dc {

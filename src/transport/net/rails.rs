@@ -732,6 +732,13 @@ impl Endpoint for Rails {
         self.each_rail(|ep| ep.poll_incoming())
     }
 
+    fn took_incoming(&mut self) -> bool {
+        // Every rail's count is read (and reset), not only up to the first that saw some.
+        self.rails
+            .iter_mut()
+            .fold(false, |any, r| r.ep.took_incoming() | any)
+    }
+
     fn set_abort_check(&mut self, check: AbortCheck) {
         // One check shared by every rail (a Box is not Sync, hence the Mutex).
         let shared = Arc::new(Mutex::new(check));

@@ -10,6 +10,11 @@
 //! Pure: the CQ-data layout, the sender's check that a value can be carried, and the
 //! receiver's table of words it stores into ([`Incoming`]); the endpoint posts and reads.
 //!
+//! On providers whose writes move only while the target progresses (tcp, shm: software), every
+//! other write carries [`ACTIVITY`] instead, so that the target sees writes arriving: its idle
+//! proxy then keeps polling instead of napping between progress calls, which slowed a tcp
+//! stream into a rank whose threads were not waiting 7x (bench/RESULTS.md, session 16).
+//!
 //! The layout (64 bits, so only providers with `cq_data_size >= 8`): bits 63..56 the tag
 //! `TAG` (CQ data from anything else is refused, never stored), 55..36 the receiver's region
 //! id (its index in the region table, `MrBlob::id`), 35..32 the word (offset / 8, regions of
@@ -33,6 +38,14 @@ const VALUE_BITS: u32 = 32;
 // The fields fill the 64 bits without overlap.
 const _: () = assert!(VALUE_BITS == WORD_SHIFT && WORD_SHIFT + WORD_BITS == REGION_SHIFT);
 const _: () = assert!(REGION_SHIFT + REGION_BITS == TAG_SHIFT && TAG < 1 << (64 - TAG_SHIFT));
+
+/// The CQ data of a write that carries no value: it only tells the target that writes arrive.
+pub(super) const ACTIVITY: u64 = (TAG + 1) << TAG_SHIFT;
+
+/// Whether CQ data is [`ACTIVITY`].
+pub(super) fn is_activity(data: u64) -> bool {
+    data == ACTIVITY
+}
 
 /// The largest step between two values into one word that the receiver can rebuild.
 pub(super) const MAX_STEP: u64 = (1 << (VALUE_BITS - 1)) - 1;
@@ -82,9 +95,11 @@ struct Target {
 pub(super) struct Incoming {
     /// Indexed by region id.
     targets: Vec<Option<Target>>,
-    /// Values stored, and values that arrived after a later one to the same word.
+    /// Values stored, values that arrived after a later one to the same word, and writes that
+    /// carried [`ACTIVITY`].
     pub stored: u64,
     pub stale: u64,
+    pub activity: u64,
 }
 
 impl Incoming {
@@ -100,6 +115,10 @@ impl Incoming {
 
     /// Stores the value CQ data `data` carries (module doc), or says why it cannot.
     pub fn apply(&mut self, data: u64) -> Result<(), String> {
+        if is_activity(data) {
+            self.activity += 1;
+            return Ok(());
+        }
         let (region, off, low) =
             decode(data).ok_or_else(|| format!("remote CQ data {data:#x} is not a signal"))?;
         let t = self
@@ -183,6 +202,8 @@ mod tests {
         assert_eq!(encode(1, 128, 1), None);
         assert_eq!(encode(1, 12, 1), None);
         assert_eq!(decode(0), None, "plain CQ data is not a signal");
+        assert_eq!(decode(ACTIVITY), None, "nor is the activity mark");
+        assert!(is_activity(ACTIVITY) && !is_activity(d));
         assert_eq!(decode(d ^ 1 << 63), None);
     }
 

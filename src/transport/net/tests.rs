@@ -1289,3 +1289,50 @@ fn cq_values_are_checked_by_their_receiver() {
         assert!(e.contains("must grow"), "{e}");
     }
 }
+
+/// On providers whose writes move only while the target progresses, every write without a
+/// signal carries the activity mark: the target counts them and tells its proxy once
+/// (`took_incoming`), so that an idle proxy keeps polling while a peer's stream arrives. Not
+/// with `MSCCLPP_NET_CQ_SIGNALS=0`.
+#[test]
+fn software_providers_tell_the_target_that_writes_arrive() {
+    for kind in [Kind::Tcp, Kind::Shm] {
+        for on in [true, false] {
+            let cfg = NetConfig {
+                cq_signals: on,
+                ..NetConfig::default()
+            };
+            let src = vec![5u64; 512];
+            let dst = vec![0u64; 512];
+            let mut a = open(kind, &cfg);
+            let mut b = open(kind, &cfg);
+            assert_eq!(a.ops.activity_marks, on, "{kind:?}");
+            let pa = a.add_peer(1, &b.address().unwrap()).unwrap();
+            b.add_peer(0, &a.address().unwrap()).unwrap();
+            let (_, mut b) = with_target_progressed(a, b, pa, |a, b, pa| {
+                let d = import_from(a, b, pa, &dst);
+                let s = a.register(region(&src)).unwrap().0;
+                for i in 0..10u64 {
+                    a.write(pa, s, i * 8, d, i * 8, 8).unwrap();
+                }
+                a.flush(pa).unwrap();
+                assert!((0..10).all(|i| word(&dst, i) == 5), "{kind:?}");
+            });
+            // Every mark is in b's completion queue once the flush returned (the marker came
+            // after the writes); the progress thread may have stopped before reading them all.
+            let t0 = Instant::now();
+            // Ends when the ten are read, or after 5 s (then the count below fails).
+            while on && b.ops.incoming.activity < 10 && t0.elapsed() < Duration::from_secs(5) {
+                b.progress().unwrap();
+            }
+            let marks = b.ops.incoming.activity;
+            if on {
+                assert!(marks >= 10, "{kind:?}: {marks} marks");
+                assert!(b.took_incoming(), "{kind:?}");
+            } else {
+                assert_eq!(marks, 0, "{kind:?}");
+            }
+            assert!(!b.took_incoming(), "{kind:?}: told once");
+        }
+    }
+}

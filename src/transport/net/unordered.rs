@@ -17,8 +17,9 @@
 //! And what it refuses (the profile's rules, each refusal logged at WARN): FI_FENCE (neither
 //! profile grants it), a local buffer without its descriptor (FI_MR_LOCAL, EFA-like), and
 //! remote CQ data where the profile's target must have posted receives for it (FI_RX_CQ_DATA,
-//! EFA-like), which no endpoint here does. A write carrying remote CQ data (psm3-like) is never
-//! cut: its target completion, which carries the data, means the whole write is in place; the
+//! EFA-like), which no endpoint here does. A write carrying a signal in its remote CQ data
+//! (psm3-like) is never cut: its target completion, which carries the data, means the whole
+//! write is in place (one carrying only the activity mark is, each piece with the mark); the
 //! peers' CQ-data completions are returned as the provider gives them.
 //!
 //! Lifecycle of a write: (1) `write` takes it into `writes` and its pieces into `held`, maybe
@@ -261,7 +262,10 @@ impl Layer {
         };
         // Pieces: one, or up to four cut at random 8-byte boundaries.
         let mut cuts = vec![0, len];
-        if len > SPLIT_ABOVE && !cq_data {
+        // A signal's write stays whole (its completion at the target means all of it is in
+        // place); one carrying only the activity mark may be cut like any.
+        let signal = cq_data && !super::signals::is_activity(msg.data);
+        if len > SPLIT_ABOVE && !signal {
             for _ in 0..1 + self.below(3) {
                 cuts.push(self.below(len / 8) * 8);
             }
