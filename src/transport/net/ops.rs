@@ -484,10 +484,13 @@ impl Ops {
             len: len as usize,
             key,
         };
-        // A signal, or on software providers the activity mark (`signals.rs`).
-        let cq_data = op
-            .cq_data
-            .or(self.activity_marks.then_some(signals::ACTIVITY));
+        // A signal, or on software providers the activity mark on a data write (`signals.rs`):
+        // never on flags, markers and records, whose half round trip it lengthened 1.2x over
+        // tcp (bench/RESULTS.md, session 16).
+        let cq_data = op.cq_data.or((self.activity_marks
+            && op.inline.is_none()
+            && len > super::order::FOLLOWER_BYTES)
+            .then_some(signals::ACTIVITY));
         let msg = fi::fi_msg_rma {
             msg_iov: (&iov as *const libc::iovec).cast(),
             desc: &mut desc,

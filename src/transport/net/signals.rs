@@ -11,7 +11,7 @@
 //! receiver's table of words it stores into ([`Incoming`]); the endpoint posts and reads.
 //!
 //! On providers whose writes move only while the target progresses (tcp, shm: software), every
-//! other write carries [`ACTIVITY`] instead, so that the target sees writes arriving: its idle
+//! other data write (not the 8-byte flags, markers and records) carries [`ACTIVITY`] instead, so that the target sees writes arriving: its idle
 //! proxy then keeps polling instead of napping between progress calls, which slowed a tcp
 //! stream into a rank whose threads were not waiting 7x (bench/RESULTS.md, session 16).
 //!

@@ -1290,10 +1290,10 @@ fn cq_values_are_checked_by_their_receiver() {
     }
 }
 
-/// On providers whose writes move only while the target progresses, every write without a
-/// signal carries the activity mark: the target counts them and tells its proxy once
-/// (`took_incoming`), so that an idle proxy keeps polling while a peer's stream arrives. Not
-/// with `MSCCLPP_NET_CQ_SIGNALS=0`.
+/// On providers whose writes move only while the target progresses, every data write (more than
+/// 64 bytes) without a signal carries the activity mark: the target counts them and tells its
+/// proxy once (`took_incoming`), so that an idle proxy keeps polling while a peer's stream
+/// arrives; 8-byte writes (flags) carry none. Not with `MSCCLPP_NET_CQ_SIGNALS=0`.
 #[test]
 fn software_providers_tell_the_target_that_writes_arrive() {
     for kind in [Kind::Tcp, Kind::Shm] {
@@ -1302,8 +1302,8 @@ fn software_providers_tell_the_target_that_writes_arrive() {
                 cq_signals: on,
                 ..NetConfig::default()
             };
-            let src = vec![5u64; 512];
-            let dst = vec![0u64; 512];
+            let src = vec![5u64; 1024];
+            let dst = vec![0u64; 1024];
             let mut a = open(kind, &cfg);
             let mut b = open(kind, &cfg);
             assert_eq!(a.ops.activity_marks, on, "{kind:?}");
@@ -1313,10 +1313,12 @@ fn software_providers_tell_the_target_that_writes_arrive() {
                 let d = import_from(a, b, pa, &dst);
                 let s = a.register(region(&src)).unwrap().0;
                 for i in 0..10u64 {
-                    a.write(pa, s, i * 8, d, i * 8, 8).unwrap();
+                    a.write(pa, s, i * 512, d, i * 512, 512).unwrap();
                 }
+                // Flags carry none.
+                a.write(pa, s, 0, d, 8000, 8).unwrap();
                 a.flush(pa).unwrap();
-                assert!((0..10).all(|i| word(&dst, i) == 5), "{kind:?}");
+                assert!((0..640).all(|i| word(&dst, i) == 5), "{kind:?}");
             });
             // Every mark is in b's completion queue once the flush returned (the marker came
             // after the writes); the progress thread may have stopped before reading them all.
@@ -1327,7 +1329,7 @@ fn software_providers_tell_the_target_that_writes_arrive() {
             }
             let marks = b.ops.incoming.activity;
             if on {
-                assert!(marks >= 10, "{kind:?}: {marks} marks");
+                assert_eq!(marks, 10, "{kind:?}: {marks} marks");
                 assert!(b.took_incoming(), "{kind:?}");
             } else {
                 assert_eq!(marks, 0, "{kind:?}");
