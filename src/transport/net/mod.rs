@@ -739,10 +739,10 @@ impl Endpoint for NetEndpoint {
         let remote = self.remote(peer, dst)?;
         regions::check_value(&self.peers, peer, &remote, dst_off)?;
         // A lone value is a write of its own, also into a word that riding values go to (a
-        // CQ-data value alone measured 1.2x the signal half round trip on tcp, bench/RESULTS.md
-        // session 16): both ordered after the writes before them, and the owner's stores of
-        // riding values never step a count back (`signals.rs`), so the two ways mix. Recorded
-        // for the sender's check of later riding values.
+        // CQ-data value alone measured slower over tcp, bench/RESULTS.md session 16): both are
+        // ordered after the writes before them, and the owner's stores of riding values never
+        // step a count back (`signals.rs`), so the two ways mix. Recorded for the sender's
+        // check of later riding values.
         if self.ops.cq_signals && remote.cq_values {
             self.ops
                 .outgoing

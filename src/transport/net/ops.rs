@@ -485,8 +485,8 @@ impl Ops {
             key,
         };
         // A signal, or on software providers the activity mark on a data write (`signals.rs`):
-        // never on flags, markers and records, whose half round trip it lengthened 1.2x over
-        // tcp (bench/RESULTS.md, session 16).
+        // never on flags, markers and records, whose half round trip it lengthened over tcp
+        // (bench/RESULTS.md, session 16).
         let cq_data = op.cq_data.or((self.activity_marks
             && op.inline.is_none()
             && len > super::order::FOLLOWER_BYTES)

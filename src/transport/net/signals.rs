@@ -11,9 +11,10 @@
 //! receiver's table of words it stores into ([`Incoming`]); the endpoint posts and reads.
 //!
 //! On providers whose writes move only while the target progresses (tcp, shm: software), every
-//! other data write (not the 8-byte flags, markers and records) carries [`ACTIVITY`] instead, so that the target sees writes arriving: its idle
-//! proxy then keeps polling instead of napping between progress calls, which slowed a tcp
-//! stream into a rank whose threads were not waiting 7x (bench/RESULTS.md, session 16).
+//! other data write (not the 8-byte flags, markers and records) carries [`ACTIVITY`] instead,
+//! so that the target sees writes arriving: its idle proxy then keeps polling instead of
+//! napping between progress calls, which slowed tcp streams into a rank whose threads were
+//! not waiting (bench/RESULTS.md, session 16).
 //!
 //! The layout (64 bits, so only providers with `cq_data_size >= 8`): bits 63..56 the tag
 //! `TAG` (CQ data from anything else is refused, never stored), 55..36 the receiver's region
