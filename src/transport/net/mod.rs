@@ -396,7 +396,10 @@ impl NetEndpoint {
 
     /// Counters (for tests).
     pub fn stats(&self) -> Stats {
-        self.ops.stats
+        Stats {
+            signals_stored: self.ops.incoming.stored,
+            ..self.ops.stats
+        }
     }
 
     /// The provider name, e.g. `tcp;ofi_rxm`.
@@ -515,10 +518,8 @@ impl NetEndpoint {
     /// completion, maybe after our flush would return; the copy lands first and the late store
     /// changes nothing, `signals.rs`). At most one 8-byte write per word per flush.
     fn rewrite_rode(&mut self, peer: PeerId) -> Result<()> {
-        for (dst, off) in std::mem::take(&mut self.peers[peer].rode) {
-            if let Some(value) = self.ops.outgoing.rode_last(dst, off) {
-                self.write_value(peer, dst, off, value)?;
-            }
+        for (dst, off, value) in self.ops.outgoing.rode_to(peer) {
+            self.write_value(peer, dst, off, value)?;
         }
         Ok(())
     }
@@ -551,6 +552,7 @@ impl NetEndpoint {
     /// rebuild (`signals::Outgoing`).
     fn cq_value(
         &mut self,
+        peer: PeerId,
         dst: RemoteId,
         remote: &MrBlob,
         off: u64,
@@ -564,7 +566,7 @@ impl NetEndpoint {
         };
         self.ops
             .outgoing
-            .take(dst, off, value, true)
+            .take(peer, (dst, off), value, true)
             .map_err(Error::invalid_arg)?;
         Ok(Some(d))
     }
@@ -719,7 +721,7 @@ impl Endpoint for NetEndpoint {
                 .after(self.peers[peer].largest_since_drain.max(chunk))
                 == order::FlagOrder::Plain;
         let cq = match rides {
-            true => self.cq_value(vdst, &v, voff, value)?,
+            true => self.cq_value(peer, vdst, &v, voff, value)?,
             false => None,
         };
         self.post_write(peer, (src, src_off), (remote, dst_off), size, cq)?;
@@ -727,10 +729,6 @@ impl Endpoint for NetEndpoint {
             return self.write_value(peer, vdst, voff, value);
         }
         self.ops.stats.signals_with_data += 1;
-        let rode = &mut self.peers[peer].rode;
-        if !rode.contains(&(vdst, voff)) {
-            rode.push((vdst, voff));
-        }
         Ok(())
     }
 
@@ -746,7 +744,7 @@ impl Endpoint for NetEndpoint {
         if self.ops.cq_signals && remote.cq_values {
             self.ops
                 .outgoing
-                .take(dst, dst_off, value, false)
+                .take(peer, (dst, dst_off), value, false)
                 .map_err(Error::invalid_arg)?;
         }
         let (raddr, key) = (remote.base + dst_off, remote.key);
@@ -828,7 +826,7 @@ impl Endpoint for NetEndpoint {
     }
 
     fn took_incoming(&mut self) -> bool {
-        let seen = self.ops.incoming_seen;
+        let seen = self.ops.incoming.arrived();
         std::mem::replace(&mut self.ops.incoming_told, seen) != seen
     }
 }
@@ -841,7 +839,7 @@ impl Drop for NetEndpoint {
         // ring freed (fields drop after this body).
         self.staging.drain_copier();
         self.ops.drain_at_close(&mut self.peers);
-        let s = &self.ops.stats;
+        let s = &self.stats();
         if s.staged_chunks + s.records_applied > 0 {
             crate::info!(
                 "net: {} staging: sent {} chunks ({} MiB), waited for ring room {}, for bounce slots {}, for copies out {}; applied {} records",

@@ -119,7 +119,7 @@ pub struct Stats {
     pub deferred_flags: u64,
     pub coalesced_flags: u64,
     /// Signals sent as remote CQ data riding on a put's write (`signals.rs`), and those
-    /// received and stored.
+    /// received and stored (`signals::Incoming::stored`, filled in by `NetEndpoint::stats`).
     pub signals_with_data: u64,
     pub signals_stored: u64,
     /// Naps of waits for the provider on a crowded host (`Ops::pause`), and their time.
@@ -180,8 +180,7 @@ pub(super) struct Ops {
     pub outgoing: signals::Outgoing,
     /// Writes without a signal carry `signals::ACTIVITY` (software providers, `signals.rs`).
     pub activity_marks: bool,
-    /// Peers' CQ-data writes read so far, and how many of them `took_incoming` last saw.
-    pub incoming_seen: u64,
+    /// How many of the peers' CQ-data writes (`incoming.arrived`) `took_incoming` last saw.
     pub incoming_told: u64,
     slots: Box<[OpSlot]>,
     free: Vec<usize>,
@@ -233,7 +232,6 @@ impl Ops {
             incoming: signals::Incoming::default(),
             outgoing: signals::Outgoing::default(),
             activity_marks: false,
-            incoming_seen: 0,
             incoming_told: 0,
             slots: (0..depth).map(|_| OpSlot::default()).collect(),
             free: (0..depth).rev().collect(),
@@ -348,11 +346,9 @@ impl Ops {
             for e in &ents[..rc as usize] {
                 // A peer's write that carried CQ data: its context is not ours (none is).
                 if e.flags & fi::FI_REMOTE_CQ_DATA as u64 != 0 {
-                    self.incoming_seen += 1;
                     self.incoming.apply(e.data).map_err(|why| {
                         Error::remote(format!("{}: a peer's write: {why}", self.describe()))
                     })?;
-                    self.stats.signals_stored = self.incoming.stored;
                     continue;
                 }
                 self.retire(peers, e.op_context)?;

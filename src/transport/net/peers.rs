@@ -59,9 +59,6 @@ pub(super) struct Peer {
     /// The last user write to the peer was a staging record: once the peer acknowledges it,
     /// every earlier write has arrived (no delivery marker needed).
     pub last_was_record: bool,
-    /// The words (imported region, offset) values rode into as remote CQ data since the last
-    /// flush: a flush writes the latest value of each again (`NetEndpoint::flush`).
-    pub rode: Vec<(usize, u64)>,
 }
 
 impl Peer {
@@ -227,7 +224,6 @@ impl Peers {
             chan,
             remote_chan: a.chan,
             last_was_record: false,
-            rode: Vec::new(),
         });
         Ok((self.list.len() - 1, true))
     }

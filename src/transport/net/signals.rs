@@ -104,6 +104,11 @@ pub(super) struct Incoming {
 }
 
 impl Incoming {
+    /// Peers' writes with CQ data read so far (values and marks).
+    pub fn arrived(&self) -> u64 {
+        self.stored + self.stale + self.activity
+    }
+
     /// Region `id` (host memory, `len` bytes at `addr`, registered and exported for as long as
     /// this endpoint lives) may be named by CQ-data values.
     pub fn accept(&mut self, id: u32, addr: u64, len: u64) {
@@ -160,34 +165,52 @@ impl Incoming {
     }
 }
 
+/// The latest value sent into one word (`Outgoing`).
+#[derive(Clone, Copy)]
+struct Sent {
+    /// The peer the word's region was imported from.
+    peer: usize,
+    value: u64,
+    /// It rode as remote CQ data (else it was a write of its own).
+    rode: bool,
+}
+
 /// The sender's side: the latest value it sent per word (imported region, offset) of regions
 /// that take riding values, and whether it rode, so that it never sends a value the receiver
 /// would rebuild wrong, and a flush knows what to write again.
 #[derive(Default)]
 pub(super) struct Outgoing {
-    last: std::collections::HashMap<(usize, u64), (u64, bool)>,
+    last: std::collections::HashMap<(usize, u64), Sent>,
 }
 
 impl Outgoing {
-    /// Records `value` into word `off` of imported region `remote`, riding (`rode`) or as a
-    /// write of its own, or says why the layout cannot carry it (a value that does not grow
-    /// from the last one, or jumps too far).
-    pub fn take(&mut self, remote: usize, off: u64, value: u64, rode: bool) -> Result<(), String> {
-        let prev = self.last.get(&(remote, off)).map_or(0, |l| l.0);
+    /// Records `value` into word `off` of region `remote` imported from `peer`, riding (`rode`)
+    /// or as a write of its own, or says why the layout cannot carry it (a value that does not
+    /// grow from the last one, or jumps too far).
+    pub fn take(
+        &mut self,
+        peer: usize,
+        (remote, off): (usize, u64),
+        value: u64,
+        rode: bool,
+    ) -> Result<(), String> {
+        let prev = self.last.get(&(remote, off)).map_or(0, |l| l.value);
         if value < prev || value - prev > MAX_STEP {
             return Err(format!(
                 "a signal value {value} after {prev} into the same word: values into a word that signals ride as remote CQ data into must grow by at most {MAX_STEP} per write"
             ));
         }
-        self.last.insert((remote, off), (value, rode));
+        self.last.insert((remote, off), Sent { peer, value, rode });
         Ok(())
     }
 
-    /// The latest value into word `off` of `remote`, if it rode.
-    pub fn rode_last(&self, remote: usize, off: u64) -> Option<u64> {
+    /// The words of `peer`'s regions whose latest value rode: (region, offset, value).
+    pub fn rode_to(&self, peer: usize) -> Vec<(usize, u64, u64)> {
         self.last
-            .get(&(remote, off))
-            .and_then(|&(v, rode)| rode.then_some(v))
+            .iter()
+            .filter(|(_, s)| s.peer == peer && s.rode)
+            .map(|(&(remote, off), s)| (remote, off, s.value))
+            .collect()
     }
 }
 
@@ -293,16 +316,16 @@ mod tests {
     #[test]
     fn the_sender_refuses_values_the_receiver_would_rebuild_wrong() {
         let mut out = Outgoing::default();
-        out.take(0, 8, 1, true).unwrap();
-        assert_eq!(out.rode_last(0, 8), Some(1));
-        out.take(0, 8, 2, false).unwrap();
-        assert_eq!(
-            out.rode_last(0, 8),
-            None,
-            "the latest went as a write of its own"
+        out.take(3, (0, 8), 1, true).unwrap();
+        assert_eq!(out.rode_to(3), [(0, 8, 1)]);
+        assert_eq!(out.rode_to(4), [], "another peer's");
+        out.take(3, (0, 8), 2, false).unwrap();
+        assert_eq!(out.rode_to(3), [], "the latest went as a write of its own");
+        assert!(out.take(3, (0, 8), 1, true).is_err(), "backwards");
+        assert!(
+            out.take(3, (0, 8), 2 + MAX_STEP + 1, true).is_err(),
+            "too far"
         );
-        assert!(out.take(0, 8, 1, true).is_err(), "backwards");
-        assert!(out.take(0, 8, 2 + MAX_STEP + 1, true).is_err(), "too far");
-        out.take(1, 8, MAX_STEP, true).unwrap();
+        out.take(3, (1, 8), MAX_STEP, true).unwrap();
     }
 }
