@@ -21,6 +21,8 @@ use std::time::Duration;
 pub(super) const CQ_BATCH: usize = 32;
 /// Bytes of the staging ring per op slot: the largest inline source (a staging record).
 pub(super) const INLINE_BYTES: usize = RECORD_BYTES;
+// Flags, markers and records carry no activity mark (`Ops::post`) by their size alone.
+const _: () = assert!(INLINE_BYTES as u64 <= super::order::FOLLOWER_BYTES);
 /// Longest wait for in-flight writes when an endpoint is dropped.
 const DROP_DRAIN: Duration = Duration::from_secs(2);
 
@@ -178,7 +180,8 @@ pub(super) struct Ops {
     pub incoming: signals::Incoming,
     /// The values sent as CQ data so far (checked to be ones the receiver can rebuild).
     pub outgoing: signals::Outgoing,
-    /// Writes without a signal carry `signals::ACTIVITY` (software providers, `signals.rs`).
+    /// Data writes of more than `order::FOLLOWER_BYTES` without a signal carry
+    /// `signals::ACTIVITY` (software providers, `signals.rs`).
     pub activity_marks: bool,
     /// How many of the peers' CQ-data writes (`incoming.arrived`) `took_incoming` last saw.
     pub incoming_told: u64,
@@ -483,10 +486,11 @@ impl Ops {
         // A signal, or on software providers the activity mark on a data write (`signals.rs`):
         // never on flags, markers and records, whose half round trip it lengthened over tcp
         // (bench/RESULTS.md, session 16).
-        let cq_data = op.cq_data.or((self.activity_marks
-            && op.inline.is_none()
-            && len > super::order::FOLLOWER_BYTES)
-            .then_some(signals::ACTIVITY));
+        // (Inline writes, flags and records, are at most `INLINE_BYTES`: never above it.)
+        let cq_data = op
+            .cq_data
+            .or((self.activity_marks && len > super::order::FOLLOWER_BYTES)
+                .then_some(signals::ACTIVITY));
         let msg = fi::fi_msg_rma {
             msg_iov: (&iov as *const libc::iovec).cast(),
             desc: &mut desc,
