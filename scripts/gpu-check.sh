@@ -392,7 +392,9 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
   # rank 0's kernel waits in flush() for copies that queue behind that very kernel, so the run
   # must fail at the wait timeout, with a WARN when the endpoint opens and the variable named
   # in the error (bench/RESULTS.md, session 13: every such run stalled, measured under MPS).
-  CUDA_DEVICE_MAX_CONNECTIONS=1 MSCCLPP_WAIT_TIMEOUT=3 run_step \
+  # On GPU 0 alone, under MPS: ranks sharing a GPU use the copy engines. With one rank per GPU
+  # the SM engine (a kernel) carries the puts and ran alongside (session 17, 2 H100s).
+  CUDA_VISIBLE_DEVICES=0 NGPU=1 CUDA_DEVICE_MAX_CONNECTIONS=1 MSCCLPP_WAIT_TIMEOUT=3 run_step \
     "test one hardware queue: the stall is reported and named" 60 bash -c \
     'ranks 2 "$BIN/bandwidth" --max 64K >"$WORK/one-queue.out" 2>&1; rc=$?; cat "$WORK/one-queue.out"
      ((rc != 0)) && grep -q "CUDA_DEVICE_MAX_CONNECTIONS=1 gives this process one" "$WORK/one-queue.out" &&

@@ -186,12 +186,12 @@ pub(crate) fn one_queue() -> bool {
 
 /// What to add to a timeout of this library's GPU work when the process has one hardware work
 /// queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`): every stream then feeds that queue in order, so the
-/// proxy's copies and the SM engine wait behind the program's running kernel, and a kernel
-/// that waits for them never lets them run (measured: bench/RESULTS.md, session 13). Empty
-/// otherwise.
+/// proxy's copy-engine work waits behind the program's running kernel, and a kernel that waits
+/// for it never lets it run (measured: bench/RESULTS.md, session 13). The SM engine, a kernel
+/// too, was seen running alongside the program's (two GPUs, session 17). Empty otherwise.
 pub(crate) fn one_queue_hint() -> &'static str {
     if one_queue() {
-        " (CUDA_DEVICE_MAX_CONNECTIONS=1 is set: this library's GPU work queues behind the program's running kernel, so a kernel that waits for it stalls it; unset it or set 2 or more)"
+        " (CUDA_DEVICE_MAX_CONNECTIONS=1 is set: this library's copy-engine work queues behind the program's running kernel, so a kernel that waits for it stalls it; unset it or set 2 or more)"
     } else {
         ""
     }

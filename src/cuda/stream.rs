@@ -31,7 +31,7 @@ impl Stream {
         if super::one_queue() {
             ONE_QUEUE_TOLD.call_once(|| {
                 crate::warn!(
-                    "CUDA_DEVICE_MAX_CONNECTIONS=1 gives this process one hardware work queue, so this library's GPU work (P2P copies and flags, the SM copy engine, staging copies of the network transport) runs only once the program's kernel launched before it has ended: a kernel that waits for a put, signal or flush stalls until the wait timeout. Unset it or set it to 2 or more"
+                    "CUDA_DEVICE_MAX_CONNECTIONS=1 gives this process one hardware work queue, so this library's copy-engine work (P2P copies and flags, staging copies of the network transport) runs only once the program's kernel launched before it has ended: a kernel that waits for a put, signal or flush carried by them stalls until the wait timeout (ranks sharing a GPU always use them; the SM engine, itself a kernel, was seen running alongside). Unset it or set it to 2 or more"
                 )
             });
         }
