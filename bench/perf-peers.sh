@@ -8,9 +8,10 @@
 #   bench/perf-peers.sh gpu OP [ROUNDS]            OP on GPU memory over P2P (-T p2p), ours
 #       against the peers in PERF_PEERS: one rank per GPU where there are several, and on a
 #       machine of one GPU two ranks sharing it under MPS (started here unless one runs).
-#       OP: allgather, alltoall, sendrecv (ours: OP_perf), pingpong (ours: the pingpong
-#       example's 8-byte putWithSignal half round trip; 2 ranks), putbw (ours: the bandwidth
-#       example, one way; 2 ranks). Peers: nccl (bench/gpu/nccl_perf.py through PyTorch; needs
+#       OP: allgather, alltoall, sendrecv (ours: OP_perf, block puts over up to 128 blocks
+#       per peer, its default over P2P), pingpong (ours: the pingpong example's 8-byte
+#       putWithSignal half round trip; 2 ranks), putbw (ours: the bandwidth example, one way,
+#       2 ranks, block puts over up to PERF_BLOCKS (128) blocks as NVSHMEM's test). Peers: nccl (bench/gpu/nccl_perf.py through PyTorch; needs
 #       one GPU per rank, allgather/alltoall/sendrecv only) and nvshmem (bench/gpu/nvshmem_perf
 #       against the machine's NVSHMEM wheel, bench/gpu/nvshmem.sh; for allgather and alltoall
 #       both NVSHMEM's collective, "nvshmem", and a put-with-signal kernel like ours,
@@ -131,7 +132,8 @@ case $mode in
           case $op in
             pingpong) MSCCLPP_RUN_TIMEOUT=$run_timeout scripts/run-local-ranks.sh 2 "$bin/pingpong" \
               --iters "$(sed -E 's/.*-n ([0-9]+).*/\1/' <<<"$iters")" ;;
-            putbw) MSCCLPP_RUN_TIMEOUT=$run_timeout scripts/run-local-ranks.sh 2 "$bin/bandwidth" --max "$max" ;;
+            putbw) MSCCLPP_RUN_TIMEOUT=$run_timeout scripts/run-local-ranks.sh 2 "$bin/bandwidth" --max "$max" \
+              --blocks "${PERF_BLOCKS:-128}" ;;
             # shellcheck disable=SC2086 # sizes and iters are lists of options
             *) MSCCLPP_RUN_TIMEOUT=$run_timeout scripts/run-local-ranks.sh "$np" "$bin/${op}_perf" -T p2p $sizes $iters ;;
           esac

@@ -219,10 +219,12 @@ extern "C" {
  * and 1 are `mscclppDevConnSignalEpochId`, word 2 is `waitEpochId`. Word 3: signals the
  * peer's kernels stored themselves (the direct path, P2P): each adds 1 there, and `wait()`
  * counts `proxy + direct`. Words 4..7, written at setup and read-only for kernels: the largest
- * put a kernel makes itself on this connection (0: none, every operation through the proxy),
- * this side's and the peer's buffer sizes. Words 8 and 9, this side's kernels' own: 1 + the
- * FIFO ticket of the connection's last trigger with work (Data or Flag), and a ticket below
- * which every trigger of the connection is known complete (a flush of it returned).
+ * put one thread makes itself on this connection (0: none, every operation through the
+ * proxy), this side's and the peer's buffer sizes, and the largest put a whole block makes
+ * itself (`putBlock`; 0: block puts go through the proxy). Words 8 and 9, this side's
+ * kernels' own: 1 + the FIFO ticket of the connection's last trigger with work (Data or
+ * Flag), and a ticket below which every trigger of the connection is known complete (a flush
+ * of it returned).
  */
 #define MSCCLPP_EPOCH_DEVICE_BYTES 128
 
@@ -233,6 +235,8 @@ extern "C" {
 #define MSCCLPP_EPOCH_LOCAL_SIZE 5
 
 #define MSCCLPP_EPOCH_REMOTE_SIZE 6
+
+#define MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES 7
 
 #define MSCCLPP_EPOCH_PROXIED 8
 

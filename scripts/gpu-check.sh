@@ -269,8 +269,15 @@ p2p_benches() {
     bash -c 'ranks 2 "$BIN/pingpong" --sweep 8:64K:2'
   MSCCLPP_P2P_DIRECT_BYTES=1048576 bench "bench pingpong, direct at every size" 60 direct \
     bash -c 'ranks 2 "$BIN/pingpong" --sweep 8:64K:2'
+  # Block puts (putWithSignalBlock by 512 threads) forced direct at every size and through the
+  # proxy: where they cross is MSCCLPP_P2P_DIRECT_BLOCK_BYTES's default.
+  MSCCLPP_P2P_DIRECT_BLOCK_BYTES=1073741824 bench "bench pingpong, block puts direct at every size" \
+    60 blockdirect bash -c 'ranks 2 "$BIN/pingpong" --block --sweep 4K:4M:4'
+  MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0 bench "bench pingpong, block puts through the proxy" 60 \
+    blockproxy bash -c 'ranks 2 "$BIN/pingpong" --block --sweep 4K:4M:4'
   MSCCLPP_P2P_ENGINE=ce bench "bench pingpong, copy engines only" 60 ce bash -c 'ranks 2 "$BIN/pingpong"'
   bench "bench bandwidth" 90 - bash -c 'ranks 2 "$BIN/bandwidth"'
+  bench "bench bandwidth, block puts" 90 blocks bash -c 'ranks 2 "$BIN/bandwidth" --blocks 128'
   bench "bench allgather" 90 - bash -c 'ranks 2 "$BIN/allgather" --bench'
   bench "bench allgather, small (direct path)" 60 - bash -c 'ranks 2 "$BIN/allgather" --bench --sizes 1K,4K'
   MSCCLPP_P2P_DIRECT_BYTES=0 bench "bench allgather, small, proxy only" 60 proxy \
@@ -800,14 +807,24 @@ if sweep:
     print("putWithSignal one way by one thread, us: | bytes | direct path | proxy |")
     for n in sorted(sweep):
         print(f"| {n} | {sweep[n].get('pingpong_direct', 'n/a')} | {sweep[n].get('pingpong_proxy', 'n/a')} |")
+sweep = {}
+for k in ("pingpong_blockdirect", "pingpong_blockproxy"):
+    for kv in res.get(k, []):
+        if "bytes" in kv:
+            sweep.setdefault(int(kv["bytes"]), {})[k] = kv["us"]
+if sweep:
+    print("putWithSignalBlock one way by one block of 512 threads, us: | bytes | direct path | proxy |")
+    for n in sorted(sweep):
+        print(f"| {n} | {sweep[n].get('pingpong_blockdirect', 'n/a')} | {sweep[n].get('pingpong_blockproxy', 'n/a')} |")
 for n in (1024, 4096):
     d, p = ag("allgather", n), ag("allgather_proxy", n)
     if d or p:
         print(f"all-gather {n} bytes, 2 ranks, us: default (direct) {fmt(d)}, proxy only {fmt(p)}")
-bw = res.get("bandwidth", [])
-if bw:
-    print("put bandwidth rank 0 -> rank 1: " + ", ".join(
-        f"{int(kv['bytes']) >> 10} KiB {kv['GBps']} GB/s" for kv in bw))
+for k, how in (("bandwidth", ""), ("bandwidth_blocks", ", block puts over up to 128 blocks")):
+    bw = res.get(k, [])
+    if bw:
+        print(f"put bandwidth rank 0 -> rank 1{how}: " + ", ".join(
+            f"{int(kv['bytes']) >> 10} KiB {kv['GBps']} GB/s" for kv in bw))
 for line in open(sys.argv[1]):
     if line.startswith("STATS "):
         print(line.strip())

@@ -97,15 +97,18 @@ pub const MSCCLPP_RECORD_EXPIRED: u64 = 2;
 /// and 1 are `mscclppDevConnSignalEpochId`, word 2 is `waitEpochId`. Word 3: signals the
 /// peer's kernels stored themselves (the direct path, P2P): each adds 1 there, and `wait()`
 /// counts `proxy + direct`. Words 4..7, written at setup and read-only for kernels: the largest
-/// put a kernel makes itself on this connection (0: none, every operation through the proxy),
-/// this side's and the peer's buffer sizes. Words 8 and 9, this side's kernels' own: 1 + the
-/// FIFO ticket of the connection's last trigger with work (Data or Flag), and a ticket below
-/// which every trigger of the connection is known complete (a flush of it returned).
+/// put one thread makes itself on this connection (0: none, every operation through the
+/// proxy), this side's and the peer's buffer sizes, and the largest put a whole block makes
+/// itself (`putBlock`; 0: block puts go through the proxy). Words 8 and 9, this side's
+/// kernels' own: 1 + the FIFO ticket of the connection's last trigger with work (Data or
+/// Flag), and a ticket below which every trigger of the connection is known complete (a flush
+/// of it returned).
 pub const MSCCLPP_EPOCH_DEVICE_BYTES: usize = 128;
 pub const MSCCLPP_EPOCH_DIRECT: usize = 3;
 pub const MSCCLPP_EPOCH_DIRECT_BYTES: usize = 4;
 pub const MSCCLPP_EPOCH_LOCAL_SIZE: usize = 5;
 pub const MSCCLPP_EPOCH_REMOTE_SIZE: usize = 6;
+pub const MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES: usize = 7;
 pub const MSCCLPP_EPOCH_PROXIED: usize = 8;
 pub const MSCCLPP_EPOCH_FLUSHED: usize = 9;
 pub const MSCCLPP_WAIT_OP_WAIT: u64 = 1;
@@ -284,6 +287,6 @@ const _: () = {
     // The epoch block: the peer's words (1, 3) in the first 32 bytes, which is what a P2P
     // block exports; the read-only words on the next 32; every word inside the block.
     assert!(MSCCLPP_EPOCH_DIRECT == 3 && MSCCLPP_EPOCH_DIRECT_BYTES == 4);
-    assert!(MSCCLPP_EPOCH_REMOTE_SIZE < 8 && MSCCLPP_EPOCH_PROXIED >= 8);
+    assert!(MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES < 8 && MSCCLPP_EPOCH_PROXIED >= 8);
     assert!((MSCCLPP_EPOCH_FLUSHED + 1) * 8 <= MSCCLPP_EPOCH_DEVICE_BYTES);
 };

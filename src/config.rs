@@ -52,6 +52,7 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_P2P_SM_SELFTEST",
     "MSCCLPP_P2P_DONE_WORD",
     "MSCCLPP_P2P_DIRECT_BYTES",
+    "MSCCLPP_P2P_DIRECT_BLOCK_BYTES",
     "MSCCLPP_P2P_FLAG",
     "MSCCLPP_P2P_STATS",
     "CUDA_MPS_PIPE_DIRECTORY",
@@ -72,6 +73,12 @@ pub const MAX_RAILS: usize = 16;
 /// "The direct path"); the limit keeps a misconfigured thread from copying megabytes alone.
 pub const P2P_DIRECT_BYTES: u64 = 4096;
 pub const P2P_DIRECT_MAX: u64 = 1 << 20;
+/// `MSCCLPP_P2P_DIRECT_BLOCK_BYTES`: default and largest value. A block put is copied by every
+/// thread of the calling block, so its crossing with the proxy lies where a block's copy
+/// stops arriving sooner (measured by the GPU check's `pingpong --sweep-block`:
+/// docs/DESIGN-NOTES.md, "The direct path").
+pub const P2P_DIRECT_BLOCK_BYTES: u64 = 512 << 10;
+pub const P2P_DIRECT_BLOCK_MAX: u64 = 1 << 30;
 /// `MSCCLPP_NET_STRIPE_CHUNK`: default and smallest value.
 pub const DEFAULT_STRIPE_CHUNK: u64 = 1 << 20;
 pub const MIN_STRIPE_CHUNK: u64 = 4096;
@@ -303,6 +310,9 @@ pub struct P2pConfig {
     /// connection is in the proxy's hands (docs/DESIGN.md 3.2); 0: every operation through
     /// the proxy. At most [`P2P_DIRECT_MAX`].
     pub direct_bytes: u64,
+    /// `MSCCLPP_P2P_DIRECT_BLOCK_BYTES`: the same for a put copied by a whole block
+    /// (`putBlock()`); 0: block puts go through the proxy. At most [`P2P_DIRECT_BLOCK_MAX`].
+    pub direct_block_bytes: u64,
     /// `MSCCLPP_P2P_FLAG=copy`: flags by an 8-byte copy instead of `cuStreamWriteValue64`.
     pub flag_by_copy: bool,
     /// `MSCCLPP_P2P_STATS=1`: log driver call times and engine timings at close.
@@ -334,6 +344,7 @@ impl Default for P2pConfig {
             sm_selftest: false,
             done_word: true,
             direct_bytes: P2P_DIRECT_BYTES,
+            direct_block_bytes: P2P_DIRECT_BLOCK_BYTES,
             flag_by_copy: false,
             stats: false,
             sm_shared: false,
@@ -432,6 +443,21 @@ impl Reader<'_> {
                 self.bad(name, &s, "a non-negative integer", instead);
                 None
             }
+        }
+    }
+
+    /// A byte count up to `max` (more is `max`, said as a problem); unset or unusable is
+    /// `default`.
+    fn bytes_capped(&mut self, name: &str, default: u64, max: u64) -> u64 {
+        match self.num::<u64>(name, &default.to_string()) {
+            Some(b) if b > max => {
+                self.problems.push(format!(
+                    "{name}={b} is over the {max}-byte limit; using {max}"
+                ));
+                max
+            }
+            Some(b) => b,
+            None => default,
         }
     }
 
@@ -700,18 +726,12 @@ impl Config {
                 .map_or(d.sm_poll_ns, |n| n.min(1_000_000) as u32),
             sm_selftest: r.flag("MSCCLPP_P2P_SM_SELFTEST", d.sm_selftest),
             done_word: r.flag("MSCCLPP_P2P_DONE_WORD", d.done_word),
-            direct_bytes: match r
-                .num::<u64>("MSCCLPP_P2P_DIRECT_BYTES", &d.direct_bytes.to_string())
-            {
-                Some(b) if b > P2P_DIRECT_MAX => {
-                    r.problems.push(format!(
-                        "MSCCLPP_P2P_DIRECT_BYTES={b} is over the {P2P_DIRECT_MAX}-byte limit; using {P2P_DIRECT_MAX}"
-                    ));
-                    P2P_DIRECT_MAX
-                }
-                Some(b) => b,
-                None => d.direct_bytes,
-            },
+            direct_bytes: r.bytes_capped("MSCCLPP_P2P_DIRECT_BYTES", d.direct_bytes, P2P_DIRECT_MAX),
+            direct_block_bytes: r.bytes_capped(
+                "MSCCLPP_P2P_DIRECT_BLOCK_BYTES",
+                d.direct_block_bytes,
+                P2P_DIRECT_BLOCK_MAX,
+            ),
             flag_by_copy: r
                 .choice("MSCCLPP_P2P_FLAG", &["copy", "write"], "write")
                 .as_deref()
@@ -953,6 +973,23 @@ mod tests {
         let c = get("lots");
         assert_eq!(c.p2p.direct_bytes, P2P_DIRECT_BYTES);
         assert_eq!(c.problems.len(), 1, "{:?}", c.problems);
+    }
+
+    #[test]
+    fn p2p_direct_block_bytes_default_zero_and_limit() {
+        let get = |v: &str| with(&[("MSCCLPP_P2P_DIRECT_BLOCK_BYTES", v)]);
+        assert_eq!(with(&[]).p2p.direct_block_bytes, P2P_DIRECT_BLOCK_BYTES);
+        assert_eq!(get("0").p2p.direct_block_bytes, 0);
+        assert_eq!(get("65536").p2p.direct_block_bytes, 65536);
+        let c = get("4294967296");
+        assert_eq!(c.p2p.direct_block_bytes, P2P_DIRECT_BLOCK_MAX);
+        assert!(
+            c.problems.len() == 1 && c.problems[0].contains("MSCCLPP_P2P_DIRECT_BLOCK_BYTES"),
+            "{:?}",
+            c.problems
+        );
+        // The thread's limit is its own setting.
+        assert_eq!(get("0").p2p.direct_bytes, P2P_DIRECT_BYTES);
     }
 
     #[test]

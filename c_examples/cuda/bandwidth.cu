@@ -1,10 +1,14 @@
 /*
  * One-way put bandwidth from rank 0 to rank 1 over a P2P connection, swept over sizes.
  *
- *   bandwidth [-r R -n 2 -a IP:PORT] [--max 1G]
+ *   bandwidth [-r R -n 2 -a IP:PORT] [--max 1G] [--blocks B]
  *
  * Per size: rank 0 runs one kernel of `iters` putWithSignal()s of the same range and one
- * flush(); rank 1 wait()s for each signal. Timed on rank 0 with CUDA events; the received
+ * flush(); rank 1 wait()s for each signal. --blocks B: each put split over up to B blocks of
+ * 512 threads (64 KiB or more each), each putting its chunk with putWithSignalBlock(), and
+ * rank 1 waits once per block (NVSHMEM's put bandwidth test does the same with its block
+ * puts); one block where the chunks would be over the connection's block limit (word
+ * MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES: the library hands such puts to the proxy, a trigger each). Timed on rank 0 with CUDA events; the received
  * range is checked on rank 1 against rank 0's pattern.
  *
  * BANDWIDTH_PAD_STREAMS=K (measurement, bench/RESULTS.md "Hardware work queues"): creates K
@@ -23,6 +27,17 @@ __global__ void sendKernel(uint64_t bytes, int iters)
   conn.flush();
 }
 
+/* --blocks: block b puts [b * chunk, +chunk) of the range, iters times. */
+__global__ void sendBlocksKernel(uint64_t bytes, uint64_t chunk, int iters)
+{
+  mscclppDevConn_t conn = gConns[0];
+  const uint64_t start = blockIdx.x * chunk;
+  const uint64_t len = start < bytes ? min(chunk, bytes - start) : 0;
+  for (int i = 0; i < iters; i++) conn.putWithSignalBlock(start, start, len);
+  __syncthreads();
+  if (threadIdx.x == 0) conn.flush();
+}
+
 __global__ void recvKernel(int iters)
 {
   mscclppDevConn_t conn = gConns[0];
@@ -39,6 +54,12 @@ int main(int argc, char** argv)
   }
   uint64_t maxBytes = 1ull << 30;
   if (const char* v = flagValue(argc, argv, "--max")) maxBytes = parseBytes(v);
+  int maxBlocks = 0;
+  if (const char* v = flagValue(argc, argv, "--blocks")) maxBlocks = atoi(v);
+  if (maxBlocks < 0 || maxBlocks > 1024) {
+    fprintf(stderr, "--blocks: 0..1024\n");
+    return 2;
+  }
   uint32_t* buf = nullptr;
   CUDACHECK(cudaMalloc(&buf, maxBytes));
   cudaStream_t s;
@@ -55,6 +76,14 @@ int main(int argc, char** argv)
   KERNELCHECK();
   CUDACHECK(cudaStreamSynchronize(s));
   connectPeers(c, buf, maxBytes, {1 - c.rank});
+  uint64_t blockLimit = 0;
+  if (maxBlocks > 0) {
+    mscclppDevConn_t* hc = nullptr;
+    MSCCLPPCHECK(mscclppGetDeviceConnection(c.comm, 1 - c.rank, 0, &hc));
+    uint64_t w[MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES + 1];
+    CUDACHECK(cudaMemcpy(w, hc->localSignalEpochId, sizeof w, cudaMemcpyDeviceToHost));
+    blockLimit = w[MSCCLPP_EPOCH_DIRECT_BYTES] ? w[MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES] : 0;
+  }
 
   cudaEvent_t t0, t1;
   CUDACHECK(cudaEventCreate(&t0));
@@ -64,22 +93,33 @@ int main(int argc, char** argv)
   for (uint64_t bytes = 4096; bytes <= maxBytes; bytes *= 4) {
     int iters = (int)((4ull << 30) / bytes);
     iters = iters < 5 ? 5 : (iters > 200 ? 200 : iters);
+    /* --blocks: blocks per put and the signals per put rank 1 waits for. */
+    uint64_t bpp = 1, chunk = bytes;
+    if (maxBlocks > 0) {
+      bpp = (bytes + (64u << 10) - 1) / (64u << 10);
+      bpp = bpp > (uint64_t)maxBlocks ? (uint64_t)maxBlocks : bpp;
+      chunk = ((bytes + bpp - 1) / bpp + 15) / 16 * 16;
+      if (chunk > blockLimit) bpp = 1, chunk = bytes;
+    }
     for (int pass = 0; pass < 2; pass++) { /* pass 0 warms up */
       MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
       if (c.rank == 0) {
         CUDACHECK(cudaEventRecord(t0, s));
-        sendKernel<<<1, 1, 0, s>>>(bytes, pass ? iters : 2);
+        if (maxBlocks > 0)
+          sendBlocksKernel<<<(unsigned)bpp, 512, 0, s>>>(bytes, chunk, pass ? iters : 2);
+        else
+          sendKernel<<<1, 1, 0, s>>>(bytes, pass ? iters : 2);
         KERNELCHECK();
         CUDACHECK(cudaEventRecord(t1, s));
       } else if (!recvAfter) {
-        recvKernel<<<1, 1, 0, s>>>(pass ? iters : 2);
+        recvKernel<<<1, 1, 0, s>>>((pass ? iters : 2) * (int)bpp);
         KERNELCHECK();
       }
       CUDACHECK(cudaStreamSynchronize(s));
       if (recvAfter) {
         MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
         if (c.rank == 1) {
-          recvKernel<<<1, 1, 0, s>>>(pass ? iters : 2);
+          recvKernel<<<1, 1, 0, s>>>((pass ? iters : 2) * (int)bpp);
           KERNELCHECK();
           CUDACHECK(cudaStreamSynchronize(s));
         }

@@ -30,8 +30,13 @@
  *   1024 signals        8 x 128 threads each putWithSignal: 1024 waits, then every chunk
  *   both at once        small putWithSignals of 128 threads while two threads put 4 x 1 MiB
  *                       with signals: every signal counted once, every byte there
+ *   block puts          putBlock()/putWithSignalBlock() by 256 threads: sizes 1 to B (the
+ *                       connection's block limit) with no FIFO ticket, B + 1 through the proxy,
+ *                       after and before proxied puts and thread puts, into each other's bytes
+ *   16 blocks           each putWithSignalBlock()s 64 KiB + 5 bytes: 16 waits see them all
  *   rounds              300 rounds of ping-pong, each rank sending in turn 1-3 operations of
- *                       every kind and size (a seeded sequence, the same on both ranks)
+ *                       every kind (block puts too) and size (a seeded sequence, the same on
+ *                       both ranks)
  * At the end each rank's signal count (proxy + direct words of its epoch block) must equal its
  * wait count, and with T > 0 both words must have moved (both paths carried signals).
  *
@@ -46,7 +51,8 @@
 
 #include <string>
 
-enum Op { kPut, kPutSig, kSignal, kPutSigFlush, kFlush, kAwaitIdle };
+/* kPutBlock, kPutSigBlock: putBlock() and putWithSignalBlock(), by the whole block. */
+enum Op { kPut, kPutSig, kSignal, kPutSigFlush, kFlush, kAwaitIdle, kPutBlock, kPutSigBlock };
 
 /* One operation of a phase: `actor` (a rank) does `op`; a put copies `size` bytes from its
  * own buffer at kHalf + src to the peer's at dst. */
@@ -61,8 +67,14 @@ constexpr uint64_t kHalf = kBuf / 2;
 constexpr uint64_t kCanary = 4096; /* allocated after the registered buffer (--case range) */
 constexpr int kThreads = 256;
 
-__host__ __device__ inline bool hasData(int op) { return op == kPut || op == kPutSig || op == kPutSigFlush; }
-__host__ __device__ inline bool hasSignal(int op) { return op == kPutSig || op == kSignal || op == kPutSigFlush; }
+__host__ __device__ inline bool hasData(int op)
+{
+  return op == kPut || op == kPutSig || op == kPutSigFlush || op == kPutBlock || op == kPutSigBlock;
+}
+__host__ __device__ inline bool hasSignal(int op)
+{
+  return op == kPutSig || op == kSignal || op == kPutSigFlush || op == kPutSigBlock;
+}
 
 /* The byte that step `id` puts at destination offset `off`. */
 __host__ __device__ inline uint8_t pat(uint32_t id, uint64_t off)
@@ -146,6 +158,8 @@ __global__ void stepsKernel(const Step* steps, int n, int me, uint32_t base, int
         for (uint64_t i = threadIdx.x; i < st.size; i += blockDim.x)
           buf[kHalf + st.src + i] = pat(base + s, st.dst + i);
       __syncthreads();
+      if (st.op == kPutBlock) conn.putBlock(st.dst, kHalf + st.src, st.size);
+      if (st.op == kPutSigBlock) conn.putWithSignalBlock(st.dst, kHalf + st.src, st.size);
       if (threadIdx.x == 0) {
         switch (st.op) {
         case kPut: conn.put(st.dst, kHalf + st.src, st.size); break;
@@ -261,6 +275,25 @@ __global__ void bothPathsAtOnce(uint32_t base)
   if (threadIdx.x == 0) gConns[0].flush();
 }
 
+/* Kind 4: each of the blocks fills its chunk, then putWithSignalBlock()s it: one signal per
+ * block. Chunks of 64 KiB + 5 at odd offsets. */
+__host__ __device__ inline Chunk blockChunk(int i)
+{
+  const uint64_t size = (64u << 10) + 5, at = (uint64_t)i * (80u << 10) + (uint64_t)(i % 5);
+  return {at, at + 3, size};
+}
+__global__ void blocksPutWithSignalBlock(uint32_t base)
+{
+  mscclppDevConn_t conn = gConns[0];
+  uint8_t* buf = (uint8_t*)conn.localBuff;
+  const Chunk ch = blockChunk(blockIdx.x);
+  for (uint64_t k = threadIdx.x; k < ch.size; k += blockDim.x)
+    buf[kHalf + ch.src + k] = pat(base + blockIdx.x, ch.dst + k);
+  conn.putWithSignalBlock(ch.dst, kHalf + ch.src, ch.size);
+  __syncthreads();
+  if (threadIdx.x == 0) conn.flush();
+}
+
 /* The receiver of a many-thread case: `nsig` waits, then every chunk checked. */
 __global__ void recvChunks(int kind, int nchunks, int nsig, uint32_t base, Report* r)
 {
@@ -269,7 +302,7 @@ __global__ void recvChunks(int kind, int nchunks, int nsig, uint32_t base, Repor
   __syncthreads();
   const volatile uint8_t* buf = (const volatile uint8_t*)gConns[0].localBuff;
   for (int i = 0; i < nchunks; i++) {
-    const Chunk ch = chunkOf(kind, i);
+    const Chunk ch = kind == 4 ? blockChunk(i) : chunkOf(kind, i);
     for (uint64_t k = threadIdx.x; k < ch.size; k += blockDim.x) {
       const uint8_t want = pat(base + i, ch.dst + k), got = buf[ch.dst + k];
       if (got != want) noteBad(r, base + i, ch.dst + k, got, want);
@@ -452,9 +485,10 @@ int main(int argc, char** argv)
   CUDACHECK(cudaMemset(run.rep, 0, sizeof(Report)));
   CUDACHECK(cudaMalloc(&run.dsteps, 4096 * sizeof(Step)));
   run.limit = run.epochWord(MSCCLPP_EPOCH_DIRECT_BYTES);
-  const uint64_t T = run.limit;
+  const uint64_t T = run.limit, B = T ? run.epochWord(MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES) : 0;
   if (c.rank == 0)
-    printf("direct: the connection's direct limit is %llu bytes%s\n", (unsigned long long)T,
+    printf("direct: the connection's direct limit is %llu bytes, %llu for a block%s\n",
+           (unsigned long long)T, (unsigned long long)B,
            T ? "" : " (off: every operation through the proxy; ticket checks skipped)");
   /* Sizes that fit the direct path, whatever T is (T 0: they all go through the proxy). */
   const uint64_t small = T ? (T < 64 ? T : 64) : 64;
@@ -522,6 +556,38 @@ int main(int argc, char** argv)
     st.push_back(k.at(kSignal, 0, 0));
     run.steps("around the threshold", st, false);
   }
+  { /* block puts */
+    const uint64_t b = B ? (B < (2u << 20) ? B : 2u << 20) : 1u << 20; /* fits the buffer */
+    Cursor k;
+    std::vector<Step> st;
+    for (uint64_t n : {(uint64_t)1, (uint64_t)17, (uint64_t)4099, (uint64_t)65536, b - 1, b})
+      st.push_back(k.at(kPutSigBlock, 0, n, n % 7));
+    st.push_back(k.at(kPutBlock, 0, 1000, 1));
+    st.push_back(k.at(kSignal, 0, 0));
+    st.push_back(k.at(kPutBlock, 0, 3000, 2));
+    st.push_back(k.at(kPutSigFlush, 0, small, 1));
+    st.push_back(k.at(kFlush, 0, 0));
+    /* With a block limit, all of them direct (only the flush could take a ticket: none). */
+    run.steps("block puts, direct", st, false, B >= b ? 0 : -1, B >= b ? 0 : -1);
+    Cursor k2;
+    run.steps("block put over the limit",
+              {k2.at(kPutSigBlock, 0, B ? B + 1 : 4096), k2.at(kFlush, 0, 0)}, false, B ? 1 : -1, 2);
+    Cursor k3;
+    run.steps("block after proxied",
+              {k3.at(kPut, 0, big), k3.at(kPutSigBlock, 0, 65536, 3), k3.at(kPutSig, 0, big, 8),
+               k3.at(kPutSigBlock, 0, 100), k3.at(kPut, 0, small), k3.at(kPutSigBlock, 0, 70000, 1)},
+              false);
+    std::vector<Step> ov; /* into each other's bytes: the later put's stay */
+    ov.push_back({kPutBlock, 0, 0, 0, 65536});
+    ov.push_back({kPutSig, 0, 1000, 1 << 20, big});         /* proxied, over it */
+    ov.push_back({kPutSigBlock, 0, 5000, 6ull << 20, 20000}); /* into its middle */
+    ov.push_back({kPut, 0, 6000, (7ull << 20), small});       /* a thread's into that */
+    ov.push_back({kPutSigBlock, 0, 9000, 8ull << 20, 70000});
+    run.steps("block overlap", ov, true);
+  }
+  run.chunks("16 blocks, 16 signals", 4, 16, 16, [&] {
+    blocksPutWithSignalBlock<<<16, kThreads, 0, s>>>(run.base);
+  });
   run.chunks("512 threads, 1 signal", 0, 512, 1, [&] {
     manyPutsOneSignal<<<1, 512, 0, s>>>(run.base);
   });
@@ -545,9 +611,9 @@ int main(int argc, char** argv)
       for (int o = 0; o < ops; o++) {
         const bool last = o == ops - 1;
         const uint64_t n = sizes[lcg(x) % 9];
-        const int pick = (int)(lcg(x) % 4);
-        int op = last ? (pick == 0 ? kSignal : pick == 1 ? kPutSigFlush : kPutSig)
-                      : (pick == 0 ? kPut : pick == 1 ? kFlush : kPutSig);
+        const int pick = (int)(lcg(x) % 5);
+        int op = last ? (pick == 0 ? kSignal : pick == 1 ? kPutSigFlush : pick == 4 ? kPutSigBlock : kPutSig)
+                      : (pick == 0 ? kPut : pick == 1 ? kFlush : pick == 4 ? kPutBlock : kPutSig);
         st.push_back(k.at(op, actor, hasData(op) ? n : 0, lcg(x) % 9));
       }
     }

@@ -1,7 +1,7 @@
 /*
  * Latency between two GPUs, and what the FIFO's placement costs a kernel.
  *
- *   pingpong [-r R -n 2 -a IP:PORT] [--iters N] [--sweep MIN:MAX[:FACTOR]]
+ *   pingpong [-r R -n 2 -a IP:PORT] [--iters N] [--sweep MIN:MAX[:FACTOR]] [--block]
  *
  * Prints (rank 0):
  *   signal one-way      signal()/wait() ping-pong, half the round trip
@@ -13,6 +13,8 @@
  *   --sweep: put N one-way, putWithSignal() of N bytes ping-pong by one thread, half the round
  *            trip, for N = MIN, MIN x FACTOR (default 2), ... up to MAX (at most 256K):
  *            "RESULT pingpong put bytes=N us=U"
+ *   --block: the sweep by one block of 512 threads with putWithSignalBlock() (sizes up to 4M):
+ *            "RESULT pingpong putblock bytes=N us=U"
  * Over P2P with the direct path on (the default; docs/DESIGN.md 3.2) the signal, put8 and
  * small sweep rows are stores by the kernel itself, the empty flush is a fence and push is a
  * direct signal; with MSCCLPP_P2P_DIRECT_BYTES=0 every one of them goes through the proxy
@@ -26,7 +28,7 @@
 
 /* The sweep's regions: rank 0 sends [kSweepA, +N) into rank 1's buffer, rank 1 [kSweepB, +N)
  * into rank 0's; N at most kSweepMax. */
-constexpr uint64_t kSweepMax = 256 << 10, kSweepA = 256 << 10, kSweepB = 512 << 10;
+constexpr uint64_t kSweepMax = 4 << 20, kSweepA = 4 << 20, kSweepB = 8 << 20;
 
 enum Mode { kSignal = 0, kPut8 = 1 };
 
@@ -65,6 +67,30 @@ __global__ void sweepKernel(int rank, int iters, uint64_t bytes, uint64_t a, uin
   }
   conn.flush();
   *ns = globalTimerNs() - t0;
+}
+
+/* The same by a whole block with putWithSignalBlock(): thread 0 waits, the block follows. */
+__global__ void sweepBlockKernel(int rank, int iters, uint64_t bytes, uint64_t a, uint64_t b,
+                                 unsigned long long* ns)
+{
+  mscclppDevConn_t conn = gConns[0];
+  const uint64_t t0 = globalTimerNs();
+  for (int i = 0; i < iters; i++) {
+    if (rank == 0) {
+      conn.putWithSignalBlock(a, a, bytes);
+      if (threadIdx.x == 0) conn.wait();
+      __syncthreads();
+    } else {
+      if (threadIdx.x == 0) conn.wait();
+      __syncthreads();
+      conn.putWithSignalBlock(b, b, bytes);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    conn.flush();
+    *ns = globalTimerNs() - t0;
+  }
 }
 
 __global__ void flushKernel(int iters, unsigned long long* ns)
@@ -111,6 +137,7 @@ int main(int argc, char** argv)
   }
   int iters = 2000;
   if (const char* v = flagValue(argc, argv, "--iters")) iters = atoi(v);
+  const bool block = hasFlag(argc, argv, "--block");
   /* --sweep MIN:MAX[:FACTOR]: sizes of the put sweep (none without it). */
   uint64_t sweepMin = 0, sweepMax = 0, sweepFactor = 2;
   if (const char* v = flagValue(argc, argv, "--sweep")) {
@@ -119,12 +146,14 @@ int main(int argc, char** argv)
     sweepMin = parseBytes(all.substr(0, c1).c_str());
     sweepMax = c1 == std::string::npos ? sweepMin : parseBytes(all.substr(c1 + 1, c2 - c1 - 1).c_str());
     if (c2 != std::string::npos) sweepFactor = strtoull(all.c_str() + c2 + 1, nullptr, 10);
-    if (sweepMin == 0 || sweepMax < sweepMin || sweepMax > kSweepMax || sweepFactor < 2) {
-      fprintf(stderr, "--sweep MIN:MAX[:FACTOR]: 1 <= MIN <= MAX <= 256K, FACTOR >= 2\n");
+    const uint64_t most = block ? kSweepMax : (256 << 10);
+    if (sweepMin == 0 || sweepMax < sweepMin || sweepMax > most || sweepFactor < 2) {
+      fprintf(stderr, "--sweep MIN:MAX[:FACTOR]: 1 <= MIN <= MAX <= %s, FACTOR >= 2\n",
+              block ? "4M with --block" : "256K");
       return 2;
     }
   }
-  const uint64_t bytes = 1 << 20;
+  const uint64_t bytes = kSweepB + kSweepMax;
   void* buf = nullptr;
   CUDACHECK(cudaMalloc(&buf, bytes));
   /* Rank r's bytes are r + 1; put8 sends rank 0's [0,8) and rank 1's [8,16) across. */
@@ -160,14 +189,18 @@ int main(int argc, char** argv)
     for (int pass = 0; pass < 2; pass++) {
       const int k = pass ? it : 20;
       MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
-      sweepKernel<<<1, 1, 0, s>>>(c.rank, k, n, kSweepA, kSweepB, d);
+      if (block)
+        sweepBlockKernel<<<1, 512, 0, s>>>(c.rank, k, n, kSweepA, kSweepB, d);
+      else
+        sweepKernel<<<1, 1, 0, s>>>(c.rank, k, n, kSweepA, kSweepB, d);
       KERNELCHECK();
       CUDACHECK(cudaStreamSynchronize(s));
       CUDACHECK(cudaMemcpy(h, d, sizeof h[0], cudaMemcpyDeviceToHost));
       if (pass && c.rank == 0) {
         const double us = h[0] / 1e3 / (2.0 * k);
-        printf("%-20s %8.2f us\n", ("put " + std::to_string(n) + " one-way").c_str(), us);
-        printf("RESULT pingpong put bytes=%llu us=%.3f\n", (unsigned long long)n, us);
+        printf("%-20s %8.2f us\n", ((block ? "block put " : "put ") + std::to_string(n) + " one-way").c_str(), us);
+        printf("RESULT pingpong %s bytes=%llu us=%.3f\n", block ? "putblock" : "put",
+               (unsigned long long)n, us);
       }
     }
     swept = n;

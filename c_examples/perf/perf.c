@@ -15,8 +15,14 @@
  * (1); ours: -T p2p|ib|shm|mixed (transport: p2p is CUDA IPC, GPU memory only, the default
  * there; ib is libfabric with the provider from MSCCLPP_NET_PROVIDER, tcp by default, the
  * default on host memory; shm; mixed: p2p (GPU) or shm (host) to ranks on this host, ib to the
- * others), -G 1|0 (GPU or host memory; 1 where the build has CUDA and a GPU is found). Rank, size
- * and root come from launch_env.h (mpirun, srun, torchrun or scripts/run-local-ranks.sh).
+ * others), -G 1|0 (GPU or host memory; 1 where the build has CUDA and a GPU is found), -B
+ * BLOCKS (GPU: each put split over up to BLOCKS blocks of 512 threads, 64 KiB or more each,
+ * by putWithSignalBlock(), the peer waiting once per block, as NVSHMEM's block puts; one block
+ * per peer where the chunks would be over the library's block limit, which hands such puts to
+ * the proxy; 0: one putWithSignal() per peer by one thread, the 2023 way; default 128 over
+ * -T p2p, else 0).
+ * Rank, size and root come from launch_env.h (mpirun, srun, torchrun or
+ * scripts/run-local-ranks.sh).
  *
  * Each operation is one-sided: every rank puts its data into its peers' buffers with
  * putWithSignal, then waits for each peer's signal (on GPUs: one kernel per operation, a warp
@@ -114,6 +120,8 @@ typedef struct perf {
   size_t bytes;             /* the whole buffer: receive area, then send area */
   mscclppDevConn_t **to;    /* to[r]: the connection to rank r (NULL for us) */
   int gpu;                  /* the buffer is GPU memory (PERF_GPU builds, -G 1) */
+  int blocks;               /* -B: blocks per peer at most (block puts); 0: one thread */
+  uint64_t block_limit;     /* -B: the largest block put the library copies directly */
 #ifdef PERF_GPU
   unsigned char *dbuf;      /* the buffer in GPU memory */
   mscclppDevConn_t *dconns; /* the connections, copied to GPU memory for the kernel */
@@ -199,6 +207,37 @@ __global__ void perf_kernel(mscclppDevConn_t *conns, int nconns, int rank, int n
 #endif
 }
 
+/* The same with block puts (-B): block b puts chunk b % bpp of the n bytes for connection
+ * b / bpp with one signal, and the first block of each connection waits for its bpp signals. */
+__global__ void perf_block_kernel(mscclppDevConn_t *conns, int rank, int nranks, uint64_t n,
+                                  uint64_t send, int in_place, int bpp, uint64_t chunk)
+{
+  const int w = blockIdx.x / bpp, k = blockIdx.x % bpp;
+  int i;
+  const mscclppDevConn_t c = conns[w];
+  const uint64_t start = (uint64_t)k * chunk;
+  const uint64_t len = start < n ? (chunk < n - start ? chunk : n - start) : 0;
+  const int waiter = k == 0 && threadIdx.x == 0;
+#if PERF_OP == OP_ALLGATHER
+  const uint64_t mine = (uint64_t)rank * n;
+  (void)nranks;
+  c.putWithSignalBlock(mine + start, (in_place ? mine : send) + start, len);
+  if (waiter)
+    for (i = 0; i < bpp; i++) c.wait();
+#elif PERF_OP == OP_ALLTOALL
+  (void)nranks;
+  (void)in_place;
+  c.putWithSignalBlock((uint64_t)rank * n + start, send + (uint64_t)c.remoteRank * n + start, len);
+  if (waiter)
+    for (i = 0; i < bpp; i++) c.wait();
+#else
+  (void)in_place;
+  if (c.remoteRank == (rank + 1) % nranks) c.putWithSignalBlock(start, send + start, len);
+  if (waiter && c.remoteRank == (rank + nranks - 1) % nranks)
+    for (i = 0; i < bpp; i++) c.wait();
+#endif
+}
+
 /* flush() on every connection: see `flush_all`. */
 __global__ void perf_flush_kernel(mscclppDevConn_t *conns, int nconns)
 {
@@ -227,6 +266,21 @@ static size_t check(perf *p, size_t size)
 }
 
 #ifdef PERF_GPU
+/* -B: the largest put a block copies itself on our connections: word
+ * MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES of the first one's epoch block (device memory), 0 where
+ * the direct path is off (word MSCCLPP_EPOCH_DIRECT_BYTES 0). 0 on success. */
+static int read_block_limit(perf *p)
+{
+  uint64_t w[MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES + 1];
+  CUDA_CHECK_GOTO(cudaMemcpy(w, (const void *)p->conns[0].localSignalEpochId, sizeof w,
+                             cudaMemcpyDeviceToHost),
+                  fail);
+  p->block_limit = w[MSCCLPP_EPOCH_DIRECT_BYTES] ? w[MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES] : 0;
+  return 0;
+fail:
+  return 1;
+}
+
 /* run_op on the GPU: queued on the stream (the caller synchronizes). 0 on success. */
 static int run_op_gpu(perf *p, size_t size, int in_place)
 {
@@ -241,8 +295,23 @@ static int run_op_gpu(perf *p, size_t size, int in_place)
                     fail);
   }
 #endif
-  perf_kernel<<<1, 32 * p->nconns, 0, p->stream>>>(p->dconns, p->nconns, p->rank, p->nranks, n,
-                                                   send, in_place);
+  if (p->blocks > 0) {
+    /* Chunks of 64 KiB or more (NVSHMEM's tool splits the same way), 16-byte aligned. */
+    uint64_t bpp = (n + (64u << 10) - 1) / (64u << 10), chunk;
+    if (bpp < 1) bpp = 1;
+    if (bpp > (uint64_t)p->blocks) bpp = (uint64_t)p->blocks;
+    chunk = ((n + bpp - 1) / bpp + 15) / 16 * 16;
+    /* Chunks the library would hand to the proxy one trigger each: one block, one trigger. */
+    if (chunk > p->block_limit) {
+      bpp = 1;
+      chunk = n;
+    }
+    perf_block_kernel<<<(unsigned)(bpp * (uint64_t)p->nconns), 512, 0, p->stream>>>(
+      p->dconns, p->rank, p->nranks, n, send, in_place, (int)bpp, chunk);
+  } else {
+    perf_kernel<<<1, 32 * p->nconns, 0, p->stream>>>(p->dconns, p->nconns, p->rank, p->nranks, n,
+                                                     send, in_place);
+  }
   CUDA_CHECK_GOTO(cudaGetLastError(), fail);
   return 0;
 fail:
@@ -392,7 +461,7 @@ fail:
 /* One of our options with its value; nonzero on a bad one. */
 static int parse_opt(const char *o, const char *v, size_t *min_b, size_t *max_b, double *factor,
                      size_t *step, int *iters, int *warmup, int *do_check, int *gpus, int *threads,
-                     int *gpu_mem, const char **transport)
+                     int *gpu_mem, const char **transport, int *blocks)
 {
   switch (o[1]) {
   case 'b': *min_b = parse_size(v); break;
@@ -405,6 +474,7 @@ static int parse_opt(const char *o, const char *v, size_t *min_b, size_t *max_b,
   case 'g': *gpus = atoi(v); break;
   case 't': *threads = atoi(v); break;
   case 'G': *gpu_mem = atoi(v); break;
+  case 'B': *blocks = atoi(v); break;
   case 'T':
     if (strcmp(v, "p2p") && strcmp(v, "shm") && strcmp(v, "ib") && strcmp(v, "mixed")) return 1;
     *transport = v;
@@ -431,7 +501,7 @@ int main(int argc, char **argv)
   size_t min_b = 32u << 20, max_b = 32u << 20, step = 0, size, wrong_total = 0, max_per;
   double factor = 0, bus_sum = 0;
   int iters = 20, warmup = 5, do_check = 1, gpus = 1, threads = 1, gpu_mem = -1, ndev = 0;
-  int rows = 0, k, r, rc = 1, proxy = 0;
+  int rows = 0, k, r, rc = 1, proxy = 0, blocks = -1;
   const char *transport = NULL;
   char host[64] = "?", dev_desc[160] = "[host memory]";
   char *hosts = NULL;
@@ -444,14 +514,14 @@ int main(int argc, char **argv)
     int left = 1;
     for (k = 1; k < argc; k++) {
       const char *o = argv[k], *v = k + 1 < argc ? argv[k + 1] : NULL;
-      int ours = strlen(o) == 2 && o[0] == '-' && strchr("befinwcgtGT", o[1]) != NULL;
+      int ours = strlen(o) == 2 && o[0] == '-' && strchr("befinwcgtGTB", o[1]) != NULL;
       if (!ours) {
         argv[left++] = argv[k];
         continue;
       }
       if (v == NULL) goto usage;
       if (parse_opt(o, v, &min_b, &max_b, &factor, &step, &iters, &warmup, &do_check, &gpus,
-                    &threads, &gpu_mem, &transport))
+                    &threads, &gpu_mem, &transport, &blocks))
         goto usage;
       k++;
     }
@@ -486,6 +556,12 @@ int main(int argc, char **argv)
   }
   p.gpu = gpu_mem;
   if (transport == NULL) transport = p.gpu ? "p2p" : "ib";
+  if (blocks < 0) blocks = p.gpu && !strcmp(transport, "p2p") ? 128 : 0;
+  if (blocks > 1024 || (blocks > 0 && !p.gpu)) {
+    fprintf(stderr, "%s_perf: -B is 0..1024, and block puts need GPU memory (-G 1)\n", op_name);
+    return 2;
+  }
+  p.blocks = blocks;
   if (!p.gpu && !strcmp(transport, "p2p")) {
     fprintf(stderr, "%s_perf: -T p2p needs GPU memory (-G 1)\n", op_name);
     return 2;
@@ -541,12 +617,14 @@ int main(int argc, char **argv)
     CUDA_CHECK_GOTO(cudaMalloc((void **)&p.dconns, sizeof(*p.conns) * (size_t)p.nconns), out);
     CUDA_CHECK_GOTO(cudaMemcpy(p.dconns, p.conns, sizeof(*p.conns) * (size_t)p.nconns,
                                cudaMemcpyHostToDevice), out);
+    if (p.blocks > 0 && read_block_limit(&p)) goto out;
   }
 #endif
 
   if (p.rank == 0) {
-    printf("# %s_perf (libmscclpp, %s over -T %s)\n", op_name, p.gpu ? "GPU memory" : "host memory",
-           transport);
+    printf("# %s_perf (libmscclpp, %s over -T %s, %s)\n", op_name,
+           p.gpu ? "GPU memory" : "host memory", transport,
+           p.blocks ? "block puts (-B)" : "one thread per put");
     printf("# nThread %d nGpus %d minBytes %zu maxBytes %zu step: %g(%s) warmup iters: %d iters: %d "
            "agg iters: 1 validation: %d graph: 0\n#\n# Using devices\n",
            threads, gpus, min_b, max_b, factor != 0 ? factor : (double)step,
@@ -616,7 +694,8 @@ out:
 usage:
   fprintf(stderr,
           "usage: %s_perf [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP] [-c 0|1]\n"
-          "       [-g 1] [-t 1] [-G 1|0] [-T p2p|ib|shm|mixed] (+ launch options: -r -n -a, or a launcher)\n",
+          "       [-g 1] [-t 1] [-G 1|0] [-T p2p|ib|shm|mixed] [-B BLOCKS] (+ launch options: -r -n -a, or a\n"
+          "       launcher)\n",
           op_name);
   return 2;
 }

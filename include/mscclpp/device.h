@@ -200,43 +200,68 @@ MSCCLPP_DEVICE_INLINE void addOneSys(uint64_t* p)
 #endif
 }
 
-/* Copies the whole words of type W at the start of [src, src + n) to dst (both aligned to W),
- * kInFlight loads before their stores; returns the bytes copied. */
+/* Copies the whole words of type W at the start of [src, src + n) to dst (both aligned to W)
+ * by thread `t` of `nt` threads together: word i goes by thread i % nt, each thread with
+ * kInFlight loads before their stores; returns the bytes copied (by all of them). */
 template <typename W, int kInFlight>
-MSCCLPP_DEVICE_INLINE uint64_t copyWords(char* dst, const char* src, uint64_t n)
+MSCCLPP_DEVICE_INLINE uint64_t copyWordsBy(char* dst, const char* src, uint64_t n, uint32_t t,
+                                           uint32_t nt)
 {
   const uint64_t words = n / sizeof(W);
   const W* s = reinterpret_cast<const W*>(src);
   W* d = reinterpret_cast<W*>(dst);
-  uint64_t i = 0;
-  for (; i + kInFlight <= words; i += kInFlight) {
+  const uint64_t stride = (uint64_t)nt * kInFlight;
+  uint64_t i = t;
+  for (; i + (uint64_t)(kInFlight - 1) * nt < words; i += stride) {
     W v[kInFlight];
 #pragma unroll
-    for (int j = 0; j < kInFlight; j++) v[j] = s[i + j];
+    for (int j = 0; j < kInFlight; j++) v[j] = s[i + (uint64_t)j * nt];
 #pragma unroll
-    for (int j = 0; j < kInFlight; j++) d[i + j] = v[j];
+    for (int j = 0; j < kInFlight; j++) d[i + (uint64_t)j * nt] = v[j];
   }
-  for (; i < words; i++) d[i] = s[i];
+  for (; i < words; i += nt) d[i] = s[i];
   return words * sizeof(W);
 }
 
-/* Copies n bytes from src to dst by the calling thread alone (a direct put: dst is a peer's
- * buffer mapped through CUDA IPC): 16-, 8- or 4-byte words as both addresses allow (16 and 8
- * with eight loads in flight before their stores: the source's latency, not the link, bounds
- * one thread), then the rest byte by byte. Plain loads and stores: the caller's release fence
- * orders them before the signal that publishes them. */
-MSCCLPP_DEVICE_INLINE void copyThread(char* dst, const char* src, uint64_t n)
+/* Copies n bytes from src to dst by thread `t` of `nt` threads together: 16-, 8- or 4-byte
+ * words as both addresses allow (16 and 8 with kInFlight loads in flight before their stores
+ * in each thread: the source's latency, not the link, bounds a thread), then the rest byte by
+ * byte. Plain loads and stores: the caller's release fence (after a barrier, where several
+ * threads copied) orders them before the signal that publishes them. */
+template <int kInFlight>
+MSCCLPP_DEVICE_INLINE void copyBy(char* dst, const char* src, uint64_t n, uint32_t t, uint32_t nt)
 {
   const uint64_t both = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src);
   uint64_t done = 0;
   if (both % 16 == 0) {
-    done = copyWords<int4, 8>(dst, src, n);
+    done = copyWordsBy<int4, kInFlight>(dst, src, n, t, nt);
   } else if (both % 8 == 0) {
-    done = copyWords<uint64_t, 8>(dst, src, n);
+    done = copyWordsBy<uint64_t, kInFlight>(dst, src, n, t, nt);
   } else if (both % 4 == 0) {
-    done = copyWords<uint32_t, 1>(dst, src, n);
+    done = copyWordsBy<uint32_t, 1>(dst, src, n, t, nt);
   }
-  for (; done < n; done++) dst[done] = src[done];
+  for (uint64_t i = done + t; i < n; i += nt) dst[i] = src[i];
+}
+
+/* A direct put by the calling thread alone (dst is a peer's buffer mapped through CUDA IPC):
+ * eight loads in flight. */
+MSCCLPP_DEVICE_INLINE void copyThread(char* dst, const char* src, uint64_t n)
+{
+  copyBy<8>(dst, src, n, 0, 1);
+}
+
+/* The calling thread's index in its block, and the block's thread count (any shape). */
+MSCCLPP_DEVICE_INLINE uint32_t threadInBlock()
+{
+  return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+MSCCLPP_DEVICE_INLINE uint32_t threadsInBlock() { return blockDim.x * blockDim.y * blockDim.z; }
+
+/* A direct put by every thread of the calling block (putBlock()): four loads in flight in
+ * each thread, the block's threads together keeping the link busy. */
+MSCCLPP_DEVICE_INLINE void copyBlock(char* dst, const char* src, uint64_t n)
+{
+  copyBy<4>(dst, src, n, threadInBlock(), threadsInBlock());
 }
 
 /* %globaltimer: nanoseconds on one clock for the whole GPU (updated about every microsecond),

@@ -237,9 +237,9 @@ impl Comm {
         let remote_buff = ep.remote_ptr(dst).unwrap_or(0);
         let remote_epoch_ptr = ep.remote_ptr(remote_epoch).unwrap_or(0);
         // The direct path (P2P): written before any kernel can see the connection.
-        let direct_bytes = ep.direct_bytes(peer, dst, remote_epoch);
+        let direct_limits = ep.direct_limits(peer, dst, remote_epoch);
         drop(ep);
-        epoch.enable_direct(direct_bytes, r.size, rsize)?;
+        epoch.enable_direct(direct_limits, r.size, rsize)?;
         let mut work = lock(&slot.work);
         if work.conns.len() >= MAX_CONNS_PER_PROXY {
             return Err(Error::invalid_arg(format!(

@@ -8,9 +8,10 @@
 //!
 //! [`Endpoint::epoch_block`]: super::Endpoint::epoch_block
 
+use super::DirectLimits;
 use crate::abi::{
-    MSCCLPP_EPOCH_DEVICE_BYTES, MSCCLPP_EPOCH_DIRECT, MSCCLPP_EPOCH_DIRECT_BYTES,
-    MSCCLPP_EPOCH_REMOTE_SIZE,
+    MSCCLPP_EPOCH_DEVICE_BYTES, MSCCLPP_EPOCH_DIRECT, MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES,
+    MSCCLPP_EPOCH_DIRECT_BYTES, MSCCLPP_EPOCH_LOCAL_SIZE, MSCCLPP_EPOCH_REMOTE_SIZE,
 };
 use crate::cuda::{self, DeviceMem};
 use crate::error::{Error, Result};
@@ -85,17 +86,19 @@ impl EpochMem {
     }
 
     /// Turns the direct path on for this connection's kernels (src/abi.rs, `MSCCLPP_EPOCH_*`):
-    /// puts of at most `bytes` (and signals, flushes) that they may do with their own stores,
+    /// puts of at most `limits` (and signals, flushes) that they may do with their own stores,
     /// within buffers of `local` and `remote` bytes. Setup only, before any kernel sees the
-    /// block: kernels read these words through the read-only cache. `bytes` 0 leaves it off.
-    pub fn enable_direct(&self, bytes: u64, local: u64, remote: u64) -> Result<()> {
-        if bytes == 0 {
+    /// block: kernels read these words through the read-only cache. `limits.thread` 0 leaves
+    /// it off.
+    pub fn enable_direct(&self, limits: DirectLimits, local: u64, remote: u64) -> Result<()> {
+        if limits.thread == 0 {
             return Ok(());
         }
         match self {
-            EpochMem::Device { mem, direct: true } => {
-                mem.write_words(MSCCLPP_EPOCH_DIRECT_BYTES * 8, &[bytes, local, remote])
-            }
+            EpochMem::Device { mem, direct: true } => mem.write_words(
+                MSCCLPP_EPOCH_DIRECT_BYTES * 8,
+                &[limits.thread, local, remote, limits.block],
+            ),
             _ => Err(Error::internal(
                 "the direct path asked for an epoch block that has none",
             )),
@@ -137,8 +140,12 @@ impl EpochMem {
     }
 }
 
-// The words `enable_direct` writes are consecutive, from DIRECT_BYTES to REMOTE_SIZE.
-const _: () = assert!(MSCCLPP_EPOCH_REMOTE_SIZE == MSCCLPP_EPOCH_DIRECT_BYTES + 2);
+// The words `enable_direct` writes are consecutive, from DIRECT_BYTES to DIRECT_BLOCK_BYTES.
+const _: () = assert!(
+    MSCCLPP_EPOCH_LOCAL_SIZE == MSCCLPP_EPOCH_DIRECT_BYTES + 1
+        && MSCCLPP_EPOCH_REMOTE_SIZE == MSCCLPP_EPOCH_DIRECT_BYTES + 2
+        && MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES == MSCCLPP_EPOCH_DIRECT_BYTES + 3
+);
 
 #[cfg(test)]
 mod tests {
@@ -174,8 +181,9 @@ mod tests {
     fn only_a_direct_device_block_takes_the_direct_path() {
         for e in [plain(MemKind::Host).unwrap(), shared(false).unwrap()] {
             assert_eq!(e.export_len(), 16);
-            assert!(e.enable_direct(0, 8, 8).is_ok(), "0: off, nothing to write");
-            assert!(e.enable_direct(4096, 8, 8).is_err());
+            let limits = |thread, block| DirectLimits { thread, block };
+            assert!(e.enable_direct(limits(0, 0), 8, 8).is_ok(), "0: off, nothing to write");
+            assert!(e.enable_direct(limits(4096, 0), 8, 8).is_err());
         }
     }
 }

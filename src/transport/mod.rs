@@ -59,6 +59,15 @@ pub type PeerId = usize;
 /// Index of an imported remote region inside one endpoint.
 pub type RemoteId = usize;
 
+/// What a connection's kernels may copy themselves (the direct path, `Endpoint::direct_limits`):
+/// the largest put one thread copies (`put()`), and the largest one a whole block copies
+/// (`putBlock()`). `thread` 0: the path is off, and so is `block`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirectLimits {
+    pub thread: u64,
+    pub block: u64,
+}
+
 /// One transport instance. Each method returns an error instead of blocking without bound.
 ///
 /// Ordering contract: on one `PeerId`, `write_value` is delivered after every earlier `write`
@@ -117,13 +126,13 @@ pub trait Endpoint: Send {
     fn remote_ptr(&self, _remote: RemoteId) -> Option<u64> {
         None
     }
-    /// The largest put (bytes) that this side's kernels may make themselves on a connection to
+    /// The largest puts that this side's kernels may make themselves on a connection to
     /// `peer`, storing into the imported region `dst` and adding each signal into word
     /// `MSCCLPP_EPOCH_DIRECT` of the peer's imported epoch block `epoch` (the direct path,
-    /// docs/DESIGN.md 3.2); 0: none, every operation goes through the proxy. Asked once per
-    /// connection at setup. Default: 0.
-    fn direct_bytes(&mut self, _peer: PeerId, _dst: RemoteId, _epoch: RemoteId) -> u64 {
-        0
+    /// docs/DESIGN.md 3.2); all 0: none, every operation goes through the proxy. Asked once
+    /// per connection at setup. Default: none.
+    fn direct_limits(&mut self, _peer: PeerId, _dst: RemoteId, _epoch: RemoteId) -> DirectLimits {
+        DirectLimits::default()
     }
     /// Starts a copy of `size` bytes from local `src`+`src_off` to remote `dst`+`dst_off`.
     /// Bounds were checked by the caller.

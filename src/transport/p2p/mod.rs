@@ -45,7 +45,7 @@ mod route;
 mod stats;
 
 use super::epoch::{self, EpochMem};
-use super::{Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
+use super::{DirectLimits, Endpoint, MemKind, MrId, PeerId, Region, RemoteId};
 use crate::config::P2pConfig;
 use crate::cuda::{self, Ctx, CtxGuard};
 use crate::error::{Error, Result};
@@ -230,7 +230,7 @@ impl Endpoint for P2p {
         self.regions.remote_ptr(remote)
     }
 
-    fn direct_bytes(&mut self, peer: PeerId, dst: RemoteId, epoch: RemoteId) -> u64 {
+    fn direct_limits(&mut self, peer: PeerId, dst: RemoteId, epoch: RemoteId) -> DirectLimits {
         self.direct_limit(peer, dst, epoch)
     }
 

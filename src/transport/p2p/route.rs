@@ -13,13 +13,19 @@ use super::{peer_mut, P2p};
 use crate::abi::MSCCLPP_EPOCH_DIRECT;
 use crate::error::Result;
 use crate::mem::MemKind;
-use crate::transport::{PeerId, RemoteId};
+use crate::transport::{DirectLimits, PeerId, RemoteId};
 
 impl P2p {
-    /// `Endpoint::direct_bytes`: the configured limit (`MSCCLPP_P2P_DIRECT_BYTES`) where our
-    /// kernels can store into `dst` and add into word 3 of the peer's epoch block `epoch`
-    /// (`direct_decision`), else 0. Says which, and why not, once per peer at INFO.
-    pub(super) fn direct_limit(&mut self, peer: PeerId, dst: RemoteId, epoch: RemoteId) -> u64 {
+    /// `Endpoint::direct_limits`: the configured limits (`MSCCLPP_P2P_DIRECT_BYTES`,
+    /// `MSCCLPP_P2P_DIRECT_BLOCK_BYTES`) where our kernels can store into `dst` and add into
+    /// word 3 of the peer's epoch block `epoch` (`direct_decision`), else none. Says which, and
+    /// why not, once per peer at INFO.
+    pub(super) fn direct_limit(
+        &mut self,
+        peer: PeerId,
+        dst: RemoteId,
+        epoch: RemoteId,
+    ) -> DirectLimits {
         let view = |r| self.regions.kernel_view(r, peer);
         let device_of = |ptr: u64| match crate::cuda::mem_kind(ptr) {
             MemKind::Device(d) => Some(d),
@@ -38,12 +44,15 @@ impl P2p {
         let d = direct_decision(self.cfg.direct_bytes, me, reach, |a, b| {
             crate::cuda::native_atomics_between(a, b)
         });
-        let Ok(p) = self.peer(peer) else { return 0 };
+        let block = self.cfg.direct_block_bytes;
+        let Ok(p) = self.peer(peer) else {
+            return DirectLimits::default();
+        };
         if !p.direct_said {
             p.direct_said = true;
             match &d {
                 Ok(n) => crate::info!(
-                    "p2p:cuda{me}: to rank {}, kernels store puts of up to {n} bytes, signals and flushes themselves while the proxy holds nothing of the connection (MSCCLPP_P2P_DIRECT_BYTES)",
+                    "p2p:cuda{me}: to rank {}, kernels store puts of up to {n} bytes (a whole block's: {block}), signals and flushes themselves while the proxy holds nothing of the connection (MSCCLPP_P2P_DIRECT_BYTES, MSCCLPP_P2P_DIRECT_BLOCK_BYTES)",
                     p.rank
                 ),
                 Err(why) => crate::info!(
@@ -52,7 +61,10 @@ impl P2p {
                 ),
             }
         }
-        d.unwrap_or(0)
+        match d {
+            Ok(thread) => DirectLimits { thread, block },
+            Err(_) => DirectLimits::default(),
+        }
     }
 
     /// Whether the SM engine may carry work for `peer` into a remote region now. Starts the
