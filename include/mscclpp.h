@@ -221,10 +221,11 @@ extern "C" {
  * counts `proxy + direct`. Words 4..7, written at setup and read-only for kernels: the largest
  * put one thread makes itself on this connection (0: none, every operation through the
  * proxy), this side's and the peer's buffer sizes, and the largest put a whole block makes
- * itself (`putBlock`; 0: block puts go through the proxy). Words 8 and 9, this side's
+ * itself (`putBlock`; 0: block puts go through the proxy). Words 8 to 10, this side's
  * kernels' own: 1 + the FIFO ticket of the connection's last trigger with work (Data or
- * Flag), and a ticket below which every trigger of the connection is known complete (a flush
- * of it returned).
+ * Flag), a ticket below which every trigger of the connection is known complete (a flush of
+ * it returned), and the signal count the connection's waiting thread last read with acquire
+ * (`wait()` returns at once while its target is not above it).
  */
 #define MSCCLPP_EPOCH_DEVICE_BYTES 128
 
@@ -241,6 +242,8 @@ extern "C" {
 #define MSCCLPP_EPOCH_PROXIED 8
 
 #define MSCCLPP_EPOCH_FLUSHED 9
+
+#define MSCCLPP_EPOCH_ACQUIRED 10
 
 #define MSCCLPP_WAIT_OP_WAIT 1
 

@@ -99,10 +99,11 @@ pub const MSCCLPP_RECORD_EXPIRED: u64 = 2;
 /// counts `proxy + direct`. Words 4..7, written at setup and read-only for kernels: the largest
 /// put one thread makes itself on this connection (0: none, every operation through the
 /// proxy), this side's and the peer's buffer sizes, and the largest put a whole block makes
-/// itself (`putBlock`; 0: block puts go through the proxy). Words 8 and 9, this side's
+/// itself (`putBlock`; 0: block puts go through the proxy). Words 8 to 10, this side's
 /// kernels' own: 1 + the FIFO ticket of the connection's last trigger with work (Data or
-/// Flag), and a ticket below which every trigger of the connection is known complete (a flush
-/// of it returned).
+/// Flag), a ticket below which every trigger of the connection is known complete (a flush of
+/// it returned), and the signal count the connection's waiting thread last read with acquire
+/// (`wait()` returns at once while its target is not above it).
 pub const MSCCLPP_EPOCH_DEVICE_BYTES: usize = 128;
 pub const MSCCLPP_EPOCH_DIRECT: usize = 3;
 pub const MSCCLPP_EPOCH_DIRECT_BYTES: usize = 4;
@@ -111,6 +112,7 @@ pub const MSCCLPP_EPOCH_REMOTE_SIZE: usize = 6;
 pub const MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES: usize = 7;
 pub const MSCCLPP_EPOCH_PROXIED: usize = 8;
 pub const MSCCLPP_EPOCH_FLUSHED: usize = 9;
+pub const MSCCLPP_EPOCH_ACQUIRED: usize = 10;
 pub const MSCCLPP_WAIT_OP_WAIT: u64 = 1;
 pub const MSCCLPP_WAIT_OP_FLUSH: u64 = 2;
 pub const MSCCLPP_WAIT_OP_PUSH: u64 = 3;
@@ -288,5 +290,6 @@ const _: () = {
     // block exports; the read-only words on the next 32; every word inside the block.
     assert!(MSCCLPP_EPOCH_DIRECT == 3 && MSCCLPP_EPOCH_DIRECT_BYTES == 4);
     assert!(MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES < 8 && MSCCLPP_EPOCH_PROXIED >= 8);
-    assert!((MSCCLPP_EPOCH_FLUSHED + 1) * 8 <= MSCCLPP_EPOCH_DEVICE_BYTES);
+    assert!(MSCCLPP_EPOCH_ACQUIRED == MSCCLPP_EPOCH_FLUSHED + 1);
+    assert!((MSCCLPP_EPOCH_ACQUIRED + 1) * 8 <= MSCCLPP_EPOCH_DEVICE_BYTES);
 };
