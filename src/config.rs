@@ -726,7 +726,11 @@ impl Config {
                 .map_or(d.sm_poll_ns, |n| n.min(1_000_000) as u32),
             sm_selftest: r.flag("MSCCLPP_P2P_SM_SELFTEST", d.sm_selftest),
             done_word: r.flag("MSCCLPP_P2P_DONE_WORD", d.done_word),
-            direct_bytes: r.bytes_capped("MSCCLPP_P2P_DIRECT_BYTES", d.direct_bytes, P2P_DIRECT_MAX),
+            direct_bytes: r.bytes_capped(
+                "MSCCLPP_P2P_DIRECT_BYTES",
+                d.direct_bytes,
+                P2P_DIRECT_MAX,
+            ),
             direct_block_bytes: r.bytes_capped(
                 "MSCCLPP_P2P_DIRECT_BLOCK_BYTES",
                 d.direct_block_bytes,

@@ -182,7 +182,10 @@ mod tests {
         for e in [plain(MemKind::Host).unwrap(), shared(false).unwrap()] {
             assert_eq!(e.export_len(), 16);
             let limits = |thread, block| DirectLimits { thread, block };
-            assert!(e.enable_direct(limits(0, 0), 8, 8).is_ok(), "0: off, nothing to write");
+            assert!(
+                e.enable_direct(limits(0, 0), 8, 8).is_ok(),
+                "0: off, nothing to write"
+            );
             assert!(e.enable_direct(limits(4096, 0), 8, 8).is_err());
         }
     }
