@@ -797,25 +797,20 @@ for k in ("pingpong", "pingpong_proxy", "pingpong_direct", "pingpong_ce", "fifo"
     for kv in res.get(k, []):
         if "bytes" not in kv:
             print(k, " ".join(f"{a}={b}" for a, b in kv.items()))
-# The direct path against the proxy (issue 30): the put sweep, and the small all-gathers.
-sweep = {}
-for k in ("pingpong_direct", "pingpong_proxy"):
-    for kv in res.get(k, []):
-        if "bytes" in kv:
-            sweep.setdefault(int(kv["bytes"]), {})[k] = kv["us"]
-if sweep:
-    print("putWithSignal one way by one thread, us: | bytes | direct path | proxy |")
-    for n in sorted(sweep):
-        print(f"| {n} | {sweep[n].get('pingpong_direct', 'n/a')} | {sweep[n].get('pingpong_proxy', 'n/a')} |")
-sweep = {}
-for k in ("pingpong_blockdirect", "pingpong_blockproxy"):
-    for kv in res.get(k, []):
-        if "bytes" in kv:
-            sweep.setdefault(int(kv["bytes"]), {})[k] = kv["us"]
-if sweep:
-    print("putWithSignalBlock one way by one block of 512 threads, us: | bytes | direct path | proxy |")
-    for n in sorted(sweep):
-        print(f"| {n} | {sweep[n].get('pingpong_blockdirect', 'n/a')} | {sweep[n].get('pingpong_blockproxy', 'n/a')} |")
+# The direct path against the proxy (issue 30): the put sweeps (one thread, one block), and
+# the small all-gathers.
+for tag, what in (("", "putWithSignal one way by one thread"),
+                  ("block", "putWithSignalBlock one way by one block of 512 threads")):
+    on, off = f"pingpong_{tag}direct", f"pingpong_{tag}proxy"
+    sweep = {}
+    for k in (on, off):
+        for kv in res.get(k, []):
+            if "bytes" in kv:
+                sweep.setdefault(int(kv["bytes"]), {})[k] = kv["us"]
+    if sweep:
+        print(f"{what}, us: | bytes | direct path | proxy |")
+        for n in sorted(sweep):
+            print(f"| {n} | {sweep[n].get(on, 'n/a')} | {sweep[n].get(off, 'n/a')} |")
 for n in (1024, 4096):
     d, p = ag("allgather", n), ag("allgather_proxy", n)
     if d or p:
