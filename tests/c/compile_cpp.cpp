@@ -36,11 +36,14 @@ int main()
   mscclppDevConn conn = {};
   conn.localSignalEpochId = &epoch;
   conn.waitEpochId = &waitEpoch;
+  // The block methods' host paths are put() and putWithSignal() (each call changes the last
+  // error, so every check below sees its own call).
   const char* const calls[] = {"mscclppDevConnPut", "mscclppDevConnSignal",
                                "mscclppDevConnPutWithSignal",
                                "mscclppDevConnPutWithSignalAndFlush", "mscclppDevConnFlush",
-                               "mscclppDevConnWait"};
-  for (int i = 0; i < 6; i++) {
+                               "mscclppDevConnWait", "mscclppDevConnPut",
+                               "mscclppDevConnPutWithSignal"};
+  for (int i = 0; i < 8; i++) {
     switch (i) {
     case 0: conn.put(0, 8); break;
     case 1: conn.signal(); break;
@@ -48,6 +51,8 @@ int main()
     case 3: conn.putWithSignalAndFlush(0, 0, 8); break;
     case 4: conn.flush(); break;
     case 5: conn.wait(); break;
+    case 6: conn.putBlock(0, 0, 8); break;
+    case 7: conn.putWithSignalBlock(0, 0, 8); break;
     }
     EXPECT(std::strstr(mscclppGetLastError(), calls[i]) != nullptr);
   }

@@ -18,6 +18,8 @@ __global__ void kernel(int rank, uint64_t bytes)
     conn.signal();
     conn.putWithSignal(0, 0, bytes);
     conn.putWithSignalAndFlush(0, bytes);
+    conn.putBlock(0, 0, bytes); /* every thread of the block calls the block methods */
+    conn.putWithSignalBlock(0, 0, bytes);
     conn.flush();
   } else {
     conn.wait();
