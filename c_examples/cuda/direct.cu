@@ -34,6 +34,8 @@
  *                       connection's block limit) with no FIFO ticket, B + 1 through the proxy,
  *                       after and before proxied puts and thread puts, into each other's bytes
  *   16 blocks           each putWithSignalBlock()s 64 KiB + 5 bytes: 16 waits see them all
+ *   then a thread       putBlock() of 256 KiB + 7, then thread 0's signal() with no barrier
+ *                       in between (the block put ends with one): the wait sees every byte
  *   rounds              300 rounds of ping-pong, each rank sending in turn 1-3 operations of
  *                       every kind (block puts too) and size (a seeded sequence, the same on
  *                       both ranks)
@@ -282,6 +284,24 @@ __host__ __device__ inline Chunk blockChunk(int i)
   const uint64_t size = (64u << 10) + 5, at = (uint64_t)i * (80u << 10) + (uint64_t)(i % 5);
   return {at, at + 3, size};
 }
+/* Kind 5: one block putBlock()s 256 KiB + 7 bytes, then thread 0 signals at once, with no
+ * barrier of the caller's in between: the block put's own closing barrier must order every
+ * thread's share before that signal. */
+__host__ __device__ inline Chunk lateChunk(int) { return {3, 11, (256u << 10) + 7}; }
+__global__ void blockPutThenThreadSignal(uint32_t base)
+{
+  mscclppDevConn_t conn = gConns[0];
+  uint8_t* buf = (uint8_t*)conn.localBuff;
+  const Chunk ch = lateChunk(0);
+  for (uint64_t k = threadIdx.x; k < ch.size; k += blockDim.x)
+    buf[kHalf + ch.src + k] = pat(base, ch.dst + k);
+  conn.putBlock(ch.dst, kHalf + ch.src, ch.size);
+  if (threadIdx.x == 0) {
+    conn.signal();
+    conn.flush();
+  }
+}
+
 __global__ void blocksPutWithSignalBlock(uint32_t base)
 {
   mscclppDevConn_t conn = gConns[0];
@@ -302,7 +322,7 @@ __global__ void recvChunks(int kind, int nchunks, int nsig, uint32_t base, Repor
   __syncthreads();
   const volatile uint8_t* buf = (const volatile uint8_t*)gConns[0].localBuff;
   for (int i = 0; i < nchunks; i++) {
-    const Chunk ch = kind == 4 ? blockChunk(i) : chunkOf(kind, i);
+    const Chunk ch = kind == 5 ? lateChunk(i) : kind == 4 ? blockChunk(i) : chunkOf(kind, i);
     for (uint64_t k = threadIdx.x; k < ch.size; k += blockDim.x) {
       const uint8_t want = pat(base + i, ch.dst + k), got = buf[ch.dst + k];
       if (got != want) noteBad(r, base + i, ch.dst + k, got, want);
@@ -587,6 +607,9 @@ int main(int argc, char** argv)
   }
   run.chunks("16 blocks, 16 signals", 4, 16, 16, [&] {
     blocksPutWithSignalBlock<<<16, kThreads, 0, s>>>(run.base);
+  });
+  run.chunks("block put, then a thread's signal", 5, 1, 1, [&] {
+    blockPutThenThreadSignal<<<1, kThreads, 0, s>>>(run.base);
   });
   run.chunks("512 threads, 1 signal", 0, 512, 1, [&] {
     manyPutsOneSignal<<<1, 512, 0, s>>>(run.base);

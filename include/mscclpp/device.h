@@ -40,8 +40,9 @@
  *     (`proxy`), where the peer's SM copy engine or copy engine stores the count of the
  *     signals its proxy carried, and word 3, where the peer's kernels add the signals they
  *     stored themselves (the direct path, P2P: include/mscclpp/devconn_methods.inc). Words
- *     4..6, written at setup, read through the read-only cache: the direct path's limit and
- *     the buffer sizes; words 8..9: this side's direct-path state.
+ *     4..7, written at setup, read through the read-only cache: the direct path's limits (a
+ *     thread's, a block's) and the buffer sizes; words 8..10: this side's direct-path and
+ *     wait state.
  */
 #ifndef MSCCLPP_DEVICE_H_
 #define MSCCLPP_DEVICE_H_
