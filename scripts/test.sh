@@ -3,7 +3,8 @@
 #
 #   scripts/test.sh
 #
-# Steps: system packages; cargo fmt; cargo clippy; cargo test (workspace); header regeneration
+# Steps: system packages; cargo fmt; cargo clippy; cargo doc (no warnings: links that do not
+# resolve); cargo test (workspace); header regeneration
 # check; ctest ABI layout checks; header compile matrix (gcc/clang, C11..C++20, nvcc if any);
 # CMake build + install; CTest (C/C++ header tests); c_examples built against the installed
 # package (find_package) and through pkg-config; bootstrap_demo and allgather_host run with 3
@@ -177,6 +178,7 @@ names+=(deps) results+=(PASS) times+=($((SECONDS - total_start)))
 
 step fmt -- cargo fmt --all --check
 step clippy -- cargo clippy --all-targets --workspace -- -D warnings
+step doc -- env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p mscclpp
 step "cargo test" -- cargo test --workspace --no-fail-fast
 step header -- cargo test -p mscclpp --test header
 step "abi (ctest)" -- cargo test -p mscclpp-abi-test --no-fail-fast

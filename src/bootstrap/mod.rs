@@ -1,13 +1,13 @@
 //! TCP rendezvous between the ranks of a communicator, and the small collectives and tagged
 //! messages that connection setup runs over it.
 //!
-//! Joining: rank 0 serves the root address ([`root`]); every rank (rank 0 included) opens its
+//! Joining: rank 0 serves the root address (`root`); every rank (rank 0 included) opens its
 //! own listener on the interface that reaches the root, connects to the root and sends a
 //! `Hello` (magic, rank, nranks, listen address). When all have joined, the root sends each
 //! the table of listen addresses; a barrier around the ring then proves every rank reachable.
 //!
 //! Afterwards ranks talk directly: one persistent connection per (sender, receiver) pair,
-//! opened on first use. A thread per rank ([`mailbox`]) drains incoming connections into a
+//! opened on first use. A thread per rank (`mailbox`) drains incoming connections into a
 //! mailbox keyed by (sender, tag), so sends never wait for the matching receive. The
 //! all-gather is a ring over those connections; the barrier a dissemination over them.
 //!

@@ -94,7 +94,7 @@ impl Drop for Bootstrap {
     /// Says goodbye on every open connection, so that the peers do not take this rank's
     /// closing for a crash, then closes them. Bounded: a Bye is one 32-byte frame that fits
     /// in the socket buffer, so it is handed to the kernel at once; only a peer that stopped
-    /// reading can make it wait, and then at most [`BYE_BUDGET`] in all (plus a few ms per
+    /// reading can make it wait, and then at most `BYE_BUDGET` in all (plus a few ms per
     /// connection), after which that peer sees a close without goodbye, as for a crash.
     fn drop(&mut self) {
         let t0 = Instant::now();

@@ -1,4 +1,4 @@
-//! The C API: the only place with `extern "C"`. Every export runs inside [`ffi_boundary!`],
+//! The C API: the only place with `extern "C"`. Every export runs inside `ffi_boundary!`,
 //! which turns errors into `mscclppResult_t`, records the thread's last error text, logs it, and
 //! stops panics at the boundary.
 #![allow(non_camel_case_types, non_snake_case)]
