@@ -604,7 +604,11 @@ impl Ops {
     /// `DROP_DRAIN`): they read registered memory.
     pub fn drain_at_close(&mut self, peers: &mut Peers) {
         let mut wait = provider_wait(DROP_DRAIN.min(self.timeout));
-        // (The layer may have reported writes complete that it has not sent yet.)
+        // (The layer may have reported writes complete that it has not sent yet: it drops
+        // what it never posted, then what it posted completes as any write.)
+        if let Some(l) = self.layer.as_mut() {
+            l.discard_held();
+        }
         while self.outstanding > 0 || self.layer.as_ref().is_some_and(|l| l.busy()) {
             match self.poll_cq(peers) {
                 Ok(0) => {
