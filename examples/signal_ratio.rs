@@ -23,7 +23,7 @@ use mscclpp::capi::devconn::*;
 use std::time::Instant;
 
 mod common;
-use common::{arg, connect_to, ok, rank_env, spawn_ranks, transport};
+use common::{arg, connect_peers, ok, rank_env, spawn_ranks, transport};
 
 const PUTS: usize = 64;
 
@@ -52,32 +52,12 @@ fn main() {
         transport(&provider)
     };
     // Rank 0 connects to every other rank, each of them to rank 0 only.
-    let mut comm = std::ptr::null_mut();
-    ok(
-        mscclppCommInitRank(&mut comm, npeers as i32 + 1, root.as_ptr(), rank as i32),
-        "init",
-    );
     let peers: Vec<usize> = if rank == 0 {
         (1..=npeers).collect()
     } else {
         vec![0]
     };
-    for &p in &peers {
-        connect_to(comm, p, &mut buf, tr);
-    }
-    ok(mscclppConnectionSetup(comm), "setup");
-    ok(mscclppProxyLaunch(comm), "proxy");
-    let conns: Vec<*mut mscclppDevConn> = peers
-        .iter()
-        .map(|&p| {
-            let mut d = std::ptr::null_mut();
-            ok(
-                mscclppGetDeviceConnection(comm, p as i32, 0, &mut d),
-                "conn",
-            );
-            d
-        })
-        .collect();
+    let (comm, conns) = connect_peers(rank, npeers + 1, &root, &peers, &mut buf, tr);
     // The ping-pong runs between ranks 0 and 1; other ranks only join the barriers.
     let d = conns[0];
     let pinging = rank <= 1;

@@ -87,21 +87,53 @@ pub fn connect_pair(
     mscclpp::capi::mscclppComm_t,
     *mut mscclpp::abi::mscclppDevConn,
 ) {
+    let (comm, conns) = connect_peers(rank, 2, root, &[1 - rank], buf, tr);
+    (comm, conns[0])
+}
+
+/// Rank `rank` of an `nranks`-rank communicator rooted at `root`: connects `buf` to each rank
+/// of `peers` over `tr`, sets the connections up, starts the proxy; returns the communicator
+/// and the device connections, in the order of `peers`.
+#[allow(dead_code)] // Not every example uses it.
+pub fn connect_peers(
+    rank: usize,
+    nranks: usize,
+    root: &std::ffi::CStr,
+    peers: &[usize],
+    buf: &mut [u8],
+    tr: mscclpp::abi::mscclppTransport_t,
+) -> (
+    mscclpp::capi::mscclppComm_t,
+    Vec<*mut mscclpp::abi::mscclppDevConn>,
+) {
     use mscclpp::capi::conn::*;
     let mut comm = std::ptr::null_mut();
     ok(
-        mscclpp::capi::comm::mscclppCommInitRank(&mut comm, 2, root.as_ptr(), rank as i32),
+        mscclpp::capi::comm::mscclppCommInitRank(
+            &mut comm,
+            nranks as i32,
+            root.as_ptr(),
+            rank as i32,
+        ),
         "init",
     );
-    connect_to(comm, 1 - rank, buf, tr);
+    for &p in peers {
+        connect_to(comm, p, buf, tr);
+    }
     ok(mscclppConnectionSetup(comm), "setup");
     ok(mscclppProxyLaunch(comm), "proxy");
-    let mut d = std::ptr::null_mut();
-    ok(
-        mscclppGetDeviceConnection(comm, 1 - rank as i32, 0, &mut d),
-        "conn",
-    );
-    (comm, d)
+    let conns = peers
+        .iter()
+        .map(|&p| {
+            let mut d = std::ptr::null_mut();
+            ok(
+                mscclppGetDeviceConnection(comm, p as i32, 0, &mut d),
+                "conn",
+            );
+            d
+        })
+        .collect();
+    (comm, conns)
 }
 
 /// Connects `buf` to rank `peer` (tag 0) over `tr`.
