@@ -8,7 +8,8 @@
  * 512 threads (64 KiB or more each), each putting its chunk with putWithSignalBlock(), and
  * rank 1 waits once per block (NVSHMEM's put bandwidth test does the same with its block
  * puts); one block where the chunks would be over the connection's block limit (word
- * MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES: the library hands such puts to the proxy, a trigger each). Timed on rank 0 with CUDA events; the received
+ * MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES: the library hands such puts to the proxy, a trigger each;
+ * block_puts.h). Timed on rank 0 with CUDA events; the received
  * range is checked on rank 1 against rank 0's pattern.
  *
  * BANDWIDTH_PAD_STREAMS=K (measurement, bench/RESULTS.md "Hardware work queues"): creates K
@@ -18,6 +19,7 @@
  * BANDWIDTH_RECV_AFTER=1 (measurement): rank 1 waits for rank 0's signals only after rank 0's
  * kernel has ended, so that no kernel of rank 1 runs while rank 0's copies are queued.
  */
+#include "block_puts.h"
 #include "common.cuh"
 
 __global__ void sendKernel(uint64_t bytes, int iters)
@@ -80,9 +82,7 @@ int main(int argc, char** argv)
   if (maxBlocks > 0) {
     mscclppDevConn_t* hc = nullptr;
     MSCCLPPCHECK(mscclppGetDeviceConnection(c.comm, 1 - c.rank, 0, &hc));
-    uint64_t w[MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES + 1];
-    CUDACHECK(cudaMemcpy(w, hc->localSignalEpochId, sizeof w, cudaMemcpyDeviceToHost));
-    blockLimit = w[MSCCLPP_EPOCH_DIRECT_BYTES] ? w[MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES] : 0;
+    CUDACHECK(block_limit(hc, &blockLimit));
   }
 
   cudaEvent_t t0, t1;
@@ -95,12 +95,7 @@ int main(int argc, char** argv)
     iters = iters < 5 ? 5 : (iters > 200 ? 200 : iters);
     /* --blocks: blocks per put and the signals per put rank 1 waits for. */
     uint64_t bpp = 1, chunk = bytes;
-    if (maxBlocks > 0) {
-      bpp = (bytes + (64u << 10) - 1) / (64u << 10);
-      bpp = bpp > (uint64_t)maxBlocks ? (uint64_t)maxBlocks : bpp;
-      chunk = ((bytes + bpp - 1) / bpp + 15) / 16 * 16;
-      if (chunk > blockLimit) bpp = 1, chunk = bytes;
-    }
+    if (maxBlocks > 0) block_split(bytes, (uint64_t)maxBlocks, blockLimit, &bpp, &chunk);
     for (int pass = 0; pass < 2; pass++) { /* pass 0 warms up */
       MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
       if (c.rank == 0) {

@@ -52,6 +52,8 @@
 
 #ifdef PERF_GPU
 #include <cuda_runtime.h>
+
+#include "block_puts.h"
 /* A failed CUDA call: where and why, then the jump (as MSCCLPP_CHECK_GOTO). */
 #define CUDA_CHECK_GOTO(cmd, label)                                                       \
   do {                                                                                    \
@@ -266,21 +268,6 @@ static size_t check(perf *p, size_t size)
 }
 
 #ifdef PERF_GPU
-/* -B: the largest put a block copies itself on our connections: word
- * MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES of the first one's epoch block (device memory), 0 where
- * the direct path is off (word MSCCLPP_EPOCH_DIRECT_BYTES 0). 0 on success. */
-static int read_block_limit(perf *p)
-{
-  uint64_t w[MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES + 1];
-  CUDA_CHECK_GOTO(cudaMemcpy(w, (const void *)p->conns[0].localSignalEpochId, sizeof w,
-                             cudaMemcpyDeviceToHost),
-                  fail);
-  p->block_limit = w[MSCCLPP_EPOCH_DIRECT_BYTES] ? w[MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES] : 0;
-  return 0;
-fail:
-  return 1;
-}
-
 /* run_op on the GPU: queued on the stream (the caller synchronizes). 0 on success. */
 static int run_op_gpu(perf *p, size_t size, int in_place)
 {
@@ -296,16 +283,8 @@ static int run_op_gpu(perf *p, size_t size, int in_place)
   }
 #endif
   if (p->blocks > 0) {
-    /* Chunks of 64 KiB or more (NVSHMEM's tool splits the same way), 16-byte aligned. */
-    uint64_t bpp = (n + (64u << 10) - 1) / (64u << 10), chunk;
-    if (bpp < 1) bpp = 1;
-    if (bpp > (uint64_t)p->blocks) bpp = (uint64_t)p->blocks;
-    chunk = ((n + bpp - 1) / bpp + 15) / 16 * 16;
-    /* Chunks the library would hand to the proxy one trigger each: one block, one trigger. */
-    if (chunk > p->block_limit) {
-      bpp = 1;
-      chunk = n;
-    }
+    uint64_t bpp, chunk;
+    block_split(n, (uint64_t)p->blocks, p->block_limit, &bpp, &chunk);
     perf_block_kernel<<<(unsigned)(bpp * (uint64_t)p->nconns), 512, 0, p->stream>>>(
       p->dconns, p->rank, p->nranks, n, send, in_place, (int)bpp, chunk);
   } else {
@@ -617,7 +596,8 @@ int main(int argc, char **argv)
     CUDA_CHECK_GOTO(cudaMalloc((void **)&p.dconns, sizeof(*p.conns) * (size_t)p.nconns), out);
     CUDA_CHECK_GOTO(cudaMemcpy(p.dconns, p.conns, sizeof(*p.conns) * (size_t)p.nconns,
                                cudaMemcpyHostToDevice), out);
-    if (p.blocks > 0 && read_block_limit(&p)) goto out;
+    /* The first connection's limit: every one of ours is P2P from the same GPU. */
+    if (p.blocks > 0) CUDA_CHECK_GOTO(block_limit(&p.conns[0], &p.block_limit), out);
   }
 #endif
 
