@@ -75,7 +75,7 @@ pub const P2P_DIRECT_BYTES: u64 = 4096;
 pub const P2P_DIRECT_MAX: u64 = 1 << 20;
 /// `MSCCLPP_P2P_DIRECT_BLOCK_BYTES`: default and largest value. A block put is copied by every
 /// thread of the calling block, so its crossing with the proxy lies where a block's copy
-/// stops arriving sooner (measured by the GPU check's `pingpong --sweep-block`:
+/// stops arriving sooner (measured by the GPU check's `pingpong --block --sweep`:
 /// docs/DESIGN-NOTES.md, "The direct path").
 pub const P2P_DIRECT_BLOCK_BYTES: u64 = 512 << 10;
 pub const P2P_DIRECT_BLOCK_MAX: u64 = 1 << 30;
@@ -961,39 +961,43 @@ mod tests {
         assert_eq!(c.p2p.sm_blocks, 128);
     }
 
-    #[test]
-    fn p2p_direct_bytes_default_zero_means_off_and_limit() {
-        let get = |v: &str| with(&[("MSCCLPP_P2P_DIRECT_BYTES", v)]);
-        assert_eq!(with(&[]).p2p.direct_bytes, P2P_DIRECT_BYTES);
-        assert_eq!(get("0").p2p.direct_bytes, 0);
-        assert_eq!(get("65536").p2p.direct_bytes, 65536);
+    /// A byte count read by `Reader::bytes_capped`: its default unset, 0 and a plain value
+    /// as given, one over `max` is `max` with one problem naming it, garbage the default with
+    /// one problem.
+    fn check_capped_bytes(name: &str, field: fn(&Config) -> u64, default: u64, max: u64) {
+        let get = |v: &str| with(&[(name, v)]);
+        assert_eq!(field(&with(&[])), default, "{name}");
+        assert_eq!(field(&get("0")), 0, "{name}");
+        assert_eq!(field(&get("65536")), 65536, "{name}");
         let c = get("4294967296");
-        assert_eq!(c.p2p.direct_bytes, P2P_DIRECT_MAX);
+        assert_eq!(field(&c), max, "{name}");
         assert!(
-            c.problems.len() == 1 && c.problems[0].contains("MSCCLPP_P2P_DIRECT_BYTES"),
+            c.problems.len() == 1 && c.problems[0].contains(name),
             "{:?}",
             c.problems
         );
         let c = get("lots");
-        assert_eq!(c.p2p.direct_bytes, P2P_DIRECT_BYTES);
+        assert_eq!(field(&c), default, "{name}");
         assert_eq!(c.problems.len(), 1, "{:?}", c.problems);
     }
 
     #[test]
-    fn p2p_direct_block_bytes_default_zero_and_limit() {
-        let get = |v: &str| with(&[("MSCCLPP_P2P_DIRECT_BLOCK_BYTES", v)]);
-        assert_eq!(with(&[]).p2p.direct_block_bytes, P2P_DIRECT_BLOCK_BYTES);
-        assert_eq!(get("0").p2p.direct_block_bytes, 0);
-        assert_eq!(get("65536").p2p.direct_block_bytes, 65536);
-        let c = get("4294967296");
-        assert_eq!(c.p2p.direct_block_bytes, P2P_DIRECT_BLOCK_MAX);
-        assert!(
-            c.problems.len() == 1 && c.problems[0].contains("MSCCLPP_P2P_DIRECT_BLOCK_BYTES"),
-            "{:?}",
-            c.problems
+    fn p2p_direct_limits_default_zero_means_off_and_limit() {
+        check_capped_bytes(
+            "MSCCLPP_P2P_DIRECT_BYTES",
+            |c| c.p2p.direct_bytes,
+            P2P_DIRECT_BYTES,
+            P2P_DIRECT_MAX,
         );
-        // The thread's limit is its own setting.
-        assert_eq!(get("0").p2p.direct_bytes, P2P_DIRECT_BYTES);
+        check_capped_bytes(
+            "MSCCLPP_P2P_DIRECT_BLOCK_BYTES",
+            |c| c.p2p.direct_block_bytes,
+            P2P_DIRECT_BLOCK_BYTES,
+            P2P_DIRECT_BLOCK_MAX,
+        );
+        // Each limit is its own setting.
+        let c = with(&[("MSCCLPP_P2P_DIRECT_BLOCK_BYTES", "0")]);
+        assert_eq!(c.p2p.direct_bytes, P2P_DIRECT_BYTES);
     }
 
     #[test]
