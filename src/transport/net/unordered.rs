@@ -409,9 +409,10 @@ impl Layer {
     }
 
     /// At the endpoint's close: drops the pieces never posted, each counted done as if sent.
-    /// They read no memory and their peer may be closed already: posting one to a tcp peer
-    /// that had closed crashed inside libfabric (a use after free in its connection lookup,
-    /// seen under valgrind). A real provider's unsent writes at close end unsent too.
+    /// They read no memory and their peer may be closed already: posting one at close, after
+    /// a test had closed the peer, crashed inside libfabric (an invalid read under
+    /// `fi_writemsg`, seen under valgrind; the cause inside libfabric not confirmed). A real
+    /// provider's unsent writes at close end unsent too.
     pub fn discard_held(&mut self) {
         // Ends when `held` is empty: each round removes one entry.
         while let Some(h) = self.held.pop_front() {
