@@ -770,16 +770,11 @@ impl Config {
                 .unwrap_or(256)
                 .saturating_mul(1 << 20),
             disable_cuda: r.flag("MSCCLPP_DISABLE_CUDA", false),
-            shm_inline_bytes: match r.num::<u64>("MSCCLPP_SHM_INLINE_BYTES", "the default") {
-                Some(b) if b > SHM_INLINE_MAX => {
-                    r.problems.push(format!(
-                        "MSCCLPP_SHM_INLINE_BYTES={b} is over the {SHM_INLINE_MAX}-byte limit; using {SHM_INLINE_MAX}"
-                    ));
-                    SHM_INLINE_MAX
-                }
-                Some(b) => b,
-                None => SHM_INLINE_BYTES,
-            },
+            shm_inline_bytes: r.bytes_capped(
+                "MSCCLPP_SHM_INLINE_BYTES",
+                SHM_INLINE_BYTES,
+                SHM_INLINE_MAX,
+            ),
             net,
             p2p,
             test_proxy_panic: r
