@@ -278,6 +278,10 @@ p2p_benches() {
   MSCCLPP_P2P_ENGINE=ce bench "bench pingpong, copy engines only" 60 ce bash -c 'ranks 2 "$BIN/pingpong"'
   bench "bench bandwidth" 90 - bash -c 'ranks 2 "$BIN/bandwidth"'
   bench "bench bandwidth, block puts" 90 blocks bash -c 'ranks 2 "$BIN/bandwidth" --blocks 128'
+  # The direct block put taken apart (issue 30: where a small put's time goes, against
+  # NVSHMEM's put bandwidth at the same sizes): `RESULT parts bytes=N part=P us=U`.
+  bench "bench bandwidth, block puts taken apart" 90 - \
+    bash -c 'ranks 2 "$BIN/bandwidth" --blocks 128 --parts --max 256K'
   bench "bench allgather" 90 - bash -c 'ranks 2 "$BIN/allgather" --bench'
   bench "bench allgather, small (direct path)" 60 - bash -c 'ranks 2 "$BIN/allgather" --bench --sizes 1K,4K'
   MSCCLPP_P2P_DIRECT_BYTES=0 bench "bench allgather, small, proxy only" 60 proxy \
@@ -820,6 +824,16 @@ for k, how in (("bandwidth", ""), ("bandwidth_blocks", ", block puts over up to 
     if bw:
         print(f"put bandwidth rank 0 -> rank 1{how}: " + ", ".join(
             f"{int(kv['bytes']) >> 10} KiB {kv['GBps']} GB/s" for kv in bw))
+parts = {}
+for kv in res.get("parts", []):
+    if "part" in kv:
+        parts.setdefault(int(kv["bytes"]), {})[int(kv["part"])] = kv["us"]
+if parts:
+    print("block put taken apart (bandwidth --parts), us per put: | bytes | putWithSignalBlock | "
+          "without the path decision | copy, barrier, fence + add | copy, barrier, add | "
+          "copy, barrier |")
+    for n in sorted(parts):
+        print(f"| {n} | " + " | ".join(parts[n].get(p, "n/a") for p in range(5)) + " |")
 for line in open(sys.argv[1]):
     if line.startswith("STATS "):
         print(line.strip())

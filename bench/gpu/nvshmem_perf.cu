@@ -10,7 +10,7 @@
  *   allgather      nvshmemx_fcollectmem_on_stream: NVSHMEM's own all-gather
  *   allgather-sig  one kernel per operation putting this PE's slice to every peer with a signal
  *                  and waiting for every peer's signal: our allgather_perf's kernel, with
- *                  NVSHMEM's put-with-signal (the own slice copied on the stream first, as ours)
+ *                  NVSHMEM's put-with-signal (the own slice copied by the same kernel, as ours)
  *   alltoall       nvshmemx_alltoallmem_on_stream
  *   alltoall-sig   as allgather-sig, slice r of the send area to PE r (our alltoall_perf)
  *   sendrecv       put-with-signal to the next PE, wait for the previous PE's (our sendrecv_perf)
@@ -311,9 +311,23 @@ struct SigArgs {
   int op, me, npes, bpp; /* bpp: blocks per peer, each a chunk of the n bytes */
 };
 
+/* The calling block copies n bytes within this GPU's memory: 16-byte words where both ends
+ * allow, bytes otherwise (the own slice of an all-gather or all-to-all, in the kernel as
+ * NVSHMEM's collectives and our perf tools do it). */
+__device__ void copy_block(char *dst, const char *src, uint64_t n)
+{
+  uint64_t i = threadIdx.x, done = 0;
+  if (((uintptr_t)dst | (uintptr_t)src) % 16 == 0) {
+    for (; i < n / 16; i += blockDim.x) reinterpret_cast<int4 *>(dst)[i] = reinterpret_cast<const int4 *>(src)[i];
+    done = n / 16 * 16;
+  }
+  for (i = done + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
 /* allgather-sig / alltoall-sig / sendrecv: block b puts chunk b % bpp of this PE's data for the
  * (b / bpp)-th peer, signalling +1; then the first block of each peer waits for that peer's
- * count. Peers in staggered order (me+1, me+2, ...), as nccl-tests' tools and ours go. */
+ * count; the blocks of the first peer also copy their chunk of the own slice. Peers in
+ * staggered order (me+1, me+2, ...), as nccl-tests' tools and ours go. */
 __global__ void __launch_bounds__(kBlockThreads) sig_kernel(SigArgs a)
 {
   if (failed(a.err)) return;
@@ -330,6 +344,10 @@ __global__ void __launch_bounds__(kBlockThreads) sig_kernel(SigArgs a)
   const uint64_t len = start < a.n ? min(a.chunk, a.n - start) : 0;
   nvshmemx_putmem_signal_nbi_block(a.buf + dst + start, a.buf + src + start, len, a.sig + a.me, 1,
                                    NVSHMEM_SIGNAL_ADD, to);
+  if (k == 0 && a.op != OP_SENDRECV) {
+    const uint64_t own = a.op == OP_ALLGATHER_SIG ? a.send_off : a.send_off + (uint64_t)a.me * a.n;
+    copy_block(a.buf + (uint64_t)a.me * a.n + start, a.buf + own + start, len);
+  }
   if (c == 0 && threadIdx.x == 0) wait_signal(a.sig + from, a.want, from, a.bound_ns, a.err);
 }
 
@@ -520,10 +538,6 @@ static void run_ops(Perf &p, size_t n, int k)
       int bpp;
       split(p, n, &bpp, &chunk);
       const int peers = p.op == OP_SENDRECV ? 1 : p.npes - 1;
-      if (p.op == OP_ALLGATHER_SIG || p.op == OP_ALLTOALL_SIG) {
-        const size_t from = p.op == OP_ALLGATHER_SIG ? p.send_off : p.send_off + (size_t)p.me * n;
-        CK_CUDA(cudaMemcpyAsync(p.buf + (size_t)p.me * n, p.buf + from, n, cudaMemcpyDeviceToDevice, p.stream));
-      }
       p.count += (uint64_t)bpp;
       a.buf = p.buf;
       a.sig = p.sig;

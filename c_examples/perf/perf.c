@@ -26,7 +26,7 @@
  *
  * Each operation is one-sided: every rank puts its data into its peers' buffers with
  * putWithSignal, then waits for each peer's signal (on GPUs: one kernel per operation, a warp
- * per peer; the own slice copied on the stream first, where the operation needs it); every
+ * per peer; the own slice copied by the same kernel, where the operation needs it); every
  * batch of operations (warm-up, timed) ends with a flush of every connection, timed. The
  * buffer registered with every connection holds the receive area first, then the send area,
  * so out-of-place operations
@@ -184,12 +184,36 @@ fail:
 }
 
 #ifdef PERF_GPU
+/* Where this rank's own slice of the result comes from, as an offset into its buffer (all-gather
+ * out of place and all-to-all; the caller skips the copy where there is none). */
+static __device__ uint64_t own_from(int rank, uint64_t n, uint64_t send)
+{
+#if PERF_OP == OP_ALLGATHER
+  (void)rank;
+  (void)n;
+  return send;
+#else
+  return send + (uint64_t)rank * n;
+#endif
+}
+
+/* Whether an operation copies the own slice locally (`own_from`). */
+static int own_copy(int in_place)
+{
+  return PERF_OP == OP_ALLTOALL || (PERF_OP == OP_ALLGATHER && !in_place);
+}
+
 /* One operation on the GPU: warp w drives connection w (lane 0), as the host loop below does
- * for every connection in turn. `mine`: this rank's slice offset; `send`: the send area. */
+ * for every connection in turn. The block's threads first copy the own slice into place
+ * (`own`: the buffer, 0 where there is nothing to copy), inside the kernel as NVSHMEM's
+ * collectives do: a cudaMemcpyAsync before each kernel cost 1-2 us per small operation.
+ * `send`: the send area. */
 __global__ void perf_kernel(mscclppDevConn_t *conns, int nconns, int rank, int nranks, uint64_t n,
-                            uint64_t send, int in_place)
+                            uint64_t send, int in_place, char *own)
 {
   const int w = threadIdx.x / 32;
+  if (own != 0)
+    mscclpp::device::copyBlock(own + (uint64_t)rank * n, own + own_from(rank, n, send), n);
   if (w >= nconns || threadIdx.x % 32 != 0) return;
   mscclppDevConn_t c = conns[w];
 #if PERF_OP == OP_ALLGATHER
@@ -210,9 +234,10 @@ __global__ void perf_kernel(mscclppDevConn_t *conns, int nconns, int rank, int n
 }
 
 /* The same with block puts (-B): block b puts chunk b % bpp of the n bytes for connection
- * b / bpp with one signal, and the first block of each connection waits for its bpp signals. */
+ * b / bpp with one signal, the blocks of connection 0 also copy their chunk of the own slice
+ * (`own`, as perf_kernel), and the first block of each connection waits for its bpp signals. */
 __global__ void perf_block_kernel(mscclppDevConn_t *conns, int rank, int nranks, uint64_t n,
-                                  uint64_t send, int in_place, int bpp, uint64_t chunk)
+                                  uint64_t send, int in_place, int bpp, uint64_t chunk, char *own)
 {
   const int w = blockIdx.x / bpp, k = blockIdx.x % bpp;
   int i;
@@ -224,20 +249,20 @@ __global__ void perf_block_kernel(mscclppDevConn_t *conns, int rank, int nranks,
   const uint64_t mine = (uint64_t)rank * n;
   (void)nranks;
   c.putWithSignalBlock(mine + start, (in_place ? mine : send) + start, len);
-  if (waiter)
-    for (i = 0; i < bpp; i++) c.wait();
 #elif PERF_OP == OP_ALLTOALL
   (void)nranks;
   (void)in_place;
   c.putWithSignalBlock((uint64_t)rank * n + start, send + (uint64_t)c.remoteRank * n + start, len);
-  if (waiter)
-    for (i = 0; i < bpp; i++) c.wait();
 #else
   (void)in_place;
   if (c.remoteRank == (rank + 1) % nranks) c.putWithSignalBlock(start, send + start, len);
-  if (waiter && c.remoteRank == (rank + nranks - 1) % nranks)
-    for (i = 0; i < bpp; i++) c.wait();
+  if (c.remoteRank != (rank + nranks - 1) % nranks) return;
 #endif
+  if (own != 0 && w == 0)
+    mscclpp::device::copyBlock(own + (uint64_t)rank * n + start,
+                               own + own_from(rank, n, send) + start, len);
+  if (waiter)
+    for (i = 0; i < bpp; i++) c.wait();
 }
 
 /* flush() on every connection: see `flush_all`. */
@@ -273,23 +298,16 @@ static int run_op_gpu(perf *p, size_t size, int in_place)
 {
   size_t n = per_rank(size, p->nranks);
   uint64_t send = (uint64_t)p->recv_bytes;
-#if PERF_OP != OP_SENDRECV
-  /* The own slice of the result, as the host path's memcpy. */
-  if (!(PERF_OP == OP_ALLGATHER && in_place)) {
-    size_t from = PERF_OP == OP_ALLGATHER ? send : send + (size_t)p->rank * n;
-    CUDA_CHECK_GOTO(cudaMemcpyAsync(p->dbuf + (size_t)p->rank * n, p->dbuf + from, n,
-                                    cudaMemcpyDeviceToDevice, p->stream),
-                    fail);
-  }
-#endif
+  /* The own slice of the result, copied by the kernel (the host path's memcpy). */
+  char *own = own_copy(in_place) ? (char *)p->dbuf : NULL;
   if (p->blocks > 0) {
     uint64_t bpp, chunk;
     block_split(n, (uint64_t)p->blocks, p->block_limit, &bpp, &chunk);
     perf_block_kernel<<<(unsigned)(bpp * (uint64_t)p->nconns), 512, 0, p->stream>>>(
-      p->dconns, p->rank, p->nranks, n, send, in_place, (int)bpp, chunk);
+      p->dconns, p->rank, p->nranks, n, send, in_place, (int)bpp, chunk, own);
   } else {
     perf_kernel<<<1, 32 * p->nconns, 0, p->stream>>>(p->dconns, p->nconns, p->rank, p->nranks, n,
-                                                     send, in_place);
+                                                     send, in_place, own);
   }
   CUDA_CHECK_GOTO(cudaGetLastError(), fail);
   return 0;
