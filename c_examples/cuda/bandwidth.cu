@@ -46,10 +46,11 @@ __global__ void sendBlocksKernel(uint64_t bytes, uint64_t chunk, int iters)
 /* --parts (measurement, bench/RESULTS.md): the direct block put taken apart, to say where
  * its time goes. Part 0 is putWithSignalBlock() itself; the others leave pieces out and are
  * right only because nothing of this connection is in the proxy's hands here: 1 skips only the
- * path decision (the first thread's loads of the epoch words); 2 also the entry and exit
- * barriers and the sender's count: a copy, a barrier, one thread's fence and add to the peer's
- * count (directSignal(), NVSHMEM's shape of a block put with a signal); 3 the add with no
- * fence before it; 4 the copy and the barrier only (no signal). */
+ * path decision (the first thread's read of the connection's ticket, and the barrier that
+ * shares what it decided); 2 also the entry and exit barriers and the sender's count: a copy,
+ * a barrier, one thread's fence and add to the peer's count (directSignal(), NVSHMEM's shape
+ * of a block put with a signal); 3 the add with no fence before it; 4 the copy and the
+ * barrier only (no signal). */
 constexpr int kParts = 5;
 __global__ void sendPartsKernel(uint64_t bytes, uint64_t chunk, int iters, int part)
 {
@@ -150,7 +151,7 @@ int main(int argc, char** argv)
     if (parts && chunk > blockLimit) break; /* over the limit: the proxy's, not a direct put */
     /* part -1: the plain run; with --parts, parts 0..kParts-1 in turn (sendPartsKernel). */
     for (int part = parts ? 0 : -1; part < (parts ? kParts : 0); part++) {
-      const int waits = part == 4 ? 0 : (int)bpp; /* signals per put rank 1 waits for */
+      const int waits = part == 4 ? 0 : (int)bpp; /* part 4 signals nothing */ /* signals per put rank 1 waits for */
       for (int pass = 0; pass < 2; pass++) { /* pass 0 warms up */
         const int n = pass ? iters : 2;
         MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
