@@ -23,7 +23,6 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_WAIT_TIMEOUT",
     "MSCCLPP_DEVICE_WAIT_TIMEOUT",
     "MSCCLPP_WAIT_MODE",
-    "MSCCLPP_PROXY_ASIDE",
     "MSCCLPP_HANG_REPORT",
     "MSCCLPP_DISABLE_CUDA",
     "MSCCLPP_NET_PROVIDER",
@@ -214,19 +213,6 @@ pub enum WaitMode {
     Sleep,
 }
 
-/// Whether the proxy thread of a host-memory FIFO stands aside while host threads wait doing
-/// its work (`MSCCLPP_PROXY_ASIDE`; `sync::proxy_stands_aside`, `fifo::HelperGate`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProxyAside {
-    /// `auto` (default): where this host has fewer than two cores per rank on it (each rank's
-    /// own thread and its proxy thread), so that they do not take turns on one core.
-    Auto,
-    /// `1`: always.
-    Always,
-    /// `0`: never; it keeps working beside them.
-    Never,
-}
-
 /// When the library writes a hang report (`MSCCLPP_HANG_REPORT`; `comm::hang`): the pending
 /// waits and signal counts of every rank of a communicator, combined into one summary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -382,8 +368,6 @@ pub struct Config {
     pub device_wait_timeout: Option<Duration>,
     /// `MSCCLPP_WAIT_MODE`: how waits that last spend their time (see [`WaitMode`]).
     pub wait_mode: WaitMode,
-    /// `MSCCLPP_PROXY_ASIDE`: see [`ProxyAside`].
-    pub proxy_aside: ProxyAside,
     /// `MSCCLPP_HANG_REPORT`: `signal` (default: on timeouts and `SIGUSR1`), `timeout` (on
     /// timeouts only: no signal handler), `off`, or seconds (as `signal`, and every so often
     /// while a wait lasts that long).
@@ -777,14 +761,6 @@ impl Config {
                 Some("sleep") => WaitMode::Sleep,
                 _ => WaitMode::Auto,
             },
-            proxy_aside: match r
-                .choice("MSCCLPP_PROXY_ASIDE", &["auto", "1", "0"], "auto")
-                .as_deref()
-            {
-                Some("1") => ProxyAside::Always,
-                Some("0") => ProxyAside::Never,
-                _ => ProxyAside::Auto,
-            },
             hang_report: hang_report(&mut r),
             socket_ifname: r.text("MSCCLPP_SOCKET_IFNAME"),
             bootstrap_secret: r.text("MSCCLPP_BOOTSTRAP_SECRET"),
@@ -884,26 +860,6 @@ mod tests {
         assert_eq!(c.device_wait_timeout, Some(DEFAULT_DEVICE_WAIT_TIMEOUT));
         assert_eq!(c.hang_report, HangReport::default());
         assert_eq!(c.test_proxy_panic, None);
-    }
-
-    #[test]
-    fn proxy_aside_reads_its_three_values_and_reports_others() {
-        let get = |v: &str| with(&[("MSCCLPP_PROXY_ASIDE", v)]);
-        assert_eq!(with(&[]).proxy_aside, ProxyAside::Auto);
-        assert_eq!(get("auto").proxy_aside, ProxyAside::Auto);
-        assert_eq!(get("1").proxy_aside, ProxyAside::Always);
-        assert_eq!(get("0").proxy_aside, ProxyAside::Never);
-        for bad in ["yes", "2", ""] {
-            let c = get(bad);
-            assert_eq!(c.proxy_aside, ProxyAside::Auto, "{bad:?}");
-            if !bad.is_empty() {
-                assert!(
-                    c.problems.iter().any(|p| p.contains("MSCCLPP_PROXY_ASIDE")),
-                    "{bad:?}: {:?}",
-                    c.problems
-                );
-            }
-        }
     }
 
     #[test]

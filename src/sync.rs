@@ -7,7 +7,7 @@
 //! `mscclppInternalError`). The state behind the lock stays consistent at every await-free
 //! point we hold it, so the next user may go on rather than panic in turn.
 
-use crate::config::{ProxyAside, WaitMode};
+use crate::config::WaitMode;
 use crate::error::Error;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -49,37 +49,10 @@ static CROWDED: AtomicBool = AtomicBool::new(false);
 /// tcp stream), so that stays the rule there. Open MPI decides its `yield_when_idle` the same
 /// way, from the ranks per host.
 ///
-/// With fewer than two cores per rank it also marks the host tight ([`proxy_stands_aside`]).
-///
-/// Returns the cores, and whether this call found the host crowded first (the caller says so
-/// at INFO).
-pub fn note_ranks_on_host(ranks: usize) -> (usize, bool) {
+/// Returns the cores when this call found the host crowded first (the caller says so at INFO).
+pub fn note_ranks_on_host(ranks: usize) -> Option<usize> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if ranks.saturating_mul(2) > cores {
-        TIGHT.store(true, Ordering::Relaxed);
-    }
-    let first = ranks > cores && !CROWDED.swap(true, Ordering::Relaxed);
-    (cores, first)
-}
-
-/// Set once a communicator of this process finds fewer than two cores per rank on its host
-/// (`note_ranks_on_host`); never cleared, as `CROWDED`.
-static TIGHT: AtomicBool = AtomicBool::new(false);
-
-/// Whether a proxy thread stands aside while host threads wait doing its work
-/// (`MSCCLPP_PROXY_ASIDE`; `auto`: on a tight host, fewer than two cores per rank). There a
-/// second thread taking turns at the same work costs the waiter its core. Where each thread
-/// has a core, standing aside leaves the endpoint unprogressed between two waits (the waiter
-/// back in the program): a tcp receiver's signalled 16 KiB stream ran at 0.66-0.78 of its
-/// unsignalled one on 16 cores, 0.96-0.97 with the proxy thread working beside the waiters,
-/// the half round trip level (bench/RESULTS.md, session 18). Read when a proxy is set up.
-pub fn proxy_stands_aside() -> bool {
-    match crate::config::get().proxy_aside {
-        ProxyAside::Always => true,
-        ProxyAside::Never => false,
-        // Relaxed: a hint, set at communicator init, before the proxies it concerns.
-        ProxyAside::Auto => TIGHT.load(Ordering::Relaxed),
-    }
+    (ranks > cores && !CROWDED.swap(true, Ordering::Relaxed)).then_some(cores)
 }
 
 /// Whether waits that last nap between their polls (`MSCCLPP_WAIT_MODE`; `auto`: when this

@@ -163,27 +163,18 @@ fn alltoall_unordered(e: Env) {
     );
 }
 
-/// `ranks` with `key` set to `val` over `provider`, logging at INFO (for the body to check
-/// that the setting took).
-fn ranks_with(name: &str, n: usize, provider: &str, key: &'static str, val: &str, body: fn(Env)) {
-    if skip_missing_provider(name, provider) {
-        return;
-    }
+/// `ranks` with the unordered test layer of `profile` (`efa` or `psm3`) over `provider`.
+fn ranks_unordered(name: &str, n: usize, provider: &str, profile: &str, body: fn(Env)) {
     if is_rank(name) {
         body(env());
         return;
     }
     let env = with(
-        with(transport_env(provider), key, val),
+        with(transport_env(provider), "MSCCLPP_TEST_UNORDERED", profile),
         "MSCCLPP_DEBUG",
         "INFO",
     );
     spawn(name, n, &env).expect_success(DEADLINE);
-}
-
-/// `ranks` with the unordered test layer of `profile` (`efa` or `psm3`) over `provider`.
-fn ranks_unordered(name: &str, n: usize, provider: &str, profile: &str, body: fn(Env)) {
-    ranks_with(name, n, provider, "MSCCLPP_TEST_UNORDERED", profile, body);
 }
 
 #[test]
@@ -214,56 +205,6 @@ fn alltoall_unordered_psm3_tcp_3() {
         "tcp",
         "psm3",
         alltoall_unordered,
-    );
-}
-
-// ---- the proxy thread working beside waiting host threads --------------------------------
-
-/// `body` with `MSCCLPP_PROXY_ASIDE=0`: the proxy thread keeps working while host threads wait
-/// doing its work, both in the consumer at once (auto's rule where the host has two cores per
-/// rank; CI's 2 cores are tight, so auto never takes it here). The INFO line proves it took.
-fn proxy_working(e: Env, body: fn(Env)) {
-    capture_logs();
-    body(e);
-    let logs = logged();
-    assert!(
-        logs.iter().any(|l| l.contains("keeps working") && l.contains("MSCCLPP_PROXY_ASIDE=0")),
-        "the proxy thread did not keep working; log:\n{}",
-        logs.join("\n")
-    );
-}
-
-#[test]
-fn alltoall_proxy_working_tcp_3() {
-    ranks_with(
-        "alltoall_proxy_working_tcp_3",
-        3,
-        "tcp",
-        "MSCCLPP_PROXY_ASIDE",
-        "0",
-        |e| proxy_working(e, alltoall),
-    );
-}
-#[test]
-fn pingpong_proxy_working_tcp() {
-    ranks_with(
-        "pingpong_proxy_working_tcp",
-        2,
-        "tcp",
-        "MSCCLPP_PROXY_ASIDE",
-        "0",
-        |e| proxy_working(e, pingpong),
-    );
-}
-#[test]
-fn many_puts_one_signal_proxy_working_shm() {
-    ranks_with(
-        "many_puts_one_signal_proxy_working_shm",
-        2,
-        "shm",
-        "MSCCLPP_PROXY_ASIDE",
-        "0",
-        |e| proxy_working(e, many_puts_one_signal),
     );
 }
 

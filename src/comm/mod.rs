@@ -104,23 +104,12 @@ unsafe impl Send for Comm {}
 impl Comm {
     pub fn new(boot: Bootstrap) -> Self {
         let ranks = boot.ranks_on_this_host();
-        let (cores, crowded) = crate::sync::note_ranks_on_host(ranks);
-        if crowded {
+        if let Some(cores) = crate::sync::note_ranks_on_host(ranks) {
             crate::info!(
                 "rank {}: {ranks} ranks on this host, {cores} cores for this process: waits that last nap between their polls (MSCCLPP_WAIT_MODE)",
                 boot.rank()
             );
         }
-        crate::info!(
-            "rank {}: {ranks} ranks on this host, {cores} cores: the proxy thread of a host-memory connection {} while host threads wait doing its work (MSCCLPP_PROXY_ASIDE={})",
-            boot.rank(),
-            if crate::sync::proxy_stands_aside() { "stands aside" } else { "keeps working" },
-            match crate::config::get().proxy_aside {
-                crate::config::ProxyAside::Always => "1",
-                crate::config::ProxyAside::Never => "0",
-                crate::config::ProxyAside::Auto => "auto: aside below two cores per rank",
-            }
-        );
         let boot = Arc::new(boot);
         Comm {
             sticky: Arc::new(Sticky::new(boot.clone())),

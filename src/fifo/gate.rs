@@ -10,11 +10,6 @@ use std::time::{Duration, Instant};
 /// busy threads, a second thread taking turns at the same work only costs the first one its
 /// core, and both of them the futex hand-offs of the consumer's lock.
 ///
-/// Standing aside for waiting helpers is the rule only where the host is tight
-/// (`aside_for_helpers`, from `sync::proxy_stands_aside`): where every thread has a core, the
-/// proxy thread keeps working beside them, or the endpoint would go unprogressed between one
-/// wait and the next. A producer that executed its own trigger is stood aside for either way.
-///
 /// The proxy thread parks for `ASIDE` at a time and looks again. A waiter that leaves after a
 /// long wait (`LONG_WAIT`: a transfer) wakes it at once; one that leaves after a short wait
 /// does not: the futex wake on the waiter's way back to the caller (and on 2 cores the waiter
@@ -23,8 +18,6 @@ use std::time::{Duration, Instant};
 /// parked thread's wake-ups take the helpers' cores).
 pub struct HelperGate {
     helpers: AtomicU32,
-    /// Whether the proxy thread stands aside while `helpers` > 0.
-    aside_for_helpers: bool,
     /// The proxy thread, woken when a long-waiting helper leaves.
     proxy: std::sync::Mutex<Option<std::thread::Thread>>,
     /// When a host producer last executed triggers itself (`host_push`), in ns since `epoch`
@@ -34,18 +27,9 @@ pub struct HelperGate {
 }
 
 impl Default for HelperGate {
-    /// A gate that stands aside for helpers (a tight host's).
     fn default() -> Self {
-        HelperGate::new(true)
-    }
-}
-
-impl HelperGate {
-    /// `aside_for_helpers`: whether the proxy thread stands aside while helpers wait.
-    pub fn new(aside_for_helpers: bool) -> Self {
         HelperGate {
             helpers: AtomicU32::new(0),
-            aside_for_helpers,
             proxy: std::sync::Mutex::new(None),
             last_push_assist: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -89,7 +73,7 @@ impl HelperGate {
     /// proxy thread asks on every round, and reading the clock on each one cost ~1% of a tcp
     /// transfer (see `ProxyWork::service`). A hold that ran out is cleared for the same reason.
     fn stand_aside_with(&self, now: impl FnOnce() -> u64) -> Duration {
-        if self.aside_for_helpers && self.helpers.load(Ordering::Relaxed) > 0 {
+        if self.helpers.load(Ordering::Relaxed) > 0 {
             return ASIDE;
         }
         let last = self.last_push_assist.load(Ordering::Relaxed);
@@ -167,22 +151,5 @@ mod tests {
         assert_eq!(gate.stand_aside(), ASIDE, "one waiter still helps");
         gate.leave(Duration::ZERO);
         assert!(gate.stand_aside().is_zero(), "nobody helps any more");
-    }
-
-    #[test]
-    fn a_roomy_hosts_gate_stands_aside_for_pushes_only() {
-        let gate = HelperGate::new(false);
-        gate.enter();
-        assert!(
-            gate.stand_aside_with(|| 1_000).is_zero(),
-            "a helper waits: the proxy thread keeps working beside it"
-        );
-        gate.pushed_and_assisted_at(1_000);
-        assert_eq!(
-            gate.stand_aside_with(|| 1_000),
-            ASIDE.min(PUSH_ASSIST_HOLD),
-            "a producer executed its own trigger"
-        );
-        gate.leave(Duration::ZERO);
     }
 }

@@ -93,9 +93,7 @@ impl ProxyWork {
             .device()
             .is_none()
             .then(|| fifo.producer_view(0).triggerFifoHead);
-        let gate = Arc::new(crate::fifo::HelperGate::new(
-            crate::sync::proxy_stands_aside(),
-        ));
+        let gate = Arc::new(crate::fifo::HelperGate::default());
         sticky.add_fifo(fifo.abort_word());
         let work = Arc::new(Mutex::new(ProxyWork {
             fifo,
