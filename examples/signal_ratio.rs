@@ -7,7 +7,8 @@
 //! a barrier, outside the timing): what the stream costs without a consumer waking per signal.
 //!
 //! `cargo run --release --example signal_ratio -- [--provider tcp|net|shm] [--ib] [--reps 9]
-//!  [--min-kib 16] [--max-mib 4] [--peers 1] [--wait-after]`
+//!  [--min-kib 16] [--max-mib 4] [--peers 1] [--wait-after] [--only signalled|unsignalled]
+//!  [--max-kib N]`
 //!
 //! `--provider shm` is mscclppTransportSHM; with `--ib` (and `MSCCLPP_NET_PROVIDER=shm` in the
 //! environment) it is mscclppTransportIB over libfabric's shm provider.
@@ -40,11 +41,19 @@ fn main() {
     let max_mib: usize = arg("--max-mib", "4").parse().unwrap();
     let npeers: usize = arg("--peers", "1").parse().unwrap();
     let wait_after = std::env::args().any(|a| a == "--wait-after");
+    // For profiling one stream at a time: `--only signalled` or `--only unsignalled`.
+    let only = arg("--only", "both");
+    assert!(
+        ["both", "signalled", "unsignalled"].contains(&only.as_str()),
+        "--only: both, signalled or unsignalled"
+    );
     let Some((rank, root)) = rank_env("SIGNAL_RATIO") else {
         let all_ok = spawn_ranks(npeers + 1, "SIGNAL_RATIO", &provider);
         std::process::exit(!all_ok as i32);
     };
-    let max = max_mib << 20;
+    // `--max-kib` (profiling one size) takes precedence over `--max-mib`.
+    let max = arg("--max-kib", "0").parse::<usize>().unwrap() << 10;
+    let max = if max > 0 { max } else { max_mib << 20 };
     let mut buf = vec![1u8; 2 * max + 4096];
     let tr = if ib {
         mscclppTransport_t::mscclppTransportIB
@@ -109,6 +118,9 @@ fn main() {
             // Alternate which goes first, so neither always runs on a warmer path.
             for k in 0..2 {
                 let with_signal = (k + r) % 2 == 1;
+                if only != "both" && with_signal != (only == "signalled") {
+                    continue;
+                }
                 ok(mscclppBootstrapBarrier(comm), "barrier");
                 if rank == 0 {
                     let t0 = Instant::now();
