@@ -49,10 +49,34 @@ static CROWDED: AtomicBool = AtomicBool::new(false);
 /// tcp stream), so that stays the rule there. Open MPI decides its `yield_when_idle` the same
 /// way, from the ranks per host.
 ///
-/// Returns the cores when this call found the host crowded first (the caller says so at INFO).
-pub fn note_ranks_on_host(ranks: usize) -> Option<usize> {
+/// With fewer than two cores per rank it also marks the host tight ([`proxy_park`]).
+///
+/// Returns the cores, and whether this call found the host crowded first (the caller says so
+/// at INFO).
+pub fn note_ranks_on_host(ranks: usize) -> (usize, bool) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (ranks > cores && !CROWDED.swap(true, Ordering::Relaxed)).then_some(cores)
+    if ranks.saturating_mul(2) > cores {
+        TIGHT.store(true, Ordering::Relaxed);
+    }
+    let first = ranks > cores && !CROWDED.swap(true, Ordering::Relaxed);
+    (cores, first)
+}
+
+/// Set once a communicator of this process finds fewer than two cores per rank on its host
+/// (each rank's own thread and its proxy thread: `note_ranks_on_host`); never cleared, as
+/// `CROWDED`.
+static TIGHT: AtomicBool = AtomicBool::new(false);
+
+/// How long a proxy thread parks at a time while it stands aside for host threads doing its
+/// work (`fifo::HelperGate`): `ASIDE_TIGHT` on a tight host, else `ASIDE_ROOMY`. Read when a
+/// proxy is set up, after its communicator's init noted the host.
+pub fn proxy_park() -> Duration {
+    // Relaxed: a hint, set at communicator init, before the proxies it concerns.
+    if TIGHT.load(Ordering::Relaxed) {
+        crate::fifo::ASIDE_TIGHT
+    } else {
+        crate::fifo::ASIDE_ROOMY
+    }
 }
 
 /// Whether waits that last nap between their polls (`MSCCLPP_WAIT_MODE`; `auto`: when this

@@ -104,12 +104,23 @@ unsafe impl Send for Comm {}
 impl Comm {
     pub fn new(boot: Bootstrap) -> Self {
         let ranks = boot.ranks_on_this_host();
-        if let Some(cores) = crate::sync::note_ranks_on_host(ranks) {
+        let (cores, crowded) = crate::sync::note_ranks_on_host(ranks);
+        if crowded {
             crate::info!(
                 "rank {}: {ranks} ranks on this host, {cores} cores for this process: waits that last nap between their polls (MSCCLPP_WAIT_MODE)",
                 boot.rank()
             );
         }
+        crate::info!(
+            "rank {}: {ranks} ranks on this host, {cores} cores: a proxy thread standing aside for host threads that do its work parks {} us at a time ({})",
+            boot.rank(),
+            crate::sync::proxy_park().as_micros(),
+            if crate::sync::proxy_park() == crate::fifo::ASIDE_TIGHT {
+                "fewer than two cores per rank on this host"
+            } else {
+                "two cores per rank or more"
+            }
+        );
         let boot = Arc::new(boot);
         Comm {
             sticky: Arc::new(Sticky::new(boot.clone())),

@@ -10,14 +10,20 @@ use std::time::{Duration, Instant};
 /// busy threads, a second thread taking turns at the same work only costs the first one its
 /// core, and both of them the futex hand-offs of the consumer's lock.
 ///
-/// The proxy thread parks for `ASIDE` at a time and looks again. A waiter that leaves after a
+/// The proxy thread parks for `aside` at a time and looks again. A waiter that leaves after a
 /// long wait (`LONG_WAIT`: a transfer) wakes it at once; one that leaves after a short wait
 /// does not: the futex wake on the waiter's way back to the caller (and on 2 cores the waiter
 /// preempted by the woken thread) made an 8-byte putWithSignal round trip over tcp 27 us
-/// instead of 8. Parking 50 us at a time instead of waking it cost bulk transfers ~15% (the
-/// parked thread's wake-ups take the helpers' cores).
+/// instead of 8. How long it parks depends on the host (`sync::proxy_park`): where cores are
+/// short, `ASIDE_TIGHT` (parking 50 us at a time instead cost bulk transfers ~15% on 2 cores:
+/// the parked thread's wake-ups take the helpers' cores); where each thread has a core,
+/// `ASIDE_ROOMY` (with 250 us parks there, a receiver waiting once per 16 KiB put over tcp
+/// moved its stream at 0.71 of the rate of one that waited once for all of it; with 20 us,
+/// 0.92: bench/RESULTS.md, session 18).
 pub struct HelperGate {
     helpers: AtomicU32,
+    /// How long the proxy thread parks at a time while standing aside.
+    aside: Duration,
     /// The proxy thread, woken when a long-waiting helper leaves.
     proxy: std::sync::Mutex<Option<std::thread::Thread>>,
     /// When a host producer last executed triggers itself (`host_push`), in ns since `epoch`
@@ -27,9 +33,19 @@ pub struct HelperGate {
 }
 
 impl Default for HelperGate {
+    /// A tight host's gate (`ASIDE_TIGHT`).
     fn default() -> Self {
+        HelperGate::new(ASIDE_TIGHT)
+    }
+}
+
+impl HelperGate {
+    /// `aside`: how long the proxy thread parks at a time while standing aside
+    /// (`ASIDE_TIGHT` or `ASIDE_ROOMY`, from `sync::proxy_park`).
+    pub fn new(aside: Duration) -> Self {
         HelperGate {
             helpers: AtomicU32::new(0),
+            aside,
             proxy: std::sync::Mutex::new(None),
             last_push_assist: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -40,10 +56,12 @@ impl Default for HelperGate {
 /// How long after a host producer executed its own trigger the proxy thread keeps standing
 /// aside: a stream of pushes (each executing itself) needs no second thread.
 const PUSH_ASSIST_HOLD: Duration = Duration::from_micros(200);
-/// The longest the proxy thread parks before it looks again (the kernel adds its timer slack,
-/// ~50 us): bounds how long endpoint progress pauses once host threads stop helping after
-/// short waits.
-const ASIDE: Duration = Duration::from_micros(250);
+/// The longest the proxy thread parks before it looks again on a host with fewer cores than
+/// busy threads (the kernel adds its timer slack, ~50 us): bounds how long endpoint progress
+/// pauses once host threads stop helping after short waits.
+pub const ASIDE_TIGHT: Duration = Duration::from_micros(250);
+/// The same where every rank's thread and its proxy thread have a core.
+pub const ASIDE_ROOMY: Duration = Duration::from_micros(20);
 /// A helper that waited longer than this wakes the proxy thread when it leaves.
 const LONG_WAIT: Duration = Duration::from_micros(100);
 
@@ -74,7 +92,7 @@ impl HelperGate {
     /// transfer (see `ProxyWork::service`). A hold that ran out is cleared for the same reason.
     fn stand_aside_with(&self, now: impl FnOnce() -> u64) -> Duration {
         if self.helpers.load(Ordering::Relaxed) > 0 {
-            return ASIDE;
+            return self.aside;
         }
         let last = self.last_push_assist.load(Ordering::Relaxed);
         if last == 0 {
@@ -91,7 +109,7 @@ impl HelperGate {
                 Ordering::Relaxed,
             );
         }
-        rest.min(ASIDE)
+        rest.min(self.aside)
     }
     fn now(&self) -> u64 {
         // At least 1: 0 means "no push to stand aside for".
@@ -124,11 +142,14 @@ mod tests {
             "nobody helps yet"
         );
         gate.pushed_and_assisted_at(1_000);
-        assert_eq!(gate.stand_aside_with(|| 1_000), ASIDE.min(PUSH_ASSIST_HOLD));
+        assert_eq!(
+            gate.stand_aside_with(|| 1_000),
+            ASIDE_TIGHT.min(PUSH_ASSIST_HOLD)
+        );
         let hold = PUSH_ASSIST_HOLD.as_nanos() as u64;
         assert_eq!(
             gate.stand_aside_with(|| 1_000 + hold - 10_000),
-            Duration::from_micros(10).min(ASIDE),
+            Duration::from_micros(10).min(ASIDE_TIGHT),
             "the rest of the hold"
         );
         assert!(
@@ -146,10 +167,28 @@ mod tests {
         );
         gate.enter();
         gate.enter();
-        assert_eq!(gate.stand_aside(), ASIDE);
+        assert_eq!(gate.stand_aside(), ASIDE_TIGHT);
         gate.leave(Duration::ZERO);
-        assert_eq!(gate.stand_aside(), ASIDE, "one waiter still helps");
+        assert_eq!(gate.stand_aside(), ASIDE_TIGHT, "one waiter still helps");
         gate.leave(Duration::ZERO);
         assert!(gate.stand_aside().is_zero(), "nobody helps any more");
+    }
+
+    #[test]
+    fn a_roomy_hosts_gate_parks_briefly() {
+        let gate = HelperGate::new(ASIDE_ROOMY);
+        gate.enter();
+        assert_eq!(
+            gate.stand_aside_with(|| 1_000),
+            ASIDE_ROOMY,
+            "a helper waits"
+        );
+        gate.leave(Duration::ZERO);
+        gate.pushed_and_assisted_at(1_000);
+        assert_eq!(
+            gate.stand_aside_with(|| 1_000),
+            ASIDE_ROOMY,
+            "a producer executed its own trigger: the hold, parked in short steps"
+        );
     }
 }
