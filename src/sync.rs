@@ -49,7 +49,7 @@ static CROWDED: AtomicBool = AtomicBool::new(false);
 /// tcp stream), so that stays the rule there. Open MPI decides its `yield_when_idle` the same
 /// way, from the ranks per host.
 ///
-/// With fewer than two cores per rank it also marks the host tight ([`proxy_park`]).
+/// With fewer than two cores per rank it also marks the host tight ([`host_is_tight`]).
 ///
 /// Returns the cores, and whether this call found the host crowded first (the caller says so
 /// at INFO).
@@ -67,16 +67,12 @@ pub fn note_ranks_on_host(ranks: usize) -> (usize, bool) {
 /// `CROWDED`.
 static TIGHT: AtomicBool = AtomicBool::new(false);
 
-/// How long a proxy thread parks at a time while it stands aside for host threads doing its
-/// work (`fifo::HelperGate`): `ASIDE_TIGHT` on a tight host, else `ASIDE_ROOMY`. Read when a
-/// proxy is set up, after its communicator's init noted the host.
-pub fn proxy_park() -> Duration {
+/// Whether this host is tight: fewer than two cores per rank on it, as some communicator of
+/// this process found at init (`note_ranks_on_host`). How long a proxy thread parks while it
+/// stands aside for host threads doing its work depends on it (`fifo::park_aside`).
+pub fn host_is_tight() -> bool {
     // Relaxed: a hint, set at communicator init, before the proxies it concerns.
-    if TIGHT.load(Ordering::Relaxed) {
-        crate::fifo::ASIDE_TIGHT
-    } else {
-        crate::fifo::ASIDE_ROOMY
-    }
+    TIGHT.load(Ordering::Relaxed)
 }
 
 /// Whether waits that last nap between their polls (`MSCCLPP_WAIT_MODE`; `auto`: when this

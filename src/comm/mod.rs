@@ -114,8 +114,8 @@ impl Comm {
         crate::info!(
             "rank {}: {ranks} ranks on this host, {cores} cores: a proxy thread standing aside for host threads that do its work parks {} us at a time ({})",
             boot.rank(),
-            crate::sync::proxy_park().as_micros(),
-            if crate::sync::proxy_park() == crate::fifo::ASIDE_TIGHT {
+            crate::fifo::park_aside(crate::sync::host_is_tight()).as_micros(),
+            if crate::sync::host_is_tight() {
                 "fewer than two cores per rank on this host"
             } else {
                 "two cores per rank or more"

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 /// long wait (`LONG_WAIT`: a transfer) wakes it at once; one that leaves after a short wait
 /// does not: the futex wake on the waiter's way back to the caller (and on 2 cores the waiter
 /// preempted by the woken thread) made an 8-byte putWithSignal round trip over tcp 27 us
-/// instead of 8. How long it parks depends on the host (`sync::proxy_park`): where cores are
+/// instead of 8. How long it parks depends on the host (`park_aside`): where cores are
 /// short, `ASIDE_TIGHT` (parking 50 us at a time instead cost bulk transfers ~15% on 2 cores:
 /// the parked thread's wake-ups take the helpers' cores); where each thread has a core,
 /// `ASIDE_ROOMY` (with 250 us parks there, a receiver waiting once per 16 KiB put over tcp
@@ -41,7 +41,7 @@ impl Default for HelperGate {
 
 impl HelperGate {
     /// `aside`: how long the proxy thread parks at a time while standing aside
-    /// (`ASIDE_TIGHT` or `ASIDE_ROOMY`, from `sync::proxy_park`).
+    /// (`park_aside`).
     pub fn new(aside: Duration) -> Self {
         HelperGate {
             helpers: AtomicU32::new(0),
@@ -62,6 +62,16 @@ const PUSH_ASSIST_HOLD: Duration = Duration::from_micros(200);
 pub const ASIDE_TIGHT: Duration = Duration::from_micros(250);
 /// The same where every rank's thread and its proxy thread have a core.
 pub const ASIDE_ROOMY: Duration = Duration::from_micros(20);
+
+/// How long a proxy thread parks at a time while standing aside, on a host that is `tight`
+/// (`sync::host_is_tight`) or not.
+pub fn park_aside(tight: bool) -> Duration {
+    if tight {
+        ASIDE_TIGHT
+    } else {
+        ASIDE_ROOMY
+    }
+}
 /// A helper that waited longer than this wakes the proxy thread when it leaves.
 const LONG_WAIT: Duration = Duration::from_micros(100);
 

@@ -20,7 +20,7 @@ mod gate;
 mod registry;
 
 use abandoned::Abandoned;
-pub use gate::{HelperGate, ASIDE_ROOMY, ASIDE_TIGHT};
+pub use gate::{park_aside, HelperGate};
 pub use registry::{
     abandon, direct_put, direct_signal, drain_inbox, is_host_fifo, set_consumer, set_direct,
     set_inbox, withdraw, Assist, Drain, Withdrawal,

@@ -93,7 +93,9 @@ impl ProxyWork {
             .device()
             .is_none()
             .then(|| fifo.producer_view(0).triggerFifoHead);
-        let gate = Arc::new(crate::fifo::HelperGate::new(crate::sync::proxy_park()));
+        let gate = Arc::new(crate::fifo::HelperGate::new(crate::fifo::park_aside(
+            crate::sync::host_is_tight(),
+        )));
         sticky.add_fifo(fifo.abort_word());
         let work = Arc::new(Mutex::new(ProxyWork {
             fifo,
