@@ -214,6 +214,11 @@ const PIECES: usize = 64;
 const PIECE: usize = 4096;
 
 fn many_puts_one_signal(e: Env) {
+    many_puts_one_signal_after(e, Duration::ZERO);
+}
+
+/// `many_puts_one_signal`, rank 0 starting its puts `late`.
+fn many_puts_one_signal_after(e: Env, late: Duration) {
     let c = init(&e.root, e.rank, e.n);
     let mut buf = vec![0u8; PIECES * PIECE];
     let peer = 1 - e.rank;
@@ -227,6 +232,7 @@ fn many_puts_one_signal(e: Env) {
     ok(mscclppProxyLaunch(c));
     let d = &mut dev_conns(c)[0];
     if e.rank == 0 {
+        std::thread::sleep(late);
         // Reverse order, so nothing depends on the puts arriving in address order.
         for k in (0..PIECES).rev() {
             let o = (k * PIECE) as u64;
@@ -254,6 +260,22 @@ fn many_puts_one_signal_shm() {
 #[test]
 fn many_puts_one_signal_net() {
     ranks("many_puts_one_signal_net", 2, "net", many_puts_one_signal);
+}
+
+/// The receiver's one wait naps (`MSCCLPP_WAIT_MODE=sleep`, as on a crowded host) and the
+/// puts start 50 ms into it: a napping helper steps out of the proxy's gate for each nap and
+/// back in after it (`host::spin`), and over tcp the data still arrives, every byte.
+#[test]
+fn many_puts_one_signal_napping_receiver_tcp() {
+    let name = "many_puts_one_signal_napping_receiver_tcp";
+    if skip_missing_provider(name, "tcp") {
+        return;
+    }
+    if is_rank(name) {
+        return many_puts_one_signal_after(env(), Duration::from_millis(50));
+    }
+    let e = with(transport_env("tcp"), "MSCCLPP_WAIT_MODE", "sleep");
+    spawn(name, 2, &e).expect_success(DEADLINE);
 }
 
 // ---- 100,000 ping-pong rounds -----------------------------------------------------------

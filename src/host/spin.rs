@@ -184,7 +184,19 @@ impl Spin {
                 self.long = self.napping && self.backoff.waited() >= crate::sync::NAP_AFTER;
             }
             if self.long && matches!(help, Help::Did) {
-                std::thread::sleep(crate::sync::long_nap(self.backoff.waited(), NAP_MAX));
+                // Out of the gate while napping: the proxy thread, standing aside for this
+                // helper, would otherwise park on through the nap with nobody progressing the
+                // endpoint (over tcp the peer's data moves only while this side progresses: a
+                // 16 KiB stream into a napping receiver ran at 0.06 GB/s on the crowded VM).
+                // Leaving after a long wait wakes it (`HelperGate::leave`); it naps itself
+                // when there is nothing incoming.
+                if let (true, Some((_, gate))) = (self.entered, &self.consumer) {
+                    gate.leave(self.backoff.waited());
+                    std::thread::sleep(crate::sync::long_nap(self.backoff.waited(), NAP_MAX));
+                    gate.enter();
+                } else {
+                    std::thread::sleep(crate::sync::long_nap(self.backoff.waited(), NAP_MAX));
+                }
                 return Ok(());
             }
             // Helping: this thread progresses the endpoint (the proxy thread naps while host
