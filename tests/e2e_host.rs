@@ -163,6 +163,17 @@ fn alltoall_unordered(e: Env) {
     );
 }
 
+/// `ranks` with `key` set to `val` over `provider`, every rank bounded by `DEADLINE`.
+fn ranks_with(name: &str, n: usize, provider: &str, key: &'static str, val: &str, body: fn(Env)) {
+    if skip_missing_provider(name, provider) {
+        return;
+    }
+    if is_rank(name) {
+        return body(env());
+    }
+    spawn(name, n, &with(transport_env(provider), key, val)).expect_success(DEADLINE);
+}
+
 /// `ranks` with the unordered test layer of `profile` (`efa` or `psm3`) over `provider`.
 fn ranks_unordered(name: &str, n: usize, provider: &str, profile: &str, body: fn(Env)) {
     if is_rank(name) {
@@ -267,15 +278,14 @@ fn many_puts_one_signal_net() {
 /// back in after it (`host::spin`), and over tcp the data still arrives, every byte.
 #[test]
 fn many_puts_one_signal_napping_receiver_tcp() {
-    let name = "many_puts_one_signal_napping_receiver_tcp";
-    if skip_missing_provider(name, "tcp") {
-        return;
-    }
-    if is_rank(name) {
-        return many_puts_one_signal_after(env(), Duration::from_millis(50));
-    }
-    let e = with(transport_env("tcp"), "MSCCLPP_WAIT_MODE", "sleep");
-    spawn(name, 2, &e).expect_success(DEADLINE);
+    ranks_with(
+        "many_puts_one_signal_napping_receiver_tcp",
+        2,
+        "tcp",
+        "MSCCLPP_WAIT_MODE",
+        "sleep",
+        |e| many_puts_one_signal_after(e, Duration::from_millis(50)),
+    );
 }
 
 // ---- 100,000 ping-pong rounds -----------------------------------------------------------
@@ -545,15 +555,14 @@ fn inline_puts_shm() {
 
 #[test]
 fn inline_puts_off_shm() {
-    let name = "inline_puts_off_shm";
-    if skip_missing_provider(name, "shm") {
-        return;
-    }
-    if is_rank(name) {
-        return inline_puts(env());
-    }
-    let e = with(transport_env("shm"), "MSCCLPP_SHM_INLINE_BYTES", "0");
-    spawn(name, 2, &e).expect_success(DEADLINE);
+    ranks_with(
+        "inline_puts_off_shm",
+        2,
+        "shm",
+        "MSCCLPP_SHM_INLINE_BYTES",
+        "0",
+        inline_puts,
+    );
 }
 
 /// SHM: more small puts without a signal than the ring holds, while the receiver applies

@@ -151,7 +151,7 @@ int main(int argc, char** argv)
     if (parts && chunk > blockLimit) break; /* over the limit: the proxy's, not a direct put */
     /* part -1: the plain run; with --parts, parts 0..kParts-1 in turn (sendPartsKernel). */
     for (int part = parts ? 0 : -1; part < (parts ? kParts : 0); part++) {
-      const int waits = part == 4 ? 0 : (int)bpp; /* part 4 signals nothing */ /* signals per put rank 1 waits for */
+      const int waits = part == 4 ? 0 : (int)bpp; /* signals per put rank 1 waits for */
       for (int pass = 0; pass < 2; pass++) { /* pass 0 warms up */
         const int n = pass ? iters : 2;
         MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));

@@ -111,11 +111,12 @@ impl Comm {
                 boot.rank()
             );
         }
+        let tight = crate::sync::host_is_tight();
         crate::info!(
             "rank {}: {ranks} ranks on this host, {cores} cores: a proxy thread standing aside for host threads that do its work parks {} us at a time ({})",
             boot.rank(),
-            crate::fifo::park_aside(crate::sync::host_is_tight()).as_micros(),
-            if crate::sync::host_is_tight() {
+            crate::fifo::park_aside(tight).as_micros(),
+            if tight {
                 "fewer than two cores per rank on this host"
             } else {
                 "two cores per rank or more"

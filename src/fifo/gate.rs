@@ -59,9 +59,9 @@ const PUSH_ASSIST_HOLD: Duration = Duration::from_micros(200);
 /// The longest the proxy thread parks before it looks again on a host with fewer cores than
 /// busy threads (the kernel adds its timer slack, ~50 us): bounds how long endpoint progress
 /// pauses once host threads stop helping after short waits.
-pub const ASIDE_TIGHT: Duration = Duration::from_micros(250);
+const ASIDE_TIGHT: Duration = Duration::from_micros(250);
 /// The same where every rank's thread and its proxy thread have a core.
-pub const ASIDE_ROOMY: Duration = Duration::from_micros(20);
+const ASIDE_ROOMY: Duration = Duration::from_micros(20);
 
 /// How long a proxy thread parks at a time while standing aside, on a host that is `tight`
 /// (`sync::host_is_tight`) or not.

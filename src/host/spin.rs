@@ -189,13 +189,12 @@ impl Spin {
                 // endpoint (over tcp the peer's data moves only while this side progresses: a
                 // 16 KiB stream into a napping receiver ran at 0.06 GB/s on the crowded VM).
                 // Leaving after a long wait wakes it (`HelperGate::leave`); it naps itself
-                // when there is nothing incoming.
-                if let (true, Some((_, gate))) = (self.entered, &self.consumer) {
+                // when there is nothing incoming. (`Did`: this waiter has a consumer and
+                // entered its gate above.)
+                if let Some((_, gate)) = &self.consumer {
                     gate.leave(self.backoff.waited());
                     std::thread::sleep(crate::sync::long_nap(self.backoff.waited(), NAP_MAX));
                     gate.enter();
-                } else {
-                    std::thread::sleep(crate::sync::long_nap(self.backoff.waited(), NAP_MAX));
                 }
                 return Ok(());
             }
