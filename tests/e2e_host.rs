@@ -161,6 +161,19 @@ fn alltoall_unordered(e: Env) {
         "the unordered test layer did not run; log:\n{}",
         logs.join("\n")
     );
+    // The way signals travel under the profile: counted by the receiver where nothing is
+    // ordered and CQ data is 4 bytes (EFA-like), riding as 8 bytes of CQ data (psm3-like).
+    let profile = std::env::var("MSCCLPP_TEST_UNORDERED").unwrap_or_default();
+    let way = if profile.starts_with("efa") {
+        "counted by the receiver: "
+    } else {
+        "signals as remote CQ data: sent"
+    };
+    assert!(
+        logs.iter().any(|l| l.contains(way)),
+        "{profile}: no {way:?} in the log:\n{}",
+        logs.join("\n")
+    );
 }
 
 /// `ranks` with `key` set to `val` over `provider`, every rank bounded by `DEADLINE`.

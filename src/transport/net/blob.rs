@@ -10,7 +10,7 @@ const ADDR_MAGIC: u32 = 0x4d53_4e41; // "MSNA"
 const MR_MAGIC: u32 = 0x4d53_4e4d; // "MSNM"
 const CHAN_MAGIC: u32 = 0x4d53_4e43; // "MSNC"
 /// 2: region blobs carry a mode and an id; addresses may carry a staging channel.
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 /// Region blob: magic, version, flags, id (u32 each), base, len, key (u64 each).
 pub(super) const MR_BLOB_LEN: usize = 4 * 4 + 3 * 8;
 const FLAG_VIRT_ADDR: u32 = 1;
@@ -38,6 +38,9 @@ pub(super) struct AddrBlob {
     pub raw: Vec<u8>,
     pub scratch: MrBlob,
     pub chan: Option<ChanBlob>,
+    /// In an address made for one peer: the stream number that peer's writes name in their
+    /// counted tags (`counted.rs`).
+    pub stream: Option<u8>,
 }
 
 impl AddrBlob {
@@ -50,6 +53,7 @@ impl AddrBlob {
             .bytes(&self.raw)
             .bytes(&self.scratch.encode())
             .bytes(&self.chan.as_ref().map_or_else(Vec::new, ChanBlob::encode))
+            .bytes(self.stream.as_slice())
             .finish()
     }
     /// Parses and validates a peer's address; its scratch region (and channel regions) are
@@ -70,6 +74,16 @@ impl AddrBlob {
             [] => None,
             b => Some(ChanBlob::decode(b, virt_addr, key_size)?),
         };
+        let stream = match r.bytes()? {
+            [] => None,
+            [s] => Some(*s),
+            b => {
+                return Err(Error::remote(format!(
+                    "network endpoint address: a stream number of {} bytes",
+                    b.len()
+                )))
+            }
+        };
         r.finish()?;
         if scratch.len != 8 || scratch.mode != Mode::Direct {
             return Err(Error::remote(format!(
@@ -89,6 +103,7 @@ impl AddrBlob {
             raw,
             scratch,
             chan,
+            stream,
         })
     }
 }
@@ -491,8 +506,17 @@ mod tests {
             raw: vec![2, 0, 1, 2, 127, 0, 0, 1],
             scratch: MrBlob::direct(false, 0, 8, 9),
             chan: None,
+            stream: None,
         };
         assert_eq!(AddrBlob::decode(&a.encode(), false, 8).unwrap(), a);
+        let with_stream = AddrBlob {
+            stream: Some(255),
+            ..a.clone()
+        };
+        assert_eq!(
+            AddrBlob::decode(&with_stream.encode(), false, 8).unwrap(),
+            with_stream
+        );
         let with_chan = AddrBlob {
             chan: Some(ChanBlob {
                 credit: MrBlob::direct(false, 0, 8, 10),

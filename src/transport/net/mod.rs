@@ -55,6 +55,7 @@
 //! after those copies. The owner chooses per region and tells writers in the region blob.
 
 mod blob;
+mod counted;
 mod fabric;
 mod locality;
 mod mr;
@@ -199,22 +200,17 @@ const HMEM_SLOWER_THAN_STAGING: &[(&str, &str)] = &[(
 /// providers place writes without the target, and their completion queues do not grow.
 const TARGET_PROGRESSES: &[&str] = &["tcp", "shm", "net", "sockets", "udp"];
 
-/// Whether signals ride as remote CQ data on this endpoint (`signals.rs`), or why not.
-fn signals_choice(cfg: &NetConfig, a: &order::Attrs) -> std::result::Result<(), String> {
+/// How signals travel on this endpoint (as remote CQ data riding with the put, or counted by
+/// the receiver), or why they are writes of their own.
+fn signals_choice(
+    cfg: &NetConfig,
+    a: &order::Attrs,
+    plan: &order::Plan,
+) -> std::result::Result<order::SignalWay, String> {
     if !cfg.cq_signals {
         return Err("MSCCLPP_NET_CQ_SIGNALS=0".into());
     }
-    if a.cq_data_size < signals::CQ_DATA_BYTES {
-        return Err(format!(
-            "the provider carries {} bytes of remote CQ data, the signal layout needs {}",
-            a.cq_data_size,
-            signals::CQ_DATA_BYTES
-        ));
-    }
-    if a.rx_cq_data {
-        return Err("remote CQ data needs a posted receive per write (FI_RX_CQ_DATA), which this endpoint does not post".into());
-    }
-    Ok(())
+    order::signal_way(a, plan)
 }
 
 /// Whether this endpoint registers GPU memory with FI_HMEM, or why not (the reason is logged
@@ -308,15 +304,17 @@ impl NetEndpoint {
                 "net:{provider}/{domain_name}: {why}; choose another provider (MSCCLPP_NET_PROVIDER)"
             ))
         })?;
-        let cq_signals = match signals_choice(cfg, &attrs) {
-            Ok(()) => true,
+        let way = match signals_choice(cfg, &attrs, &plan) {
+            Ok(w) => Some(w),
             Err(why) => {
                 crate::info!(
                     "net: {provider}/{domain_name}: signals are writes of their own: {why}"
                 );
-                false
+                None
             }
         };
+        let cq_signals = way.is_some();
+        let counted = way == Some(order::SignalWay::Counted);
         let (mut ops, raw) = Ops::open(
             info,
             depth,
@@ -329,9 +327,19 @@ impl NetEndpoint {
             ),
         )?;
         ops.layer = layer.map(Box::new);
-        // Writes carry the activity mark where the target must progress for them to move.
+        // Writes carry the activity mark where the target must progress for them to move
+        // (with counted signals every write carries a tag, which tells the same).
         ops.activity_marks = cq_signals
+            && !counted
             && TARGET_PROGRESSES.contains(&provider.split(';').next().unwrap_or_default());
+        if counted {
+            ops.counted = true;
+            if attrs.rx_cq_data {
+                // Half the completion queue (`Ops::open`): peers' writes are read at most
+                // that many behind.
+                ops.post_receives(depth * 2)?;
+            }
+        }
         let mut ep = NetEndpoint {
             regions: Regions::new(policy, hmem_choice(cfg.hmem, choice.hmem, &provider)),
             ops,
@@ -341,6 +349,7 @@ impl NetEndpoint {
                 raw,
                 scratch: MrBlob::direct(policy.virt_addr, 0, 8, 0),
                 chan: None,
+                stream: None,
             }),
             staging: Staging::new(device, cfg),
             shm_transport: shm,
@@ -372,7 +381,9 @@ impl NetEndpoint {
             "net: {} orders each flag, staging record and delivery marker after the peer's earlier writes: {}{}",
             ep.describe(),
             ep.ops.plan.describe(),
-            if ep.ops.cq_signals {
+            if ep.ops.counted {
+                "; every write carries a 4-byte tag in its remote CQ data, a put's signal into host memory is its last write's tag, and the receiver, counting the writes it reads, stores the signal once every write before it has arrived (no flag, no wait at the sender)"
+            } else if ep.ops.cq_signals {
                 "; a put's signal into host memory rides as remote CQ data on the put's last write where that write is ordered as a flag would be, and the receiver stores it once the write is in place"
             } else {
                 ""
@@ -519,9 +530,43 @@ impl NetEndpoint {
     /// changes nothing, `signals.rs`). At most one 8-byte write per word per flush.
     fn rewrite_rode(&mut self, peer: PeerId) -> Result<()> {
         for (dst, off, value) in self.ops.outgoing.rode_to(peer) {
-            self.write_value(peer, dst, off, value)?;
+            self.ops
+                .outgoing
+                .take(peer, (dst, off), value, false)
+                .map_err(Error::invalid_arg)?;
+            let remote = self.remote(peer, dst)?;
+            self.post_value(peer, &remote, off, value)?;
         }
         Ok(())
+    }
+
+    /// Before a signal counted by the receiver (`counted.rs`): waits until the staging records
+    /// sent to `peer` are acknowledged and the flags queued for it are posted, so that the
+    /// signal, applied once the writes before it have arrived, never overtakes them.
+    fn counted_after_queued(&mut self, peer: PeerId) -> Result<()> {
+        let (st, mut net) = self.parts();
+        if let Some((ci, sent)) = st.records_pending(net.peers, peer) {
+            st.wait_acked(&mut net, ci, sent)?;
+        }
+        let mut wait: Option<crate::sync::Backoff> = None;
+        // Ends when no flag waits (each is posted once the writes before it completed), or at
+        // the timeout.
+        loop {
+            self.peers.post_ready(&mut self.ops, peer)?;
+            if self.peers[peer].deferred.is_empty() {
+                return Ok(());
+            }
+            self.ops.poll(&mut self.peers)?;
+            let (n, rank, limit) = (
+                self.peers[peer].deferred.len(),
+                self.peers[peer].rank,
+                self.ops.timeout,
+            );
+            let w = wait.get_or_insert_with(|| ops::provider_wait(limit));
+            self.ops.pause(w, || {
+                format!("waiting for {n} queued flags to rank {rank} to be posted before a counted signal")
+            })?;
+        }
     }
 
     /// Posts a checked write of `size` bytes from `src` to `dst` (the imported region's blob and
@@ -561,6 +606,13 @@ impl NetEndpoint {
         if !self.ops.cq_signals || !remote.cq_values {
             return Ok(None);
         }
+        if self.counts_to(peer) {
+            let Some(w) = counted::word(remote.id, off) else {
+                return Ok(None);
+            };
+            let counts = self.ops.outgoing.take_counted(peer, (dst, off), value);
+            return Ok(counts.then(|| counted::ask(w)));
+        }
         let Some(d) = signals::encode(remote.id, off, value) else {
             return Ok(None);
         };
@@ -569,6 +621,68 @@ impl NetEndpoint {
             .take(peer, (dst, off), value, true)
             .map_err(Error::invalid_arg)?;
         Ok(Some(d))
+    }
+
+    /// Posts `value` into word `dst_off` of `remote` as a write of its own (a record into
+    /// staged memory), ordered after the writes before it by the plan (`write_value`).
+    fn post_value(
+        &mut self,
+        peer: PeerId,
+        remote: &MrBlob,
+        dst_off: u64,
+        value: u64,
+    ) -> Result<()> {
+        let (raddr, key) = (remote.base + dst_off, remote.key);
+        let (st, mut net) = self.parts();
+        if remote.mode != Mode::Direct {
+            // Into device memory: the owner's proxy stores it after the data (module doc).
+            return st
+                .post_record(
+                    &mut net,
+                    peer,
+                    staging::Record {
+                        seq: 0,
+                        kind: staging::Kind::Value,
+                        region: remote.id,
+                        off: dst_off,
+                        arg: value,
+                        ring_pos: 0,
+                    },
+                )
+                .map(|_| ());
+        }
+        if let Some((ci, sent)) = st.records_pending(net.peers, peer) {
+            // A direct flag must not overtake staged data still being applied by the peer.
+            st.wait_acked(&mut net, ci, sent)?;
+        }
+        net.peers.post_ready(net.ops, peer)?;
+        let d = peers::Deferred {
+            after: 0,
+            value,
+            raddr,
+            key,
+        };
+        if net.peers.defer_flag(net.ops, peer, d) {
+            // Posted by `post_ready` (progress, the next write, a flush) once the writes before
+            // it have completed, without holding up this proxy's other work.
+            return Ok(());
+        }
+        let fence = net.order_before_flag(peer)?;
+        // Flags are plain writes, like data (no `confirm`): FI_DELIVERY_COMPLETE on
+        // tcp;ofi_rxm turned the 8-byte signal half round trip from 3.7 us into a bimodal
+        // 7..230 us (acks wait for the target's progress), and its p99 is milliseconds even in
+        // a raw ping-pong. A flush confirms delivery with one marker write instead (see module
+        // doc).
+        net.post(&Op {
+            fence,
+            ..Op::inline(peer, &value.to_ne_bytes(), raddr, key)
+        })
+    }
+
+    /// Whether signals to `peer` are counted by it (`counted.rs`): our writes to it carry
+    /// tags.
+    fn counts_to(&self, peer: PeerId) -> bool {
+        self.ops.counted && self.peers[peer].epochs.stream.is_some()
     }
 
     fn check_peer(&self, peer: PeerId) -> Result<()> {
@@ -620,8 +734,14 @@ impl Endpoint for NetEndpoint {
     fn address_for(&mut self, remote_rank: usize) -> Result<Vec<u8>> {
         let (st, mut net) = self.parts();
         let chan = st.chan_for(&mut net, remote_rank)?;
+        let stream = self
+            .ops
+            .counted
+            .then(|| self.peers.stream_for(remote_rank))
+            .flatten();
         Ok(AddrBlob {
             chan: Some(chan),
+            stream,
             ..self.peers.me.clone()
         }
         .encode())
@@ -711,15 +831,20 @@ impl Endpoint for NetEndpoint {
         } else {
             0
         };
-        let rides = size > 0
-            && remote.mode == Mode::Direct
-            && self.peers[peer].deferred.is_empty()
-            && !self.records_unacked(peer)
-            && self
-                .ops
-                .plan
-                .after(self.peers[peer].largest_since_drain.max(chunk))
-                == order::FlagOrder::Plain;
+        let counted = self.counts_to(peer) && size > 0 && remote.mode == Mode::Direct;
+        if counted && v.cq_values {
+            self.counted_after_queued(peer)?;
+        }
+        let rides = counted
+            || (size > 0
+                && remote.mode == Mode::Direct
+                && self.peers[peer].deferred.is_empty()
+                && !self.records_unacked(peer)
+                && self
+                    .ops
+                    .plan
+                    .after(self.peers[peer].largest_since_drain.max(chunk))
+                    == order::FlagOrder::Plain);
         let cq = match rides {
             true => self.cq_value(peer, vdst, &v, voff, value)?,
             false => None,
@@ -736,6 +861,32 @@ impl Endpoint for NetEndpoint {
         self.check_peer(peer)?;
         let remote = self.remote(peer, dst)?;
         regions::check_value(&self.peers, peer, &remote, dst_off)?;
+        let counted_word = (self.counts_to(peer) && remote.cq_values)
+            .then(|| counted::word(remote.id, dst_off))
+            .flatten()
+            .filter(|_| self.ops.outgoing.take_counted(peer, (dst, dst_off), value));
+        if let Some(w) = counted_word {
+            // Where the receiver counts signals, a lone one is the tag of an 8-byte write
+            // (`counted.rs`): into the peer's scratch word while earlier writes to it may
+            // still be on their way, else into the word itself, where a waiter sees it
+            // without the peer's proxy (every earlier write was delivered: all carry
+            // FI_DELIVERY_COMPLETE here), which then counts it and stores the same value.
+            self.counted_after_queued(peer)?;
+            let (raddr, key) = match self.peers[peer].outstanding {
+                0 => (remote.base + dst_off, remote.key),
+                _ => {
+                    let sc = self.peers.scratch(peer);
+                    (sc.base, sc.key)
+                }
+            };
+            return self.ops.post(
+                &mut self.peers,
+                &Op {
+                    cq_data: Some(counted::ask(w)),
+                    ..Op::inline(peer, &value.to_ne_bytes(), raddr, key)
+                },
+            );
+        }
         // A lone value is a write of its own, also into a word that riding values go to (a
         // CQ-data value alone measured slower over tcp, bench/RESULTS.md session 16): both are
         // ordered after the writes before them, and the owner's stores of riding values never
@@ -747,51 +898,7 @@ impl Endpoint for NetEndpoint {
                 .take(peer, (dst, dst_off), value, false)
                 .map_err(Error::invalid_arg)?;
         }
-        let (raddr, key) = (remote.base + dst_off, remote.key);
-        let (st, mut net) = self.parts();
-        if remote.mode != Mode::Direct {
-            // Into device memory: the owner's proxy stores it after the data (module doc).
-            return st
-                .post_record(
-                    &mut net,
-                    peer,
-                    staging::Record {
-                        seq: 0,
-                        kind: staging::Kind::Value,
-                        region: remote.id,
-                        off: dst_off,
-                        arg: value,
-                        ring_pos: 0,
-                    },
-                )
-                .map(|_| ());
-        }
-        if let Some((ci, sent)) = st.records_pending(net.peers, peer) {
-            // A direct flag must not overtake staged data still being applied by the peer.
-            st.wait_acked(&mut net, ci, sent)?;
-        }
-        net.peers.post_ready(net.ops, peer)?;
-        let d = peers::Deferred {
-            after: 0,
-            value,
-            raddr,
-            key,
-        };
-        if net.peers.defer_flag(net.ops, peer, d) {
-            // Posted by `post_ready` (progress, the next write, a flush) once the writes before
-            // it have completed, without holding up this proxy's other work.
-            return Ok(());
-        }
-        let fence = net.order_before_flag(peer)?;
-        // Flags are plain writes, like data (no `confirm`): FI_DELIVERY_COMPLETE on
-        // tcp;ofi_rxm turned the 8-byte signal half round trip from 3.7 us into a bimodal
-        // 7..230 us (acks wait for the target's progress), and its p99 is milliseconds even in
-        // a raw ping-pong. A flush confirms delivery with one marker write instead (see module
-        // doc).
-        net.post(&Op {
-            fence,
-            ..Op::inline(peer, &value.to_ne_bytes(), raddr, key)
-        })
+        self.post_value(peer, &remote, dst_off, value)
     }
 
     /// Returns when every earlier write to `peer` has arrived: for staged regions, once the
@@ -864,8 +971,13 @@ impl Drop for NetEndpoint {
         }
         if s.signals_with_data + s.signals_stored > 0 {
             crate::info!(
-                "net: {} signals as remote CQ data: sent {} on their puts; stored {} from peers ({} overtaken by a later one)",
+                "net: {} signals as remote CQ data{}: sent {} on their puts; stored {} from peers ({} overtaken by a later one)",
                 self.describe(),
+                if self.ops.counted {
+                    format!(" (counted by the receiver: {} tagged writes read)", self.ops.incoming.counted)
+                } else {
+                    String::new()
+                },
                 s.signals_with_data,
                 s.signals_stored,
                 self.ops.incoming.stale

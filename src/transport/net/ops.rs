@@ -2,6 +2,7 @@
 //! whose addresses are their contexts, posting with the -FI_EAGAIN retry, reading the completion
 //! queue, and the bounded wait every loop of the endpoint steps with.
 
+use super::counted;
 use super::fabric::{self, fab_err, strerror, InfoList, Objects, EAGAIN, EAVAIL, EBADFLAGS};
 use super::mr;
 use super::order::{FlagOrder, Plan};
@@ -42,6 +43,14 @@ struct OpSlot {
     seq: u64,
 }
 
+/// A receive posted for remote CQ data to consume (FI_RX_CQ_DATA): `ctx` first, as for
+/// `OpSlot`; its buffer is empty (nothing is sent to it).
+#[repr(C)]
+#[derive(Default)]
+pub(super) struct RecvSlot {
+    ctx: fi::fi_context2,
+}
+
 /// One RMA write to post (see `Ops::post`).
 pub(super) struct Op<'a> {
     pub peer: PeerId,
@@ -64,7 +73,8 @@ pub(super) struct Op<'a> {
     /// A staging acknowledgement: counted in `Peer::acks_in_flight` until it completes.
     pub ack: bool,
     /// Remote CQ data: a signal the target stores when it reads this write's completion
-    /// (`signals.rs`).
+    /// (`signals.rs`), or on an endpoint that counts signals a `counted::ask` (`Ops::post`
+    /// makes the tag).
     pub cq_data: Option<u64>,
 }
 
@@ -185,6 +195,11 @@ pub(super) struct Ops {
     pub activity_marks: bool,
     /// How many of the peers' CQ-data writes (`incoming.arrived`) `took_incoming` last saw.
     pub incoming_told: u64,
+    /// Signals are counted by the receiver (`counted.rs`): every write to a peer with a
+    /// stream carries a tag.
+    pub counted: bool,
+    /// Receives that peers' CQ data consumes (FI_RX_CQ_DATA), each posted again once read.
+    pub(super) recvs: Box<[RecvSlot]>,
     slots: Box<[OpSlot]>,
     free: Vec<usize>,
     pub outstanding: usize,
@@ -236,6 +251,8 @@ impl Ops {
             outgoing: signals::Outgoing::default(),
             activity_marks: false,
             incoming_told: 0,
+            counted: false,
+            recvs: Box::new([]),
             slots: (0..depth).map(|_| OpSlot::default()).collect(),
             free: (0..depth).rev().collect(),
             outstanding: 0,
@@ -247,6 +264,48 @@ impl Ops {
             abort_check: None,
         };
         Ok((ops, raw))
+    }
+
+    /// Posts `n` receives for peers' remote CQ data to consume (FI_RX_CQ_DATA), each posted
+    /// again when a write consumes it (`take_remote`).
+    pub fn post_receives(&mut self, n: usize) -> Result<()> {
+        self.recvs = (0..n).map(|_| RecvSlot::default()).collect();
+        for i in 0..n {
+            self.post_recv(i)?;
+        }
+        Ok(())
+    }
+
+    /// Posts receive slot `i` (an empty buffer: CQ data consumes it, nothing lands in it).
+    fn post_recv(&mut self, i: usize) -> Result<()> {
+        let ctx: *mut c_void = (&mut self.recvs[i] as *mut RecvSlot).cast();
+        let rc = match self.layer.as_mut() {
+            Some(l) => l.recv(ctx),
+            // SAFETY: ep is open and enabled; an empty buffer needs no descriptor; the context
+            // is a slot of `recvs`, which lives until the endpoint closes (field order).
+            None => unsafe {
+                fi::fi_recv(
+                    self.objs.ep,
+                    std::ptr::null_mut(),
+                    0,
+                    std::ptr::null_mut(),
+                    fi::FI_ADDR_UNSPEC,
+                    ctx,
+                ) as i64
+            },
+        };
+        if rc != 0 {
+            return Err(fab_err(format!("fi_recv on {}", self.describe()), rc));
+        }
+        Ok(())
+    }
+
+    /// The receive slot a completion's context is, if it is one.
+    fn recv_slot(&self, ctx: *mut c_void) -> Option<usize> {
+        let base = self.recvs.as_ptr() as usize;
+        let sz = std::mem::size_of::<RecvSlot>();
+        let off = (ctx as usize).wrapping_sub(base);
+        (off % sz == 0 && off / sz < self.recvs.len()).then_some(off / sz)
     }
 
     /// One pause of a bounded wait for the provider (`provider_wait`): by its policy; on a
@@ -347,11 +406,10 @@ impl Ops {
         };
         if rc > 0 {
             for e in &ents[..rc as usize] {
-                // A peer's write that carried CQ data: its context is not ours (none is).
+                // A peer's write that carried CQ data: its context is not one of our writes
+                // (none, or the receive it consumed).
                 if e.flags & fi::FI_REMOTE_CQ_DATA as u64 != 0 {
-                    self.incoming.apply(e.data).map_err(|why| {
-                        Error::remote(format!("{}: a peer's write: {why}", self.describe()))
-                    })?;
+                    self.take_remote(peers, e)?;
                     continue;
                 }
                 self.retire(peers, e.op_context)?;
@@ -365,6 +423,37 @@ impl Ops {
             return Err(self.read_error(peers));
         }
         Err(fab_err(format!("fi_cq_read on {}", self.describe()), rc))
+    }
+
+    /// A peer's write that carried remote CQ data: a riding value stored (`signals.rs`), or a
+    /// counted tag counted for its writer's stream (`counted.rs`), after the receive it
+    /// consumed is posted again.
+    fn take_remote(&mut self, peers: &mut Peers, e: &fi::fi_cq_data_entry) -> Result<()> {
+        let fail = |ops: &Ops, why: String| {
+            Error::remote(format!("{}: a peer's write: {why}", ops.describe()))
+        };
+        if !self.counted {
+            return self.incoming.apply(e.data).map_err(|why| fail(self, why));
+        }
+        if let Some(i) = self.recv_slot(e.op_context) {
+            self.post_recv(i)?;
+        }
+        let tag = u32::try_from(e.data)
+            .map_err(|_| fail(self, format!("CQ data {:#x} is not a tag", e.data)))?;
+        let stream = counted::stream_of(tag);
+        let Some(p) = peers.of_stream(stream) else {
+            return Err(fail(
+                self,
+                format!("tag {tag:#x} names stream {stream}, which is no peer's"),
+            ));
+        };
+        self.incoming.counted += 1;
+        let incoming = &mut self.incoming;
+        let r = peers[p].counts.take(tag, |w, v| {
+            let (region, off) = counted::word_place(w);
+            incoming.store_counted(region, off, v)
+        });
+        r.map_err(|why| fail(self, format!("from {}: {why}", peers.name(p))))
     }
 
     /// Turns the error completion at the head of the CQ into an error naming the peer.
@@ -434,6 +523,28 @@ impl Ops {
         }
     }
 
+    /// Waits (progressing, bounded) until another write to `peer` may be tagged
+    /// (`counted::Epochs::room`).
+    fn counted_room(&mut self, peers: &mut Peers, peer: PeerId) -> Result<()> {
+        let mut wait: Option<Backoff> = None;
+        // Ends when the oldest open epoch's writes have completed, or at the timeout.
+        loop {
+            let p = &mut peers[peer];
+            if p.epochs.room(p.done_upto) {
+                return Ok(());
+            }
+            self.poll(peers)?;
+            let (rank, limit) = (peers[peer].rank, self.timeout);
+            let w = wait.get_or_insert_with(|| provider_wait(limit));
+            self.pause(w, || {
+                format!(
+                    "waiting for the writes of the oldest of {} open signal epochs to rank {rank} to complete",
+                    counted::OPEN_EPOCHS
+                )
+            })?;
+        }
+    }
+
     fn release(&mut self, i: usize) {
         self.slots[i].busy = false;
         if let Some(b) = self.slots[i].bounce.take() {
@@ -487,10 +598,21 @@ impl Ops {
         // never on flags, markers and records, whose half round trip it lengthened over tcp
         // (bench/RESULTS.md, session 16).
         // (Inline writes, flags and records, are at most `INLINE_BYTES`: never above it.)
-        let cq_data = op
-            .cq_data
-            .or((self.activity_marks && len > super::order::FOLLOWER_BYTES)
-                .then_some(signals::ACTIVITY));
+        let cq_data = if self.counted && peers[peer].epochs.stream.is_some() {
+            // Every write to the peer carries its epoch's tag (`counted.rs`), once fewer than
+            // `counted::OPEN_EPOCHS` epochs are open.
+            if let Err(e) = self.counted_room(peers, peer) {
+                self.release(slot);
+                return Err(e);
+            }
+            let p = &mut peers[peer];
+            let word = counted::asked(op.cq_data);
+            Some(u64::from(p.epochs.tag(p.next_seq + 1, word)))
+        } else {
+            op.cq_data
+                .or((self.activity_marks && len > super::order::FOLLOWER_BYTES)
+                    .then_some(signals::ACTIVITY))
+        };
         let msg = fi::fi_msg_rma {
             msg_iov: (&iov as *const libc::iovec).cast(),
             desc: &mut desc,

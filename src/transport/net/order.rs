@@ -35,6 +35,9 @@ pub(super) const FOLLOWER_BYTES: u64 = 64;
 /// it both ways).
 const WAW_BITS: u64 = fi::FI_ORDER_RMA_WAW | fi::FI_ORDER_WAW as u64;
 
+/// The caps an endpoint that posts receives asks for.
+pub(super) const RECV_CAPS: u64 = fi::FI_MSG as u64 | fi::FI_RECV as u64;
+
 /// What the provider granted that bears on ordering, read from the chosen fi_info
 /// ([`Attrs::from_info`]) or written by a test.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,6 +61,9 @@ pub(super) struct Attrs {
     pub rx_cq_data: bool,
     /// FI_MR_LOCAL in `domain_attr.mr_mode`: every local buffer needs its descriptor.
     pub mr_local: bool,
+    /// The endpoint can post receives (FI_MSG and FI_RECV requested and in `caps`), which
+    /// remote CQ data consumes where `rx_cq_data`.
+    pub recv: bool,
 }
 
 /// What a query asked the provider for (only those of its grants count).
@@ -66,6 +72,8 @@ pub(super) struct Asked {
     pub order: bool,
     pub fence: bool,
     pub dc: bool,
+    /// FI_MSG | FI_RECV (for signals counted by the receiver, `counted.rs`).
+    pub recv: bool,
 }
 
 impl Attrs {
@@ -89,6 +97,7 @@ impl Attrs {
             inject_size: tx.map_or(0, |t| t.inject_size as u64),
             rx_cq_data: (info.mode | rx.map_or(0, |r| r.mode)) & fi::FI_RX_CQ_DATA != 0,
             mr_local: dom.is_some_and(|d| d.mr_mode as u32 & fi::FI_MR_LOCAL != 0),
+            recv: asked.recv && info.caps & RECV_CAPS == RECV_CAPS,
         }
     }
 }
@@ -239,6 +248,53 @@ pub(super) fn decide(a: &Attrs) -> Result<Plan, String> {
     })
 }
 
+/// How a put's signal travels on an endpoint (docs/DESIGN.md 3.6), where signals are not
+/// plain writes of their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SignalWay {
+    /// As 8 bytes of remote CQ data on the put's last write, stored when the receiver reads
+    /// its completion, where the plan orders that write as it would a flag (`signals.rs`).
+    Ride,
+    /// A 4-byte tag in the remote CQ data of every write, the receiver counting them and
+    /// applying a signal once every write before it was read (`counted.rs`): for providers
+    /// that order no write.
+    Counted,
+}
+
+/// The way signals travel on a provider that granted `a`, planned `plan`, or why neither
+/// way fits (they are then writes of their own, ordered by the plan).
+pub(super) fn signal_way(a: &Attrs, plan: &Plan) -> Result<SignalWay, String> {
+    if a.cq_data_size >= super::signals::CQ_DATA_BYTES && !a.rx_cq_data {
+        return Ok(SignalWay::Ride);
+    }
+    let mut no = Vec::new();
+    if a.cq_data_size < super::counted::CQ_DATA_BYTES {
+        no.push(format!(
+            "it carries {} bytes of remote CQ data",
+            a.cq_data_size
+        ));
+    }
+    if plan.ordered_upto != 0 || plan.beyond != FlagOrder::Drain {
+        no.push("it orders writes (a flag after them costs no round trip)".to_string());
+    }
+    if a.rx_cq_data && !a.recv {
+        no.push(
+            "its remote CQ data consumes posted receives, and FI_MSG/FI_RECV were not granted"
+                .to_string(),
+        );
+    }
+    if no.is_empty() {
+        return Ok(SignalWay::Counted);
+    }
+    Err(format!(
+        "riding needs {} bytes of remote CQ data without posted receives ({} bytes{}); counting by the receiver does not fit: {}",
+        super::signals::CQ_DATA_BYTES,
+        a.cq_data_size,
+        if a.rx_cq_data { ", consuming receives" } else { "" },
+        no.join("; ")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,6 +349,7 @@ mod tests {
         order: true,
         fence: true,
         dc: true,
+        recv: true,
     };
 
     /// prov/cxi/src/cxip_info.c: WAW of any size, FI_FENCE, delivery complete, 8 bytes of CQ
@@ -335,7 +392,7 @@ mod tests {
     fn efa_rdm() -> Fixture {
         Fixture {
             prov: "efa",
-            caps: RMA,
+            caps: RMA | RECV_CAPS,
             mode: 0,
             rx_mode: fi::FI_RX_CQ_DATA,
             msg_order: SAS | fi::FI_ORDER_ATOMIC_WAW,
@@ -459,6 +516,41 @@ mod tests {
         assert!(p.why.contains("posted receive"), "{}", p.why);
     }
 
+    /// Signals ride where 8 bytes of CQ data come without posted receives; on EFA's RDM
+    /// endpoint (4 bytes, receives, nothing ordered) the receiver counts, given receives;
+    /// elsewhere they are flags of their own.
+    #[test]
+    fn the_way_signals_travel_per_provider() {
+        let way = |f: &Fixture, asked: Asked| {
+            let a = f.attrs(asked);
+            decide(&a).and_then(|p| signal_way(&a, &p))
+        };
+        for f in [tcp_rxm(), shm(), cxi(), psm3()] {
+            assert_eq!(way(&f, ASK_ALL), Ok(SignalWay::Ride), "{}", f.prov);
+        }
+        assert_eq!(way(&efa_rdm(), ASK_ALL), Ok(SignalWay::Counted));
+        let e = way(
+            &efa_rdm(),
+            Asked {
+                recv: false,
+                ..ASK_ALL
+            },
+        )
+        .unwrap_err();
+        assert!(e.contains("FI_MSG/FI_RECV"), "{e}");
+        let e = way(
+            &Fixture {
+                caps: RMA,
+                ..efa_rdm()
+            },
+            ASK_ALL,
+        )
+        .unwrap_err();
+        assert!(e.contains("FI_MSG"), "{e}");
+        let e = way(&verbs_rc(), ASK_ALL).unwrap_err();
+        assert!(e.contains("orders writes") && e.contains("4 bytes"), "{e}");
+    }
+
     #[test]
     fn efa_direct_is_refused() {
         let a = efa_direct().attrs(ASK_ALL);
@@ -569,6 +661,7 @@ mod tests {
             order: false,
             fence: true,
             dc: true,
+            ..ASK_ALL
         });
         assert_eq!(a.msg_order, 0);
         assert_eq!(decide(&a).unwrap().after(8), Drain);
@@ -576,6 +669,7 @@ mod tests {
             order: false,
             fence: false,
             dc: false,
+            ..ASK_ALL
         });
         assert!(!a.fence && !a.delivery_complete);
         assert!(decide(&a).is_err());

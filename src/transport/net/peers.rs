@@ -59,6 +59,10 @@ pub(super) struct Peer {
     /// The last user write to the peer was a staging record: once the peer acknowledges it,
     /// every earlier write has arrived (no delivery marker needed).
     pub last_was_record: bool,
+    /// Signals counted by the receiver (`counted.rs`): the epochs of our writes to the peer,
+    /// and the counts of its writes to us.
+    pub epochs: super::counted::Epochs,
+    pub counts: super::counted::Counts,
 }
 
 impl Peer {
@@ -81,6 +85,8 @@ pub(super) struct Peers {
     /// The address blob of this endpoint (`Endpoint::address`).
     pub me: AddrBlob,
     list: Vec<Peer>,
+    /// By stream number (`stream_for`): the rank, and its peer once added.
+    streams: Vec<(usize, Option<PeerId>)>,
 }
 
 impl Index<PeerId> for Peers {
@@ -101,6 +107,7 @@ impl Peers {
         Peers {
             me,
             list: Vec::new(),
+            streams: Vec::new(),
         }
     }
 
@@ -119,6 +126,30 @@ impl Peers {
     /// The peer of rank `rank`, if added.
     pub fn of_rank(&self, rank: usize) -> Option<PeerId> {
         self.list.iter().position(|p| p.rank == rank)
+    }
+
+    /// Our stream number for `rank` (made on first call, for the address we make for it):
+    /// the peer's writes name it in their tags (`counted.rs`). None once `counted::STREAMS`
+    /// ranks have one.
+    pub fn stream_for(&mut self, rank: usize) -> Option<u8> {
+        if let Some(s) = self.streams.iter().position(|x| x.0 == rank) {
+            return Some(s as u8);
+        }
+        if self.streams.len() == super::counted::STREAMS {
+            return None;
+        }
+        self.streams.push((rank, self.of_rank(rank)));
+        Some((self.streams.len() - 1) as u8)
+    }
+
+    /// The peer whose writes name stream `s`.
+    pub fn of_stream(&self, s: u8) -> Option<PeerId> {
+        self.streams.get(usize::from(s)).and_then(|x| x.1)
+    }
+
+    /// The peer's scratch word (flush markers; lone counted signals, `counted.rs`).
+    pub fn scratch(&self, p: PeerId) -> MrBlob {
+        self.list[p].scratch
     }
 
     /// `rank N` for errors and logs.
@@ -224,8 +255,14 @@ impl Peers {
             chan,
             remote_chan: a.chan,
             last_was_record: false,
+            epochs: super::counted::Epochs::new(a.stream),
+            counts: Default::default(),
         });
-        Ok((self.list.len() - 1, true))
+        let p = self.list.len() - 1;
+        if let Some(s) = self.streams.iter_mut().find(|x| x.0 == remote_rank) {
+            s.1 = Some(p);
+        }
+        Ok((p, true))
     }
 
     /// Orders the next write to `peer` (a flag or a staging record) after every earlier one,

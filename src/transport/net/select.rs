@@ -49,11 +49,15 @@ pub(super) struct Choice {
     pub nics: Vec<String>,
 }
 
+#[derive(Clone, Copy)]
 struct Wanted {
     order: bool,
     dc: bool,
     fence: bool,
     hmem: bool,
+    /// FI_MSG | FI_RECV: receives for remote CQ data to consume, for signals counted by the
+    /// receiver (`counted.rs`).
+    recv: bool,
 }
 
 fn hints(req: &Request<'_>, w: &Wanted) -> Result<InfoList> {
@@ -65,6 +69,9 @@ fn hints(req: &Request<'_>, w: &Wanted) -> Result<InfoList> {
     }
     if w.hmem {
         i.caps |= fi::FI_HMEM;
+    }
+    if w.recv {
+        i.caps |= order::RECV_CAPS;
     }
     // Every operation gets a context that starts with an fi_context2 and lives until its
     // completion (see `OpSlot`), which satisfies both modes.
@@ -328,6 +335,7 @@ pub(super) fn choose(req: &Request<'_>, env: &NetConfig) -> Result<Choice> {
         dc: false,
         fence: false,
         hmem,
+        recv: false,
     };
     // The best-ranked candidate of one query, by index; among equally ranked ones on
     // several NICs, the one nearest to this rank's GPU or CPU.
@@ -395,30 +403,46 @@ pub(super) fn choose(req: &Request<'_>, env: &NetConfig) -> Result<Choice> {
         (false, false, true),
         (false, true, false),
     ];
-    let query = |order: bool, dc: bool, fence: bool| -> Result<Option<(InfoList, Attrs)>> {
-        let w = Wanted {
-            order,
-            dc,
-            fence,
-            hmem,
-        };
+    let query = |w: Wanted| -> Result<Option<(InfoList, Attrs)>> {
         let mut h = hints(req, &w)?;
         narrow(&mut h, cand)?;
         let got = InfoList::query(node, flags, &h)?;
         let Some(i) = got.iter().find(|i| same_candidate(i, cand)) else {
             return Ok(None);
         };
-        let attrs = Attrs::from_info(i, Asked { order, fence, dc });
-        Ok(Some((InfoList::dup(i)?, attrs)))
+        let asked = Asked {
+            order: w.order,
+            fence: w.fence,
+            dc: w.dc,
+            recv: w.recv,
+        };
+        Ok(Some((InfoList::dup(i)?, Attrs::from_info(i, asked))))
     };
     for (order, dc, fence) in tries {
-        let Some((mut info, mut attrs)) = query(order, dc, fence)? else {
+        let mut w = Wanted {
+            order,
+            dc,
+            fence,
+            hmem,
+            recv: false,
+        };
+        let Some((mut info, mut attrs)) = query(w)? else {
             continue;
         };
         let bounded = order::decide(&attrs).map_or(true, |p| p.ordered_upto != u64::MAX);
         if order && bounded {
-            if let Some((i, a)) = query(order, dc, true)? {
+            if let Some((i, a)) = query(Wanted { fence: true, ..w })? {
                 if a.fence {
+                    (info, attrs) = (i, a);
+                    w.fence = true;
+                }
+            }
+        }
+        // Where remote CQ data consumes posted receives, the receives that counting signals
+        // at the receiver needs, if granted (`order::signal_way`).
+        if env.cq_signals && attrs.rx_cq_data {
+            if let Some((i, a)) = query(Wanted { recv: true, ..w })? {
+                if a.recv {
                     (info, attrs) = (i, a);
                 }
             }

@@ -101,12 +101,14 @@ pub(super) struct Incoming {
     pub stored: u64,
     pub stale: u64,
     pub activity: u64,
+    /// Peers' writes with a counted tag read (`counted.rs`).
+    pub counted: u64,
 }
 
 impl Incoming {
     /// Peers' writes with CQ data read so far (values and marks).
     pub fn arrived(&self) -> u64 {
-        self.stored + self.stale + self.activity
+        self.activity + self.counted + self.stored + self.stale
     }
 
     /// Region `id` (host memory, `len` bytes at `addr`, registered and exported for as long as
@@ -127,23 +129,9 @@ impl Incoming {
         }
         let (region, off, low) =
             decode(data).ok_or_else(|| format!("remote CQ data {data:#x} is not a signal"))?;
-        let t = self
-            .targets
-            .get(region as usize)
-            .copied()
-            .flatten()
-            .ok_or_else(|| format!("a signal into region {region}, which takes none"))?;
-        if off + 8 > t.len {
-            return Err(format!(
-                "a signal at offset {off} of the {}-byte region {region}",
-                t.len
-            ));
-        }
-        // SAFETY: an aligned word (regions start 8-aligned: `accept`'s callers register
-        // epoch blocks and user buffers; offset checked above) inside host memory that stays
-        // registered, exported and alive while this endpoint lives (`accept`). Other writers
-        // (an older value's RMA write, a waiter's reads) use it atomically as well.
-        let w = unsafe { AtomicU64::from_ptr((t.addr + off) as *mut u64) };
+        let addr = self.word_addr(region, off)?;
+        // SAFETY: as `word_addr` says.
+        let w = unsafe { AtomicU64::from_ptr(addr as *mut u64) };
         // Acquire: the value we rebuild from is the latest store. Release on success pairs
         // with the waiter's Acquire load of the count: the data of the write that carried
         // this value, placed before its completion was reported to this thread, is visible
@@ -163,6 +151,44 @@ impl Incoming {
             }
         }
     }
+
+    /// Stores `value` into word `off` of region `region` unless the word already holds it or
+    /// a later one (a signal counted by the receiver, `counted.rs`: every write before it has
+    /// been read).
+    pub fn store_counted(&mut self, region: u32, off: u64, value: u64) -> Result<(), String> {
+        let addr = self.word_addr(region, off)?;
+        // SAFETY: as `word_addr` says.
+        let w = unsafe { AtomicU64::from_ptr(addr as *mut u64) };
+        // Release pairs with the waiter's Acquire load of the count, as in `apply`: the
+        // writes counted before this store completed before this thread read them.
+        if w.fetch_max(value, Ordering::Release) < value {
+            self.stored += 1;
+        } else {
+            self.stale += 1;
+        }
+        Ok(())
+    }
+
+    /// The address of the word at `off` of region `region`, if values may go there: an
+    /// aligned word (regions start 8-aligned: `accept`'s callers register epoch blocks and
+    /// user buffers) inside host memory that stays registered, exported and alive while this
+    /// endpoint lives (`accept`). Every other writer (an older value's RMA write, a waiter's
+    /// reads) uses it atomically as well.
+    fn word_addr(&self, region: u32, off: u64) -> Result<u64, String> {
+        let t = self
+            .targets
+            .get(region as usize)
+            .copied()
+            .flatten()
+            .ok_or_else(|| format!("a signal into region {region}, which takes none"))?;
+        if off + 8 > t.len || off % 8 != 0 {
+            return Err(format!(
+                "a signal at offset {off} of the {}-byte region {region}",
+                t.len
+            ));
+        }
+        Ok(t.addr + off)
+    }
 }
 
 /// The latest value sent into one word (`Outgoing`).
@@ -181,6 +207,8 @@ struct Sent {
 #[derive(Default)]
 pub(super) struct Outgoing {
     last: std::collections::HashMap<(usize, u64), Sent>,
+    /// Words whose values are no longer counted (`take_counted`).
+    uncounted: std::collections::HashSet<(usize, u64)>,
 }
 
 impl Outgoing {
@@ -202,6 +230,29 @@ impl Outgoing {
         }
         self.last.insert((remote, off), Sent { peer, value, rode });
         Ok(())
+    }
+
+    /// Records `value` into word `off` of region `remote` imported from `peer` as a signal the
+    /// receiver counts (`counted.rs`) and returns true, where it can be: the receiver stores
+    /// the number of signals it applied, so only a value one above the word's last can (the
+    /// proxy's signals always are). Else false, for this value and every later one into the
+    /// word: they go as writes of their own (`take`), which a late counted store never undoes
+    /// (it only raises a word).
+    pub fn take_counted(&mut self, peer: usize, (remote, off): (usize, u64), value: u64) -> bool {
+        let prev = self.last.get(&(remote, off)).map_or(0, |l| l.value);
+        if self.uncounted.contains(&(remote, off)) || value != prev + 1 {
+            self.uncounted.insert((remote, off));
+            return false;
+        }
+        self.last.insert(
+            (remote, off),
+            Sent {
+                peer,
+                value,
+                rode: true,
+            },
+        );
+        true
     }
 
     /// The words of `peer`'s regions whose latest value rode: (region, offset, value).

@@ -118,9 +118,16 @@ fn with_pair(
     body: impl FnOnce(&mut NetEndpoint, &Mutex<NetEndpoint>, PeerId),
 ) -> (NetEndpoint, NetEndpoint) {
     let mut a = open(kind, ta);
-    let mut b = open(kind, &NetConfig::default());
-    let pa = a.add_peer(1, &b.address().unwrap()).unwrap();
-    b.add_peer(0, &a.address().unwrap()).unwrap();
+    // The target under the same layer and signal settings: the way signals travel is the
+    // provider's, so both ends take it the same way.
+    let tb = NetConfig {
+        unordered: ta.unordered,
+        cq_signals: ta.cq_signals,
+        ..NetConfig::default()
+    };
+    let mut b = open(kind, &tb);
+    let pa = a.add_peer(1, &b.address_for(0).unwrap()).unwrap();
+    b.add_peer(0, &a.address_for(1).unwrap()).unwrap();
     with_target_progressed(a, b, pa, body)
 }
 
@@ -445,23 +452,38 @@ fn unordered_cfg(profile: crate::config::UnorderedProfile, seed: u64) -> NetConf
     }
 }
 
-/// The unordered test layer has teeth: with the EFA-like profile, a flag posted plain (the
-/// planted bug of issue 29, forced here through the plan) is seen at the target before all of
-/// its data, while the layer's own plan (drain to delivery) never is.
+/// The unordered test layer has teeth: with the EFA-like profile, a signal applied before all
+/// of its data is seen at the target, while the endpoint's own ways never are. Two planted
+/// bugs (issue 29), each against the way it breaks: with signals as flags of their own
+/// (`MSCCLPP_NET_CQ_SIGNALS=0`), the flag posted plain (forced through the plan) instead of
+/// queued behind its data; with signals counted by the receiver (the default there), the
+/// receiver storing a signal as soon as it reads it (`Counts::eager`) instead of once its
+/// epoch's writes have all been read.
 #[test]
 fn unordered_layer_catches_a_flag_posted_plain() {
     use crate::config::UnorderedProfile::Efa;
     for kind in [Kind::Tcp, Kind::Shm] {
-        for planted in [true, false] {
+        for (counting, planted) in [(false, true), (false, false), (true, true), (true, false)] {
             let n = 32 << 10; // words: a write the layer cuts into pieces
             let mut src = vec![0u64; n];
             let dst = vec![0u64; n];
             let flag = vec![0u64; 2];
             let mut torn = 0;
-            let (a, _b) = with_pair(kind, &unordered_cfg(Efa, 29), |a, b, pa| {
-                assert_eq!(a.ops.plan.after(1), FlagOrder::Drain, "{kind:?}");
-                if planted {
+            let cfg = NetConfig {
+                cq_signals: counting,
+                ..unordered_cfg(Efa, 29)
+            };
+            let what = format!("{kind:?}, counting {counting}, planted {planted}");
+            let (a, b) = with_pair(kind, &cfg, |a, b, pa| {
+                assert_eq!(a.ops.plan.after(1), FlagOrder::Drain, "{what}");
+                assert_eq!(a.counts_to(pa), counting, "{what}");
+                if planted && !counting {
                     a.ops.plan = Plan::forced(FlagOrder::Plain);
+                }
+                if planted && counting {
+                    let mut b = b.lock().unwrap();
+                    let p = b.peers.of_rank(0).unwrap();
+                    b.peers[p].counts.eager = true;
                 }
                 let d = import_from(a, b, pa, &dst);
                 let f = import_from(a, b, pa, &flag);
@@ -487,16 +509,22 @@ fn unordered_layer_catches_a_flag_posted_plain() {
                 }
             });
             let st = a.ops.layer.as_ref().unwrap().stats;
-            assert!(st.overtook > 0 && st.split > 0, "{kind:?}: {st:?}");
+            assert!(st.overtook > 0 && st.split > 0, "{what}: {st:?}");
+            if counting {
+                assert!(
+                    a.ops.stats.posted > 0 && b.ops.incoming.counted > 0,
+                    "{what}"
+                );
+            }
             if planted {
                 assert!(
                     torn > 0,
-                    "{kind:?}: the plain flag never overtook its data: {st:?}"
+                    "{what}: the signal never overtook its data: {st:?}"
                 );
             } else {
                 assert_eq!(
                     torn, 0,
-                    "{kind:?}: {torn} rounds saw the flag before the data"
+                    "{what}: {torn} rounds saw the signal before the data"
                 );
             }
         }
@@ -515,11 +543,7 @@ fn unordered_layer_enforces_its_profile() {
         let d = import_from(a, b, pa, &dst);
         let remote = a.remote(pa, d).unwrap();
         let s = a.register(region(&src)).unwrap().0;
-        a.ops.plan = Plan::forced(FlagOrder::Fence);
         a.write(pa, s, 0, d, 0, 64).unwrap();
-        let e = a.write_value(pa, d, 0, 1).unwrap_err().to_string();
-        assert!(e.contains("Invalid argument"), "{e}");
-        a.ops.plan = Plan::forced(FlagOrder::Drain);
         let op = Op {
             peer: pa,
             local: src.as_ptr() as u64,
@@ -536,7 +560,19 @@ fn unordered_layer_enforces_its_profile() {
             cq_data: None,
         };
         let e = a.ops.post(&mut a.peers, &op).unwrap_err().to_string();
-        assert!(e.contains("Invalid argument"), "{e}");
+        assert!(e.contains("Invalid argument"), "no descriptor: {e}");
+        let op = Op { fence: true, ..op };
+        let e = a.ops.post(&mut a.peers, &op).unwrap_err().to_string();
+        assert!(e.contains("Invalid argument"), "FI_FENCE: {e}");
+        // CQ data wider than the profile's 4 bytes (the endpoint's own tags fit).
+        a.ops.counted = false;
+        let op = Op {
+            cq_data: Some(1 << 40),
+            ..Op::inline(pa, &[0; 8], remote.base, remote.key)
+        };
+        let e = a.ops.post(&mut a.peers, &op).unwrap_err().to_string();
+        assert!(e.contains("Invalid argument"), "5 bytes of CQ data: {e}");
+        a.ops.counted = true;
         a.flush(pa).unwrap();
     });
     assert_eq!(a.ops.outstanding, 0);
@@ -553,10 +589,52 @@ fn unordered_layer_enforces_its_profile() {
     assert!(st.early > 0, "{st:?}");
 }
 
+/// EFA's rule that remote CQ data consumes a receive the target posted, as the EFA-like layer
+/// enforces it: with the target's receives gone, a signal does not arrive, however long the
+/// target progresses; once it posts receives again, the signal completes and is stored.
+#[test]
+fn counted_signals_need_the_targets_receives() {
+    use crate::config::UnorderedProfile::Efa;
+    let src = vec![5u64; 8];
+    let (dst, flag) = (vec![0u64; 8], vec![0u64; 2]);
+    let (_a, b) = with_pair(Kind::Tcp, &unordered_cfg(Efa, 3), |a, b, pa| {
+        let d = import_from(a, b, pa, &dst);
+        let f = import_from(a, b, pa, &flag);
+        let s = a.register(region(&src)).unwrap().0;
+        let n = b.lock().unwrap().ops.recvs.len();
+        b.lock()
+            .unwrap()
+            .ops
+            .layer
+            .as_mut()
+            .unwrap()
+            .forget_receives();
+        a.write_then_value(pa, s, 0, d, 0, 64, (f, 8, 1)).unwrap();
+        let t0 = Instant::now();
+        // Ends after 300 ms: the target progresses meanwhile (its thread in `with_pair`).
+        while t0.elapsed() < Duration::from_millis(300) {
+            a.progress().unwrap();
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            word(&flag, 1),
+            0,
+            "a signal arrived without a receive posted"
+        );
+        assert!(b.lock().unwrap().ops.layer.as_ref().unwrap().stats.no_recv > 0);
+        b.lock().unwrap().ops.post_receives(n).unwrap();
+        progress_until_word(a, &flag, 1, 1);
+        assert_eq!(word(&dst, 7), 5);
+    });
+    assert_eq!(b.ops.incoming.counted, 1);
+}
+
 /// Where the plan would drain before a flag, the flag is queued behind its writes instead
 /// (`Peers::defer_flag`): `write_value` returns at once, the flags go out in order as their
 /// writes complete, the count at the target never steps back, and a flush posts and delivers
-/// them all. Under the EFA-like layer (nothing ordered, completions out of order).
+/// them all. Under the EFA-like layer (nothing ordered, completions out of order), with
+/// signals as flags of their own (`MSCCLPP_NET_CQ_SIGNALS=0`, or a provider where counting
+/// does not fit).
 #[test]
 fn deferred_flags_keep_their_order_and_leave_the_proxy_free() {
     use crate::config::UnorderedProfile::Efa;
@@ -566,7 +644,13 @@ fn deferred_flags_keep_their_order_and_leave_the_proxy_free() {
         let dst = vec![0u64; 2 * n];
         let flag = vec![0u64; 2];
         let rounds = 30u64;
-        let (a, _b) = with_pair(kind, &unordered_cfg(Efa, 5), |a, b, pa| {
+        // Signals as flags of their own: counted by the receiver (the default under this
+        // profile) they are never queued.
+        let cfg = NetConfig {
+            cq_signals: false,
+            ..unordered_cfg(Efa, 5)
+        };
+        let (a, _b) = with_pair(kind, &cfg, |a, b, pa| {
             let d = import_from(a, b, pa, &dst);
             let f = import_from(a, b, pa, &flag);
             let s = a.register(region(&src)).unwrap().0;
@@ -614,6 +698,98 @@ fn deferred_flags_keep_their_order_and_leave_the_proxy_free() {
         // Each flag waits for the one before it (8-byte writes are not ordered here): those
         // ready meanwhile went as one, the newest count.
         assert!(a.ops.stats.coalesced_flags > 0, "{:?}", a.ops.stats);
+    }
+}
+
+/// Signals counted by the receiver (EFA-like layer: nothing ordered, 4-byte CQ data consuming
+/// posted receives): a stream of puts each with its signal (riding), every third followed by a
+/// lone signal, far more than the receives posted and the open epochs allowed, never waiting.
+/// A watcher reading the count checks that every put before it has landed, and that the count
+/// never steps back; a flush delivers the last one; the receives were posted again as used.
+#[test]
+fn counted_signals_land_after_their_data_past_receives_and_epochs() {
+    use crate::config::UnorderedProfile::Efa;
+    for kind in [Kind::Tcp, Kind::Shm] {
+        let rounds = 6000u64;
+        let src: Vec<u64> = (0..=rounds).collect();
+        let dst = vec![0u64; rounds as usize + 1];
+        let flag = vec![0u64; 2];
+        let (a, b) = with_pair(kind, &unordered_cfg(Efa, 7), |a, b, pa| {
+            assert!(a.counts_to(pa), "{kind:?}");
+            let d = import_from(a, b, pa, &dst);
+            let f = import_from(a, b, pa, &flag);
+            let s = a.register(region(&src)).unwrap().0;
+            let stop = AtomicBool::new(false);
+            std::thread::scope(|sc| {
+                let watcher = sc.spawn(|| {
+                    let (mut last, mut seen) = (0, 0u64);
+                    // Ends when the writer is done (Release in `Stop::drop`, Acquire here).
+                    while !stop.load(AtOrd::Acquire) {
+                        let v = word(&flag, 1);
+                        if v < last {
+                            return Err(format!("the count stepped back from {last} to {v}"));
+                        }
+                        // Signal v follows put round(v): every put up to it has landed.
+                        let upto = v - v / 4;
+                        if let Some(i) = (1..=upto as usize).find(|&i| word(&dst, i) != i as u64) {
+                            return Err(format!("count {v} seen before put {i} landed"));
+                        }
+                        seen += u64::from(v != last);
+                        last = v;
+                        std::thread::yield_now();
+                    }
+                    Ok(seen)
+                });
+                let stopper = Stop(&stop);
+                let mut value = 0;
+                for r in 1..=rounds {
+                    value += 1;
+                    a.write_then_value(pa, s, r * 8, d, r * 8, 8, (f, 8, value))
+                        .unwrap();
+                    if r % 3 == 0 {
+                        value += 1;
+                        a.write_value(pa, f, 8, value).unwrap();
+                    }
+                    if r % 500 == 0 {
+                        // The receiver's own store (not a flush's copy) reaches the count.
+                        progress_until_word(a, &flag, 1, value);
+                    }
+                }
+                a.flush(pa).unwrap();
+                assert_eq!(word(&flag, 1), value, "{kind:?}: the last count at flush");
+                drop(stopper);
+                let seen = watcher.join().unwrap().unwrap();
+                assert!(seen > 0, "{kind:?}: the watcher saw the count move");
+            });
+        });
+        let (mut a, mut b) = (a, b);
+        // The target reads the rest of the writes (the flush's copy of the count came first).
+        let t0 = Instant::now();
+        while b.ops.incoming.counted < a.ops.stats.posted {
+            b.progress().unwrap();
+            a.progress().unwrap();
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "{kind:?}: writes never read"
+            );
+        }
+        assert!(
+            (1..=rounds as usize).all(|i| word(&dst, i) == i as u64),
+            "{kind:?}"
+        );
+        assert_eq!(a.ops.stats.signals_with_data, rounds, "{kind:?}");
+        assert!(
+            a.ops.stats.deferred_flags <= 1,
+            "{kind:?}: only the flush's copy of the count may wait"
+        );
+        // Every write read at the target consumed a receive, posted again: more writes than
+        // receives went through.
+        assert!(
+            b.ops.incoming.counted > b.ops.recvs.len() as u64,
+            "{kind:?}: {} writes read, {} receives",
+            b.ops.incoming.counted,
+            b.ops.recvs.len()
+        );
     }
 }
 
@@ -1101,8 +1277,8 @@ fn sources_of_registered_writes_are_released_after_their_flush() {
         });
         assert_eq!(
             a.regions.held().1,
-            2,
-            "{kind:?}: the fixed registrations only"
+            3,
+            "{kind:?}: the fixed registrations and the staging channel made for the peer only"
         );
         for (i, want) in src.iter().enumerate() {
             assert_eq!(word(&dst, i), *want, "{kind:?} word {i}");

@@ -16,11 +16,14 @@
 //!
 //! And what it refuses (the profile's rules, each refusal logged at WARN): FI_FENCE (neither
 //! profile grants it), a local buffer without its descriptor (FI_MR_LOCAL, EFA-like), and
-//! remote CQ data where the profile's target must have posted receives for it (FI_RX_CQ_DATA,
-//! EFA-like), which no endpoint here does. A write carrying a signal in its remote CQ data
-//! (psm3-like) is never cut: its target completion, which carries the data, means the whole
-//! write is in place (one carrying only the activity mark is, each piece with the mark); the
-//! peers' CQ-data completions are returned as the provider gives them.
+//! remote CQ data wider than the profile carries (EFA-like: 4 bytes). Where the profile's
+//! CQ data consumes a receive the target posted (FI_RX_CQ_DATA, EFA-like), the layer holds
+//! the receives the endpoint posts (`recv`), and a peer's write with CQ data completes only
+//! once one is there, with that receive's context, as EFA retries such a write until the
+//! target posts one: an endpoint that stops posting receives stops hearing its peers. Remote
+//! CQ data goes with the piece of its write that is released last, so its completion at the
+//! target still means the whole write is in place; the peers' CQ-data completions are
+//! returned in the order the provider gives them.
 //!
 //! Lifecycle of a write: (1) `write` takes it into `writes` and its pieces into `held`, maybe
 //! reporting it complete at once (`early`, from `Write::copy`); (2) `step` posts pieces to the
@@ -90,6 +93,8 @@ impl Profile {
         a.fence = false;
         a.mr_local |= self.mr_local;
         a.rx_cq_data |= self.rx_cq_data;
+        // The layer takes the receives such CQ data consumes (`Layer::recv`).
+        a.recv |= self.rx_cq_data;
         a.cq_data_size = a.cq_data_size.min(self.cq_data_size);
         a
     }
@@ -146,6 +151,8 @@ pub(super) struct LayerStats {
     pub split: u64,
     /// Completions returned after a later-posted write's.
     pub late_completions: u64,
+    /// Reads in which a peer's write with CQ data found no receive posted (it waited).
+    pub no_recv: u64,
 }
 
 /// The layer of one endpoint (module doc).
@@ -164,6 +171,9 @@ pub(super) struct Layer {
     ready: Vec<(*mut c_void, u64, u32)>,
     /// Peers' writes that carried remote CQ data, to return as they came.
     remote: VecDeque<fi::fi_cq_data_entry>,
+    /// Receives the endpoint posted (`recv`), which such writes consume where the profile's
+    /// CQ data needs them: their contexts, oldest first.
+    recvs: VecDeque<*mut c_void>,
     errors: VecDeque<fi::fi_cq_err_entry>,
     copied: usize,
     posted: u64,
@@ -195,6 +205,7 @@ impl Layer {
             free_pieces: (0..n).rev().collect(),
             ready: Vec::new(),
             remote: VecDeque::new(),
+            recvs: VecDeque::new(),
             errors: VecDeque::new(),
             copied: 0,
             posted: 0,
@@ -236,11 +247,14 @@ impl Layer {
             return EINVAL;
         }
         let cq_data = flags & fi::FI_REMOTE_CQ_DATA as u64 != 0;
-        if cq_data && (self.profile.rx_cq_data || self.profile.cq_data_size < 8) {
+        if cq_data
+            && self.profile.cq_data_size < 8
+            && msg.data >> (8 * self.profile.cq_data_size) != 0
+        {
             crate::warn!(
-                "net: unordered test layer ({p}): remote CQ data ({} bytes here{}); no endpoint posts receives for it",
-                self.profile.cq_data_size,
-                if self.profile.rx_cq_data { ", each consuming a receive the target posted" } else { "" }
+                "net: unordered test layer ({p}): remote CQ data {:#x} does not fit the profile's {} bytes",
+                msg.data,
+                self.profile.cq_data_size
             );
             return EINVAL;
         }
@@ -260,12 +274,11 @@ impl Layer {
             Some(c) => (c.as_ptr() as u64, std::ptr::null_mut()),
             None => (iov.iov_base as u64, desc),
         };
-        // Pieces: one, or up to four cut at random 8-byte boundaries.
+        // Pieces: one, or up to four cut at random 8-byte boundaries. Remote CQ data goes with
+        // the piece released last (`release`): the provider places pieces in the order they
+        // are posted, so its completion at the target still means the whole write is in place.
         let mut cuts = vec![0, len];
-        // A signal's write stays whole (its completion at the target means all of it is in
-        // place); one carrying only the activity mark may be cut like any.
-        let signal = cq_data && !super::signals::is_activity(msg.data);
-        if len > SPLIT_ABOVE && !signal {
+        if len > SPLIT_ABOVE {
             for _ in 0..1 + self.below(3) {
                 cuts.push(self.below(len / 8) * 8);
             }
@@ -369,6 +382,16 @@ impl Layer {
         };
         self.pieces[slot].write = h.write;
         self.pieces[slot].busy = true;
+        // Remote CQ data rides the last piece of its write to be released (`write`).
+        let mut flags = h.flags | fi::FI_COMPLETION as u64;
+        let more = self
+            .held
+            .iter()
+            .enumerate()
+            .any(|(i, e)| i != k && e.write == h.write);
+        if more {
+            flags &= !(fi::FI_REMOTE_CQ_DATA as u64);
+        }
         let msg = fi::fi_msg_rma {
             msg_iov: (&iov as *const libc::iovec).cast(),
             desc: &mut desc,
@@ -383,7 +406,7 @@ impl Layer {
         // source stays valid until the piece completes (the user's buffer until the write's
         // completion, which waits for every piece, or the write's copy, kept as long); the
         // context is a slot of `pieces`, which outlives the endpoint (field order in `Ops`).
-        let rc = unsafe { fi::fi_writemsg(ep, &msg, h.flags | fi::FI_COMPLETION as u64) } as i64;
+        let rc = unsafe { fi::fi_writemsg(ep, &msg, flags) } as i64;
         if rc != 0 {
             self.pieces[slot].busy = false;
             self.free_pieces.push(slot);
@@ -454,7 +477,23 @@ impl Layer {
         }
     }
 
-    /// `fi_cq_read` as the profile allows (module doc); releases held pieces first.
+    /// Forgets the receives posted so far (a test of the rule that CQ data needs them).
+    #[cfg(test)]
+    pub fn forget_receives(&mut self) {
+        self.recvs.clear();
+    }
+
+    /// `fi_recv` of a receive that remote CQ data consumes (its buffer is never written):
+    /// kept until a peer's write with CQ data takes it.
+    pub fn recv(&mut self, ctx: *mut c_void) -> i64 {
+        self.recvs.push_back(ctx);
+        0
+    }
+
+    /// `fi_cq_read` as the profile allows (module doc); releases held pieces first. A peer's
+    /// write with CQ data, where the profile's CQ data consumes a receive, waits until one is
+    /// posted (EFA retries such a write until the target posts one) and completes with its
+    /// context.
     pub fn read(
         &mut self,
         ep: *mut fi::fid_ep,
@@ -463,7 +502,6 @@ impl Layer {
     ) -> i64 {
         self.step(ep);
         let mut ents = [fi::fi_cq_data_entry::default(); 32];
-        // Peers' writes that carried CQ data: returned first, in the provider's order.
         let mut n = 0;
         // Ends when the provider's queue is empty, or at its error.
         loop {
@@ -503,11 +541,21 @@ impl Layer {
         if !self.errors.is_empty() {
             return EAVAIL;
         }
-        while n < out.len() {
-            let Some(e) = self.remote.pop_front() else {
-                break;
+        // Peers' writes that carried CQ data: returned first, in the provider's order.
+        while n < out.len() && !self.remote.is_empty() {
+            let mut ctx = std::ptr::null_mut();
+            if self.profile.rx_cq_data {
+                let Some(r) = self.recvs.pop_front() else {
+                    self.stats.no_recv += 1;
+                    break;
+                };
+                ctx = r;
+            }
+            let e = self.remote.pop_front().expect("checked above");
+            out[n] = fi::fi_cq_data_entry {
+                op_context: ctx,
+                ..e
             };
-            out[n] = e;
             n += 1;
         }
         // A random half of the ready completions, and every one that waited two calls, in a
@@ -568,8 +616,8 @@ impl Layer {
     pub fn summary(&self) -> String {
         let s = &self.stats;
         format!(
-            "unordered test layer {} (seed {}): {} writes, {} pieces released ahead of an earlier write to the same peer, {} writes reported complete before they were sent, {} cut into pieces, {} completions returned after a later write's",
-            self.profile.name, self.seed, s.writes, s.overtook, s.early, s.split, s.late_completions
+            "unordered test layer {} (seed {}): {} writes, {} pieces released ahead of an earlier write to the same peer, {} writes reported complete before they were sent, {} cut into pieces, {} completions returned after a later write's, {} reads in which a peer's write waited for a receive",
+            self.profile.name, self.seed, s.writes, s.overtook, s.early, s.split, s.late_completions, s.no_recv
         )
     }
 }
