@@ -629,6 +629,31 @@ fn counted_signals_need_the_targets_receives() {
     assert_eq!(b.ops.incoming.counted, 1);
 }
 
+/// Reads the count in word 1 of `flag` until `stop` is set: an error if it ever steps back or
+/// `check` fails for a count read; else how many times it saw the count change.
+fn watch_count(
+    flag: &[u64],
+    stop: &AtomicBool,
+    check: impl Fn(u64) -> Result<(), String>,
+) -> Result<u64, String> {
+    let (mut last, mut seen) = (0, 0);
+    // Ends when the writer is done (Release in `Stop::drop`, Acquire here).
+    while !stop.load(AtOrd::Acquire) {
+        let v = word(flag, 1);
+        if v < last {
+            return Err(format!("the count stepped back from {last} to {v}"));
+        }
+        check(v)?;
+        seen += u64::from(v != last);
+        last = v;
+        // A busy reader must leave the cores to the writer and the target's progress
+        // (valgrind runs one thread at a time: the spin alone kept the flush from its
+        // completions past the 30 s bound).
+        std::thread::yield_now();
+    }
+    Ok(seen)
+}
+
 /// Where the plan would drain before a flag, the flag is queued behind its writes instead
 /// (`Peers::defer_flag`): `write_value` returns at once, the flags go out in order as their
 /// writes complete, the count at the target never steps back, and a flush posts and delivers
@@ -656,22 +681,7 @@ fn deferred_flags_keep_their_order_and_leave_the_proxy_free() {
             let s = a.register(region(&src)).unwrap().0;
             let stop = AtomicBool::new(false);
             std::thread::scope(|sc| {
-                let watcher = sc.spawn(|| {
-                    let mut last = 0;
-                    // Ends when the writer is done (Release in `Stop::drop`, Acquire here).
-                    while !stop.load(AtOrd::Acquire) {
-                        let v = word(&flag, 1);
-                        if v < last {
-                            return Err(format!("the count stepped back from {last} to {v}"));
-                        }
-                        last = v;
-                        // A busy reader must leave the cores to the writer and the target's
-                        // progress (valgrind runs one thread at a time: the spin alone kept
-                        // the flush from its completions past the 30 s bound).
-                        std::thread::yield_now();
-                    }
-                    Ok(())
-                });
+                let watcher = sc.spawn(|| watch_count(&flag, &stop, |_| Ok(())));
                 let stopper = Stop(&stop);
                 for r in 1..=rounds {
                     let off = (r % 2) * (n as u64) * 8;
@@ -722,23 +732,14 @@ fn counted_signals_land_after_their_data_past_receives_and_epochs() {
             let stop = AtomicBool::new(false);
             std::thread::scope(|sc| {
                 let watcher = sc.spawn(|| {
-                    let (mut last, mut seen) = (0, 0u64);
-                    // Ends when the writer is done (Release in `Stop::drop`, Acquire here).
-                    while !stop.load(AtOrd::Acquire) {
-                        let v = word(&flag, 1);
-                        if v < last {
-                            return Err(format!("the count stepped back from {last} to {v}"));
-                        }
+                    watch_count(&flag, &stop, |v| {
                         // Signal v follows put round(v): every put up to it has landed.
                         let upto = v - v / 4;
-                        if let Some(i) = (1..=upto as usize).find(|&i| word(&dst, i) != i as u64) {
-                            return Err(format!("count {v} seen before put {i} landed"));
+                        match (1..=upto as usize).find(|&i| word(&dst, i) != i as u64) {
+                            Some(i) => Err(format!("count {v} seen before put {i} landed")),
+                            None => Ok(()),
                         }
-                        seen += u64::from(v != last);
-                        last = v;
-                        std::thread::yield_now();
-                    }
-                    Ok(seen)
+                    })
                 });
                 let stopper = Stop(&stop);
                 let mut value = 0;
