@@ -118,11 +118,12 @@ fn with_pair(
     body: impl FnOnce(&mut NetEndpoint, &Mutex<NetEndpoint>, PeerId),
 ) -> (NetEndpoint, NetEndpoint) {
     let mut a = open(kind, ta);
-    // The target under the same layer and signal settings: the way signals travel is the
-    // provider's, so both ends take it the same way.
+    // The target under the same layer, signal settings and depth: the way signals travel is
+    // the provider's, so both ends take it the same way.
     let tb = NetConfig {
         unordered: ta.unordered,
         cq_signals: ta.cq_signals,
+        tx_depth: ta.tx_depth,
         ..NetConfig::default()
     };
     let mut b = open(kind, &tb);
@@ -719,12 +720,21 @@ fn deferred_flags_keep_their_order_and_leave_the_proxy_free() {
 #[test]
 fn counted_signals_land_after_their_data_past_receives_and_epochs() {
     use crate::config::UnorderedProfile::Efa;
+    // 256 op slots: 512 receives, and up to 256 writes in flight, each a signal's (an epoch):
+    // both limits are passed. Fewer rounds under valgrind (which sets MSCCLPP_TEST_CYCLES).
+    let rounds = match std::env::var_os("MSCCLPP_TEST_CYCLES") {
+        Some(_) => 600u64,
+        None => 2000,
+    };
+    let cfg = NetConfig {
+        tx_depth: Some(256),
+        ..unordered_cfg(Efa, 7)
+    };
     for kind in [Kind::Tcp, Kind::Shm] {
-        let rounds = 6000u64;
         let src: Vec<u64> = (0..=rounds).collect();
         let dst = vec![0u64; rounds as usize + 1];
         let flag = vec![0u64; 2];
-        let (a, b) = with_pair(kind, &unordered_cfg(Efa, 7), |a, b, pa| {
+        let (a, b) = with_pair(kind, &cfg, |a, b, pa| {
             assert!(a.counts_to(pa), "{kind:?}");
             let d = import_from(a, b, pa, &dst);
             let f = import_from(a, b, pa, &flag);
@@ -751,7 +761,7 @@ fn counted_signals_land_after_their_data_past_receives_and_epochs() {
                         value += 1;
                         a.write_value(pa, f, 8, value).unwrap();
                     }
-                    if r % 500 == 0 {
+                    if r % 250 == 0 {
                         // The receiver's own store (not a flush's copy) reaches the count.
                         progress_until_word(a, &flag, 1, value);
                     }
