@@ -132,6 +132,25 @@ impl Epochs {
         self.open.len() < OPEN_EPOCHS
     }
 
+    /// Where the epochs stand, to `undo` a tag whose write was not posted.
+    pub fn mark(&self) -> Mark {
+        Mark {
+            epoch: self.epoch,
+            in_epoch: self.in_epoch,
+            open: self.open.len(),
+            signals: self.signals,
+        }
+    }
+
+    /// Takes back every tag made since `m` (their writes were not posted): the receiver counts
+    /// only writes that reach it, and an epoch's count must match its closer's.
+    pub fn undo(&mut self, m: Mark) {
+        self.epoch = m.epoch;
+        self.in_epoch = m.in_epoch;
+        self.open.truncate(m.open);
+        self.signals = m.signals;
+    }
+
     /// The tag of the next write to the peer, whose sequence number is `seq`; `word`: it
     /// closes the epoch with a value into that word. Callers check `room` first, and that
     /// the peer has a stream.
@@ -151,6 +170,15 @@ impl Epochs {
         }
         t
     }
+}
+
+/// `Epochs::mark`.
+#[derive(Clone, Copy)]
+pub(super) struct Mark {
+    epoch: u64,
+    in_epoch: u32,
+    open: usize,
+    signals: u64,
 }
 
 /// The receiver's side, for one peer: writes counted per epoch, and the next epoch to apply.
@@ -320,6 +348,19 @@ mod tests {
             assert_eq!(stored, round);
         }
         assert_eq!(c.applied_epochs(), 300 * 3);
+    }
+
+    #[test]
+    fn a_tag_taken_back_leaves_the_epochs_as_before() {
+        let mut s = Epochs::new(Some(3));
+        let t1 = s.tag(1, None);
+        let m = s.mark();
+        s.tag(2, Some(4));
+        s.undo(m);
+        let mut again = Epochs::new(Some(3));
+        again.tag(1, None);
+        assert_eq!(s.tag(2, Some(4)), again.tag(2, Some(4)));
+        assert_eq!((s.open.len(), s.signals, stream_of(t1)), (1, 1, 3));
     }
 
     #[test]

@@ -343,6 +343,8 @@ impl NetEndpoint {
                         "net: {provider}/{domain_name}: signals are writes of their own: posting the receives that counting them needs failed: {e}"
                     );
                     ops.counted = false;
+                    // Nor do they ride: 8 bytes of CQ data do not fit this provider.
+                    ops.cq_signals = false;
                 }
             }
         }
@@ -612,8 +614,10 @@ impl NetEndpoint {
         if !self.ops.cq_signals || !remote.cq_values {
             return Ok(None);
         }
-        if self.counts_to(peer) {
-            let Some(w) = counted::word(remote.id, off) else {
+        if self.ops.counted {
+            // On a counting endpoint a value rides only as a counted tag (8 bytes of CQ data
+            // do not fit): to a peer that gave us no stream, it is a flag of its own.
+            let Some(w) = counted::word(remote.id, off).filter(|_| self.counts_to(peer)) else {
                 return Ok(None);
             };
             let counts = self.ops.outgoing.take_counted(peer, (dst, off), value);

@@ -198,8 +198,10 @@ pub(super) struct Ops {
     /// Signals are counted by the receiver (`counted.rs`): every write to a peer with a
     /// stream carries a tag.
     pub counted: bool,
-    /// Receives that peers' CQ data consumes (FI_RX_CQ_DATA), each posted again once read.
+    /// Receives that peers' CQ data consumes (FI_RX_CQ_DATA), each posted again once read;
+    /// those the provider had no room for yet (-FI_EAGAIN), posted at the next poll.
     pub(super) recvs: Box<[RecvSlot]>,
+    recvs_unposted: Vec<usize>,
     slots: Box<[OpSlot]>,
     free: Vec<usize>,
     pub outstanding: usize,
@@ -253,6 +255,7 @@ impl Ops {
             incoming_told: 0,
             counted: false,
             recvs: Box::new([]),
+            recvs_unposted: Vec::new(),
             slots: (0..depth).map(|_| OpSlot::default()).collect(),
             free: (0..depth).rev().collect(),
             outstanding: 0,
@@ -276,7 +279,9 @@ impl Ops {
         Ok(())
     }
 
-    /// Posts receive slot `i` (an empty buffer: CQ data consumes it, nothing lands in it).
+    /// Posts receive slot `i` (an empty buffer: CQ data consumes it, nothing lands in it); one
+    /// the provider has no room for now (-FI_EAGAIN) waits in `recvs_unposted` for the next
+    /// poll (meanwhile peers' writes wait for a receive, as EFA retries them).
     fn post_recv(&mut self, i: usize) -> Result<()> {
         let ctx: *mut c_void = (&mut self.recvs[i] as *mut RecvSlot).cast();
         let rc = match self.layer.as_mut() {
@@ -294,8 +299,25 @@ impl Ops {
                 ) as i64
             },
         };
-        if rc != 0 {
-            return Err(fab_err(format!("fi_recv on {}", self.describe()), rc));
+        match rc {
+            0 => Ok(()),
+            EAGAIN => {
+                self.recvs_unposted.push(i);
+                Ok(())
+            }
+            _ => Err(fab_err(format!("fi_recv on {}", self.describe()), rc)),
+        }
+    }
+
+    /// Posts the receives that found no room before (`post_recv`), as far as there is room.
+    fn post_unposted_receives(&mut self) -> Result<()> {
+        // Ends when all are posted, or when one finds no room again (it is pushed back).
+        while let Some(i) = self.recvs_unposted.pop() {
+            let before = self.recvs_unposted.len();
+            self.post_recv(i)?;
+            if self.recvs_unposted.len() > before {
+                break;
+            }
         }
         Ok(())
     }
@@ -396,6 +418,9 @@ impl Ops {
 
     /// Reads available completions once; returns how many.
     fn poll_cq(&mut self, peers: &mut Peers) -> Result<usize> {
+        if !self.recvs_unposted.is_empty() {
+            self.post_unposted_receives()?;
+        }
         let mut ents = [fi::fi_cq_data_entry::default(); CQ_BATCH];
         let rc = match self.layer.as_mut() {
             Some(l) => l.read(self.objs.ep, self.objs.cq, &mut ents),
@@ -441,19 +466,19 @@ impl Ops {
         let tag = u32::try_from(e.data)
             .map_err(|_| fail(self, format!("CQ data {:#x} is not a tag", e.data)))?;
         let stream = counted::stream_of(tag);
-        let Some(p) = peers.of_stream(stream) else {
+        let Some((rank, counts)) = peers.stream_counts(stream) else {
             return Err(fail(
                 self,
-                format!("tag {tag:#x} names stream {stream}, which is no peer's"),
+                format!("tag {tag:#x} names stream {stream}, which we gave no rank"),
             ));
         };
         self.incoming.counted += 1;
         let incoming = &mut self.incoming;
-        let r = peers[p].counts.take(tag, |w, v| {
+        let r = counts.take(tag, |w, v| {
             let (region, off) = counted::word_place(w);
             incoming.store_counted(region, off, v)
         });
-        r.map_err(|why| fail(self, format!("from {}: {why}", peers.name(p))))
+        r.map_err(|why| fail(self, format!("from rank {rank}: {why}")))
     }
 
     /// Turns the error completion at the head of the CQ into an error naming the peer.
@@ -598,6 +623,7 @@ impl Ops {
         // never on flags, markers and records, whose half round trip it lengthened over tcp
         // (bench/RESULTS.md, session 16).
         // (Inline writes, flags and records, are at most `INLINE_BYTES`: never above it.)
+        let mark = peers[peer].epochs.mark();
         let cq_data = if self.counted && peers[peer].epochs.stream.is_some() {
             // Every write to the peer carries its epoch's tag (`counted.rs`), once fewer than
             // `counted::OPEN_EPOCHS` epochs are open.
@@ -691,6 +717,8 @@ impl Ops {
             };
             if let Err(e) = r {
                 self.release(slot);
+                // Not posted: its tag is taken back (the receiver never counts it).
+                peers[peer].epochs.undo(mark);
                 return Err(e);
             }
         }

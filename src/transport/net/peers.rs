@@ -59,10 +59,9 @@ pub(super) struct Peer {
     /// The last user write to the peer was a staging record: once the peer acknowledges it,
     /// every earlier write has arrived (no delivery marker needed).
     pub last_was_record: bool,
-    /// Signals counted by the receiver (`counted.rs`): the epochs of our writes to the peer,
-    /// and the counts of its writes to us.
+    /// Signals counted by the receiver (`counted.rs`): the epochs of our writes to the peer
+    /// (the counts of its writes to us are kept by stream, `Peers::stream_counts`).
     pub epochs: super::counted::Epochs,
-    pub counts: super::counted::Counts,
 }
 
 impl Peer {
@@ -85,8 +84,9 @@ pub(super) struct Peers {
     /// The address blob of this endpoint (`Endpoint::address`).
     pub me: AddrBlob,
     list: Vec<Peer>,
-    /// By stream number (`stream_for`): the rank, and its peer once added.
-    streams: Vec<(usize, Option<PeerId>)>,
+    /// By stream number (`stream_for`): the rank, and the counts of its writes to us. Kept by
+    /// stream, not by peer: a peer's first writes may arrive before we add it.
+    streams: Vec<(usize, super::counted::Counts)>,
 }
 
 impl Index<PeerId> for Peers {
@@ -138,13 +138,15 @@ impl Peers {
         if self.streams.len() == super::counted::STREAMS {
             return None;
         }
-        self.streams.push((rank, self.of_rank(rank)));
+        self.streams.push((rank, Default::default()));
         Some((self.streams.len() - 1) as u8)
     }
 
-    /// The peer whose writes name stream `s`.
-    pub fn of_stream(&self, s: u8) -> Option<PeerId> {
-        self.streams.get(usize::from(s)).and_then(|x| x.1)
+    /// The rank whose writes name stream `s`, and the counts of its writes.
+    pub fn stream_counts(&mut self, s: u8) -> Option<(usize, &mut super::counted::Counts)> {
+        self.streams
+            .get_mut(usize::from(s))
+            .map(|x| (x.0, &mut x.1))
     }
 
     /// The peer's scratch word (flush markers; lone counted signals, `counted.rs`).
@@ -256,13 +258,8 @@ impl Peers {
             remote_chan: a.chan,
             last_was_record: false,
             epochs: super::counted::Epochs::new(a.stream),
-            counts: Default::default(),
         });
-        let p = self.list.len() - 1;
-        if let Some(s) = self.streams.iter_mut().find(|x| x.0 == remote_rank) {
-            s.1 = Some(p);
-        }
-        Ok((p, true))
+        Ok((self.list.len() - 1, true))
     }
 
     /// Orders the next write to `peer` (a flag or a staging record) after every earlier one,

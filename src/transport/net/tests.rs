@@ -483,8 +483,8 @@ fn unordered_layer_catches_a_flag_posted_plain() {
                 }
                 if planted && counting {
                     let mut b = b.lock().unwrap();
-                    let p = b.peers.of_rank(0).unwrap();
-                    b.peers[p].counts.eager = true;
+                    let s = b.peers.stream_for(0).unwrap();
+                    b.peers.stream_counts(s).unwrap().1.eager = true;
                 }
                 let d = import_from(a, b, pa, &dst);
                 let f = import_from(a, b, pa, &flag);
@@ -588,6 +588,88 @@ fn unordered_layer_enforces_its_profile() {
     });
     let st = a.ops.layer.as_ref().unwrap().stats;
     assert!(st.early > 0, "{st:?}");
+}
+
+/// A peer's tagged writes may reach us before we have added the peer (its address came from
+/// `address_for`, which gave it a stream; our `add_peer` for it may come later): they are
+/// counted by stream, and its signal is stored.
+#[test]
+fn counted_writes_may_arrive_before_the_writer_is_added() {
+    use crate::config::UnorderedProfile::Efa;
+    for kind in [Kind::Tcp, Kind::Shm] {
+        let cfg = unordered_cfg(Efa, 11);
+        let (mut a, mut b) = (open(kind, &cfg), open(kind, &cfg));
+        let pa = a.add_peer(1, &b.address_for(0).unwrap()).unwrap();
+        let a_addr = a.address_for(1).unwrap();
+        let src = vec![9u64; 512];
+        let (dst, flag) = (vec![0u64; 512], vec![0u64; 2]);
+        let d = a.import(pa, &b.register(region(&dst)).unwrap().1).unwrap();
+        let f = a.import(pa, &b.register(region(&flag)).unwrap().1).unwrap();
+        let s = a.register(region(&src)).unwrap().0;
+        assert!(a.counts_to(pa), "{kind:?}");
+        a.write_then_value(pa, s, 0, d, 0, 4096, (f, 8, 1)).unwrap();
+        let t0 = Instant::now();
+        // Ends when the signal is stored, or fails after 20 s.
+        while word(&flag, 1) != 1 {
+            a.progress().unwrap();
+            b.progress().unwrap();
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "{kind:?}: no signal"
+            );
+        }
+        assert!((0..512).all(|i| word(&dst, i) == 9), "{kind:?}");
+        b.add_peer(0, &a_addr).unwrap();
+        // Ends when `a` has nothing in flight (both progressed), or fails after 20 s.
+        while a.ops.outstanding > 0 || a.ops.layer.as_ref().is_some_and(|l| l.busy()) {
+            a.progress().unwrap();
+            b.progress().unwrap();
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "{kind:?}: writes in flight"
+            );
+        }
+        drop(b);
+    }
+}
+
+/// On a counting endpoint, a peer that gave us no stream (an address not made for us, or more
+/// than 256 ranks) gets its signals as flags of their own, never as 8 bytes of CQ data, which
+/// the provider cannot carry (the EFA-like layer refuses them).
+#[test]
+fn counted_endpoints_send_flags_to_a_peer_without_a_stream() {
+    use crate::config::UnorderedProfile::Efa;
+    let cfg = unordered_cfg(Efa, 13);
+    let (mut a, mut b) = (open(Kind::Tcp, &cfg), open(Kind::Tcp, &cfg));
+    let pa = a.add_peer(1, &b.address().unwrap()).unwrap();
+    b.add_peer(0, &a.address().unwrap()).unwrap();
+    assert!(a.ops.counted && !a.counts_to(pa));
+    let src = vec![4u64; 8];
+    let (dst, flag) = (vec![0u64; 8], vec![0u64; 2]);
+    let d = a.import(pa, &b.register(region(&dst)).unwrap().1).unwrap();
+    let f = a.import(pa, &b.register(region(&flag)).unwrap().1).unwrap();
+    let s = a.register(region(&src)).unwrap().0;
+    let t0 = Instant::now();
+    for v in 1..=3 {
+        a.write_then_value(pa, s, 0, d, 0, 64, (f, 8, v)).unwrap();
+        // Ends when the flag arrives, or fails after 20 s.
+        while word(&flag, 1) != v {
+            a.progress().unwrap();
+            b.progress().unwrap();
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "flag {v} never arrived"
+            );
+        }
+    }
+    assert_eq!(word(&dst, 7), 4);
+    assert_eq!(a.ops.stats.signals_with_data, 0, "no value rode");
+    // Ends when `a` has nothing in flight (both progressed), or fails after 20 s.
+    while a.ops.outstanding > 0 || a.ops.layer.as_ref().is_some_and(|l| l.busy()) {
+        a.progress().unwrap();
+        b.progress().unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(20), "writes in flight");
+    }
 }
 
 /// EFA's rule that remote CQ data consumes a receive the target posted, as the EFA-like layer
