@@ -441,6 +441,7 @@ const INLINE_SIZES: [usize; 7] = [1, 8, 13, 1000, 16384, 16385, 20000];
 /// once, as on a loaded host, takes the proxy: `proxy::assist`).
 fn inline_puts(e: Env) {
     const ROUNDS: usize = 1400;
+    capture_logs();
     let inline_limit: usize = std::env::var("MSCCLPP_SHM_INLINE_BYTES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -559,11 +560,38 @@ fn inline_puts(e: Env) {
         }
     }
     finish(c);
+    // The proxy's count at the stop covers at least the puts this test saw go inline.
+    let logs = logged();
+    let did = logs.iter().find_map(|l| {
+        let rest = l.split("SHM puts small enough to go inline: ").nth(1)?;
+        rest.split(' ').next()?.parse::<usize>().ok()
+    });
+    let seen: usize = went.iter().sum();
+    match did {
+        Some(n) => assert!(
+            n >= seen,
+            "the INFO line counts {n} inline puts, the test saw {seen}"
+        ),
+        None => assert_eq!(
+            seen,
+            0,
+            "no INFO line on inline puts; log:\n{}",
+            logs.join("\n")
+        ),
+    }
 }
 
 #[test]
 fn inline_puts_shm() {
-    ranks("inline_puts_shm", 2, "shm", inline_puts);
+    // INFO: the proxy's count of inline puts at the stop.
+    ranks_with(
+        "inline_puts_shm",
+        2,
+        "shm",
+        "MSCCLPP_DEBUG",
+        "INFO",
+        inline_puts,
+    );
 }
 
 #[test]

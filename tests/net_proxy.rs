@@ -67,6 +67,7 @@ fn proxy_moves_data_and_refuses_out_of_range_triggers() {
         signals: 0,
         direct: None,
         outbox: None,
+        inline: Default::default(),
         inbox: None,
         undelivered: false,
         regain_direct: false,

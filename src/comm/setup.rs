@@ -284,6 +284,7 @@ impl Comm {
             signals: 0,
             direct,
             outbox,
+            inline: Default::default(),
             inbox: inbox.clone(),
             undelivered: false,
             regain_direct: false,

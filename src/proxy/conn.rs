@@ -33,6 +33,9 @@ pub struct ProxyConn {
     /// The ring in the peer's epoch block (SHM over host memory): small puts may go inline,
     /// written by the calling host thread (`direct_put`).
     pub outbox: Option<Outbox>,
+    /// What became of the puts that could have gone inline (`direct_put`), for the INFO line
+    /// at the stop.
+    pub inline: InlineStats,
     /// The ring in our epoch block, which the peer writes small puts into: applied to our
     /// buffer by our waiters and by this proxy (`ProxyWork::drain_inboxes`).
     pub inbox: Option<Arc<Inbox>>,
@@ -93,21 +96,39 @@ pub(super) fn direct_put(
         return false;
     };
     let fits = |off: u64, limit: u64| off.checked_add(size).is_some_and(|end| end <= limit);
-    if c.undelivered
-        || size == 0
+    if size == 0
         || size > out.max_bytes
         || !fits(src_off, c.local_size)
         || !fits(dst_off, c.remote_size)
-        || !out.put(src_off, dst_off, size)
     {
         return false;
     }
+    if c.undelivered {
+        c.inline.after_endpoint += 1;
+        return false;
+    }
+    if !out.put(src_off, dst_off, size) {
+        c.inline.ring_full += 1;
+        return false;
+    }
+    c.inline.inline += 1;
     if signal {
         // Cannot refuse: it has a direct epoch and nothing undelivered (checked above).
         let stored = direct_flag(c);
         debug_assert!(stored);
     }
     true
+}
+
+/// Puts small enough to go inline on a connection with a ring (`direct_put`): how many did,
+/// how many found the ring full (the peer had not applied enough of the earlier ones), and how
+/// many came after a write through the endpoint since the last flush (so could not overtake
+/// it).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InlineStats {
+    pub inline: u64,
+    pub ring_full: u64,
+    pub after_endpoint: u64,
 }
 
 /// After a flush of `peer`: everything written to it has arrived, on every connection to it.

@@ -60,6 +60,7 @@ pub(crate) fn work() -> crate::proxy::SharedWork {
         signals: 0,
         direct: None,
         outbox: None,
+        inline: Default::default(),
         inbox: None,
         undelivered: false,
         regain_direct: false,

@@ -3,7 +3,7 @@
 //! endpoint when idle; it also watches for lost peers. Whoever holds the lock runs it: the proxy
 //! thread (`thread.rs`) or a host thread (`assist.rs`).
 
-use super::conn::{direct_flag, flushed, ProxyConn};
+use super::conn::{direct_flag, flushed, InlineStats, ProxyConn};
 use super::Sticky;
 use crate::abi::{mscclppData, mscclppFlag, mscclppSync};
 use crate::error::{Error, Result};
@@ -270,6 +270,23 @@ impl ProxyWork {
         ep.quiesce()?;
         drop(ep);
         self.report_unexecuted("at the stop");
+        let s = self
+            .conns
+            .iter()
+            .fold(InlineStats::default(), |a, c| InlineStats {
+                inline: a.inline + c.inline.inline,
+                ring_full: a.ring_full + c.inline.ring_full,
+                after_endpoint: a.after_endpoint + c.inline.after_endpoint,
+            });
+        if s.inline + s.ring_full + s.after_endpoint > 0 {
+            crate::info!(
+                "{}: SHM puts small enough to go inline: {} did, {} found the peer's ring full, {} followed a put through the endpoint since the last flush",
+                self.name,
+                s.inline,
+                s.ring_full,
+                s.after_endpoint
+            );
+        }
         Ok(())
     }
 
