@@ -176,29 +176,33 @@ fn alltoall_unordered(e: Env) {
     );
 }
 
-/// `ranks` with `key` set to `val` over `provider`, every rank bounded by `DEADLINE`.
-fn ranks_with(name: &str, n: usize, provider: &str, key: &'static str, val: &str, body: fn(Env)) {
+/// `ranks` with the settings `vars` over `provider`, every rank bounded by `DEADLINE`.
+fn ranks_env(name: &str, n: usize, provider: &str, vars: &[(&'static str, &str)], body: fn(Env)) {
     if skip_missing_provider(name, provider) {
         return;
     }
     if is_rank(name) {
         return body(env());
     }
-    spawn(name, n, &with(transport_env(provider), key, val)).expect_success(DEADLINE);
+    let env = vars
+        .iter()
+        .fold(transport_env(provider), |e, &(k, v)| with(e, k, v));
+    spawn(name, n, &env).expect_success(DEADLINE);
 }
 
-/// `ranks` with the unordered test layer of `profile` (`efa` or `psm3`) over `provider`.
+/// `ranks` with `key` set to `val` over `provider`.
+fn ranks_with(name: &str, n: usize, provider: &str, key: &'static str, val: &str, body: fn(Env)) {
+    ranks_env(name, n, provider, &[(key, val)], body);
+}
+
+/// `ranks` with the unordered test layer of `profile` (`efa` or `psm3`) over `provider`,
+/// logging at INFO (the body checks the layer ran, and which way signals went).
 fn ranks_unordered(name: &str, n: usize, provider: &str, profile: &str, body: fn(Env)) {
-    if is_rank(name) {
-        body(env());
-        return;
-    }
-    let env = with(
-        with(transport_env(provider), "MSCCLPP_TEST_UNORDERED", profile),
-        "MSCCLPP_DEBUG",
-        "INFO",
-    );
-    spawn(name, n, &env).expect_success(DEADLINE);
+    let vars = [
+        ("MSCCLPP_TEST_UNORDERED", profile),
+        ("MSCCLPP_DEBUG", "INFO"),
+    ];
+    ranks_env(name, n, provider, &vars, body);
 }
 
 #[test]

@@ -56,6 +56,14 @@ pub(super) fn cstr(p: *const c_char) -> String {
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
+/// The index of the slot in `slots` whose address is `ctx`, the context an operation was
+/// posted with (each slot begins with its `fi_context2`), or None for any other pointer.
+pub(super) fn slot_of<T>(slots: &[T], ctx: *mut c_void) -> Option<usize> {
+    let sz = std::mem::size_of::<T>();
+    let off = (ctx as usize).wrapping_sub(slots.as_ptr() as usize);
+    (off % sz == 0 && off / sz < slots.len()).then_some(off / sz)
+}
+
 /// A malloc'd copy of `s`, for fi_info fields that `fi_freeinfo` will `free`.
 pub(super) fn strdup(s: &str) -> Result<*mut c_char> {
     let c = CString::new(s).map_err(|_| Error::invalid_arg(format!("{s:?} contains NUL")))?;

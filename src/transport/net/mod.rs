@@ -602,7 +602,8 @@ impl NetEndpoint {
     /// The remote CQ data carrying `value` into word `off` of `remote` (imported region `dst`),
     /// where values into it ride so (the owner said so in its blob, and this endpoint sends
     /// them), or None: a write of the value itself. An error for a value the owner could not
-    /// rebuild (`signals::Outgoing`).
+    /// rebuild (`signals::Outgoing`). On a counting endpoint, the `counted::ask` for the
+    /// write that carries it, recorded as sent (`Outgoing::take_counted`).
     fn cq_value(
         &mut self,
         peer: PeerId,
@@ -692,7 +693,7 @@ impl NetEndpoint {
     /// Whether signals to `peer` are counted by it (`counted.rs`): our writes to it carry
     /// tags.
     fn counts_to(&self, peer: PeerId) -> bool {
-        self.ops.counted && self.peers[peer].epochs.stream.is_some()
+        self.ops.tags_to(&self.peers, peer)
     }
 
     fn check_peer(&self, peer: PeerId) -> Result<()> {
@@ -871,11 +872,13 @@ impl Endpoint for NetEndpoint {
         self.check_peer(peer)?;
         let remote = self.remote(peer, dst)?;
         regions::check_value(&self.peers, peer, &remote, dst_off)?;
-        let counted_word = (self.counts_to(peer) && remote.cq_values)
-            .then(|| counted::word(remote.id, dst_off))
-            .flatten()
-            .filter(|_| self.ops.outgoing.take_counted(peer, (dst, dst_off), value));
-        if let Some(w) = counted_word {
+        // (On a counting endpoint `cq_value` is the counted tag's request, or None where the
+        // value goes as a write of its own.)
+        let counted = match self.ops.counted {
+            true => self.cq_value(peer, dst, &remote, dst_off, value)?,
+            false => None,
+        };
+        if let Some(ask) = counted {
             // Where the receiver counts signals, a lone one is the tag of an 8-byte write
             // (`counted.rs`): into the peer's scratch word while earlier writes to it may
             // still be on their way, else into the word itself, where a waiter sees it
@@ -892,7 +895,7 @@ impl Endpoint for NetEndpoint {
             return self.ops.post(
                 &mut self.peers,
                 &Op {
-                    cq_data: Some(counted::ask(w)),
+                    cq_data: Some(ask),
                     ..Op::inline(peer, &value.to_ne_bytes(), raddr, key)
                 },
             );

@@ -322,14 +322,6 @@ impl Ops {
         Ok(())
     }
 
-    /// The receive slot a completion's context is, if it is one.
-    fn recv_slot(&self, ctx: *mut c_void) -> Option<usize> {
-        let base = self.recvs.as_ptr() as usize;
-        let sz = std::mem::size_of::<RecvSlot>();
-        let off = (ctx as usize).wrapping_sub(base);
-        (off % sz == 0 && off / sz < self.recvs.len()).then_some(off / sz)
-    }
-
     /// One pause of a bounded wait for the provider (`provider_wait`): by its policy; on a
     /// crowded host, once it has lasted `sync::NAP_AFTER`, a nap (counted in `stats.naps`).
     /// `Err(timeout)` naming `what` once the bound has passed.
@@ -368,16 +360,12 @@ impl Ops {
 
     /// Maps a completion's context back to its slot and retires it.
     fn retire(&mut self, peers: &mut Peers, ctx: *mut c_void) -> Result<PeerId> {
-        let base = self.slots.as_ptr() as usize;
-        let sz = std::mem::size_of::<OpSlot>();
-        let off = (ctx as usize).wrapping_sub(base);
-        let idx = off / sz;
-        if off % sz != 0 || idx >= self.slots.len() || !self.slots[idx].busy {
+        let Some(idx) = fabric::slot_of(&self.slots, ctx).filter(|&i| self.slots[i].busy) else {
             return Err(Error::internal(format!(
                 "completion with unknown context {ctx:p} on {}",
                 self.describe()
             )));
-        }
+        };
         let s = &mut self.slots[idx];
         s.busy = false;
         let p = s.peer;
@@ -460,7 +448,7 @@ impl Ops {
         if !self.counted {
             return self.incoming.apply(e.data).map_err(|why| fail(self, why));
         }
-        if let Some(i) = self.recv_slot(e.op_context) {
+        if let Some(i) = fabric::slot_of(&self.recvs, e.op_context) {
             self.post_recv(i)?;
         }
         let tag = u32::try_from(e.data)
@@ -548,6 +536,12 @@ impl Ops {
         }
     }
 
+    /// Whether our writes to `peer` carry counted tags (`counted.rs`): signals are counted on
+    /// this endpoint, and the peer gave us a stream.
+    pub fn tags_to(&self, peers: &Peers, peer: PeerId) -> bool {
+        self.counted && peers[peer].epochs.stream.is_some()
+    }
+
     /// Waits (progressing, bounded) until another write to `peer` may be tagged
     /// (`counted::Epochs::room`).
     fn counted_room(&mut self, peers: &mut Peers, peer: PeerId) -> Result<()> {
@@ -623,8 +617,9 @@ impl Ops {
         // never on flags, markers and records, whose half round trip it lengthened over tcp
         // (bench/RESULTS.md, session 16).
         // (Inline writes, flags and records, are at most `INLINE_BYTES`: never above it.)
-        let mark = peers[peer].epochs.mark();
-        let cq_data = if self.counted && peers[peer].epochs.stream.is_some() {
+        // Where the epochs stood before this write's tag (tagged writes only).
+        let mut mark = None;
+        let cq_data = if self.tags_to(peers, peer) {
             // Every write to the peer carries its epoch's tag (`counted.rs`), once fewer than
             // `counted::OPEN_EPOCHS` epochs are open.
             if let Err(e) = self.counted_room(peers, peer) {
@@ -632,6 +627,7 @@ impl Ops {
                 return Err(e);
             }
             let p = &mut peers[peer];
+            mark = Some(p.epochs.mark());
             let word = counted::asked(op.cq_data);
             Some(u64::from(p.epochs.tag(p.next_seq + 1, word)))
         } else {
@@ -718,7 +714,9 @@ impl Ops {
             if let Err(e) = r {
                 self.release(slot);
                 // Not posted: its tag is taken back (the receiver never counts it).
-                peers[peer].epochs.undo(mark);
+                if let Some(m) = mark {
+                    peers[peer].epochs.undo(m);
+                }
                 return Err(e);
             }
         }

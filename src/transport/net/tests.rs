@@ -70,6 +70,28 @@ fn progress_until_word(a: &mut NetEndpoint, v: &[u64], i: usize, want: u64) {
     }
 }
 
+/// Whether `a` still has writes in flight (its own, or held by the unordered layer).
+fn in_flight(a: &NetEndpoint) -> bool {
+    a.ops.outstanding > 0 || a.ops.layer.as_ref().is_some_and(|l| l.busy())
+}
+
+/// Progresses `a` and `b` from this one thread (no proxy runs either) until `done(a)`, failing
+/// after 20 s with `what`.
+fn progress_both_until(
+    a: &mut NetEndpoint,
+    b: &mut NetEndpoint,
+    what: &str,
+    done: impl Fn(&NetEndpoint) -> bool,
+) {
+    let t0 = Instant::now();
+    // Ends when `done` holds, or fails after 20 s.
+    while !done(a) {
+        a.progress().unwrap();
+        b.progress().unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(20), "{what} after 20 s");
+    }
+}
+
 /// Runs `body` with the initiator `a` (peer `pa` is `b`) while a thread progresses the target
 /// `b`, as its proxy would; returns both for inspection.
 fn with_target_progressed(
@@ -96,7 +118,7 @@ fn with_target_progressed(
     // and the peer's close released it; not confirmed). Ends when nothing is in flight, or
     // fails after 20 s.
     let t0 = Instant::now();
-    while a.ops.outstanding > 0 || a.ops.layer.as_ref().is_some_and(|l| l.busy()) {
+    while in_flight(&a) {
         a.progress().unwrap();
         assert!(
             t0.elapsed() < Duration::from_secs(20),
@@ -608,27 +630,13 @@ fn counted_writes_may_arrive_before_the_writer_is_added() {
         let s = a.register(region(&src)).unwrap().0;
         assert!(a.counts_to(pa), "{kind:?}");
         a.write_then_value(pa, s, 0, d, 0, 4096, (f, 8, 1)).unwrap();
-        let t0 = Instant::now();
-        // Ends when the signal is stored, or fails after 20 s.
-        while word(&flag, 1) != 1 {
-            a.progress().unwrap();
-            b.progress().unwrap();
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "{kind:?}: no signal"
-            );
-        }
+        progress_both_until(&mut a, &mut b, &format!("{kind:?}: no signal"), |_| {
+            word(&flag, 1) == 1
+        });
         assert!((0..512).all(|i| word(&dst, i) == 9), "{kind:?}");
         b.add_peer(0, &a_addr).unwrap();
-        // Ends when `a` has nothing in flight (both progressed), or fails after 20 s.
-        while a.ops.outstanding > 0 || a.ops.layer.as_ref().is_some_and(|l| l.busy()) {
-            a.progress().unwrap();
-            b.progress().unwrap();
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "{kind:?}: writes in flight"
-            );
-        }
+        let what = format!("{kind:?}: writes in flight");
+        progress_both_until(&mut a, &mut b, &what, |a| !in_flight(a));
         drop(b);
     }
 }
@@ -649,27 +657,14 @@ fn counted_endpoints_send_flags_to_a_peer_without_a_stream() {
     let d = a.import(pa, &b.register(region(&dst)).unwrap().1).unwrap();
     let f = a.import(pa, &b.register(region(&flag)).unwrap().1).unwrap();
     let s = a.register(region(&src)).unwrap().0;
-    let t0 = Instant::now();
     for v in 1..=3 {
         a.write_then_value(pa, s, 0, d, 0, 64, (f, 8, v)).unwrap();
-        // Ends when the flag arrives, or fails after 20 s.
-        while word(&flag, 1) != v {
-            a.progress().unwrap();
-            b.progress().unwrap();
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "flag {v} never arrived"
-            );
-        }
+        let what = format!("flag {v} never arrived");
+        progress_both_until(&mut a, &mut b, &what, |_| word(&flag, 1) == v);
     }
     assert_eq!(word(&dst, 7), 4);
     assert_eq!(a.ops.stats.signals_with_data, 0, "no value rode");
-    // Ends when `a` has nothing in flight (both progressed), or fails after 20 s.
-    while a.ops.outstanding > 0 || a.ops.layer.as_ref().is_some_and(|l| l.busy()) {
-        a.progress().unwrap();
-        b.progress().unwrap();
-        assert!(t0.elapsed() < Duration::from_secs(20), "writes in flight");
-    }
+    progress_both_until(&mut a, &mut b, "writes in flight", |a| !in_flight(a));
 }
 
 /// EFA's rule that remote CQ data consumes a receive the target posted, as the EFA-like layer
@@ -854,15 +849,9 @@ fn counted_signals_land_after_their_data_past_receives_and_epochs() {
         });
         let (mut a, mut b) = (a, b);
         // The target reads the rest of the writes (the flush's copy of the count came first).
-        let t0 = Instant::now();
-        while b.ops.incoming.counted < a.ops.stats.posted {
-            b.progress().unwrap();
-            a.progress().unwrap();
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "{kind:?}: writes never read"
-            );
-        }
+        let posted = a.ops.stats.posted;
+        let what = format!("{kind:?}: writes never read");
+        progress_both_until(&mut b, &mut a, &what, |b| b.ops.incoming.counted >= posted);
         assert!(
             (1..=rounds as usize).all(|i| word(&dst, i) == i as u64),
             "{kind:?}"

@@ -600,13 +600,7 @@ impl Layer {
 
     /// The write a piece's context belongs to, for a context of ours.
     fn piece_of(&mut self, ctx: *mut c_void) -> Option<usize> {
-        let base = self.pieces.as_ptr() as usize;
-        let sz = std::mem::size_of::<PieceSlot>();
-        let off = (ctx as usize).wrapping_sub(base);
-        let i = off / sz;
-        if off % sz != 0 || i >= self.pieces.len() || !self.pieces[i].busy {
-            return None;
-        }
+        let i = super::fabric::slot_of(&self.pieces, ctx).filter(|&i| self.pieces[i].busy)?;
         self.pieces[i].busy = false;
         self.free_pieces.push(i);
         Some(self.pieces[i].write)
