@@ -8,7 +8,8 @@
 #   AB_BINS="/tmp/sr-old /tmp/sr-new" bench/signal-ratio.sh [rounds] [reps]   defaults: 3 5
 #
 # PEERS=3 streams from rank 0 to three peers at once (`--peers`, builds from session 16 on);
-# CONFIGS="tcp shm" picks the transports. A build with CQ-data signals run with them off
+# CONFIGS="tcp shm" picks the transports; MIN_KIB and MAX_KIB the sizes (the binary's defaults:
+# 16 KiB to 4 MiB); WAIT_AFTER=1 has the peers wait once, after the stream (`--wait-after`). A build with CQ-data signals run with them off
 # (today's path) is a wrapper script: `exec env MSCCLPP_NET_CQ_SIGNALS=0 /tmp/sr-new "$@"`.
 #
 # The binaries are copies of target/release/examples/signal_ratio built from each tree. Prints
@@ -25,6 +26,9 @@ run() { # config binary-index round
   local c=$1 k=$2 b=${bins[$2]} args=(--reps "$reps")
   local -a env=(env -u MSCCLPP_NET_PROVIDER -u MSCCLPP_TEST_UNORDERED)
   [[ ${PEERS:-1} == 1 ]] || args+=(--peers "$PEERS")
+  [[ -z ${MIN_KIB:-} ]] || args+=(--min-kib "$MIN_KIB")
+  [[ -z ${MAX_KIB:-} ]] || args+=(--max-kib "$MAX_KIB")
+  [[ -z ${WAIT_AFTER:-} ]] || args+=(--wait-after)
   case $c in
   tcp) args+=(--provider tcp) ;;
   shm) args+=(--provider shm) ;;

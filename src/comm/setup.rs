@@ -285,6 +285,7 @@ impl Comm {
             direct,
             outbox,
             inline: Default::default(),
+            wait_for_room_above: caps.flags_wait_above,
             inbox: inbox.clone(),
             undelivered: false,
             regain_direct: false,

@@ -22,8 +22,8 @@ mod registry;
 use abandoned::Abandoned;
 pub use gate::{park_aside, HelperGate};
 pub use registry::{
-    abandon, direct_put, direct_signal, drain_inbox, is_host_fifo, set_consumer, set_direct,
-    set_inbox, withdraw, Assist, Drain, Withdrawal,
+    abandon, direct_put, direct_signal, inbox, is_host_fifo, set_consumer, set_direct, set_inbox,
+    withdraw, Assist, Drain, Withdrawal,
 };
 pub(crate) use registry::{assist_after_push, consumer_and_gate, hold};
 

@@ -41,9 +41,12 @@ pub enum Withdrawal {
 }
 
 /// A ring of inline puts into one connection's buffer (`transport::inbox::Inbox`): a waiter
-/// that saw its signal applies what the peer wrote before it.
+/// applies what the peer writes while it waits if the sender waits for room (`room_wanted`,
+/// `drain_if_free`), and, once it saw its signal, everything written before it (`drain`).
 pub trait Drain: Send + Sync {
     fn drain(&self) -> crate::error::Result<()>;
+    fn drain_if_free(&self) -> crate::error::Result<bool>;
+    fn room_wanted(&self) -> bool;
 }
 
 /// The consumer of a host FIFO, whether host threads may do its work (`assist`), and whether
@@ -154,20 +157,15 @@ pub fn set_inbox(head: *const u64, conn: usize, inbox: Arc<dyn Drain>) {
     }
 }
 
-/// Applies the inline puts of connection `conn` of the host FIFO at `head`, if it has a ring:
-/// a waiter calls it once it saw the signal that follows them.
-pub fn drain_inbox(head: *const u64, conn: usize) -> crate::error::Result<()> {
-    // Not `lookup`: every host wait() comes here, and the inbox needs no live consumer (its Arc
-    // keeps the ring), so the consumer's Weak is not upgraded (an atomic on a count the proxy
-    // thread shares).
-    let inbox = host_fifos()
+/// The ring of inline puts into connection `conn` of the host FIFO at `head`, if it has one: a
+/// waiter applies what the peer wrote, while it waits and once it saw the signal that follows.
+pub fn inbox(head: *const u64, conn: usize) -> Option<Arc<dyn Drain>> {
+    // Not `lookup`: the inbox needs no live consumer (its Arc keeps the ring), so the
+    // consumer's Weak is not upgraded (an atomic on a count the proxy thread shares).
+    host_fifos()
         .get(&(head as usize))
         .and_then(|e| e.consumer.as_ref())
-        .and_then(|c| c.inboxes.get(conn).cloned().flatten());
-    match inbox {
-        Some(i) => i.drain(),
-        None => Ok(()),
-    }
+        .and_then(|c| c.inboxes.get(conn).cloned().flatten())
 }
 
 /// What `take` makes of the consumer of the host FIFO at `head`, if it has one that `wanted`

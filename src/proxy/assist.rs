@@ -61,9 +61,22 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
 
     fn direct_put(&self, conn: usize, dst: u64, src: u64, size: u64, signal: bool) -> bool {
         idle(self).is_some_and(|mut w| {
-            w.conns
-                .get_mut(conn)
-                .is_some_and(|c| direct_put(c, src, dst, size, signal))
+            if conn >= w.conns.len() {
+                return false;
+            }
+            // This connection mutably, and every connection's ring into us, which a wait for
+            // room in the peer's ring applies (two ranks putting into each other at once each
+            // wait for the other, holding the lock our proxy thread would drain with).
+            let (before, rest) = w.conns.split_at_mut(conn);
+            let (c, after) = rest.split_first_mut().expect("conn < len");
+            let drain_others = || {
+                before
+                    .iter()
+                    .chain(after.iter())
+                    .filter_map(|x| x.inbox.as_deref())
+                    .all(|i| i.drain_if_free().is_ok())
+            };
+            direct_put(c, src, dst, size, signal, drain_others)
         })
     }
 }

@@ -720,6 +720,7 @@ impl Endpoint for NetEndpoint {
             may_wedge: self.shm_transport,
             linger: true,
             direct_epoch: self.shm_transport,
+            flags_wait_above: self.ops.plan.ordered_upto,
         }
     }
 
