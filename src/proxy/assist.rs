@@ -2,7 +2,7 @@
 //! waiter progresses the endpoint, a lone signal may be a plain store, and a small put on an
 //! idle SHM connection a record in the peer's ring of inline puts.
 
-use super::conn::{direct_flag, direct_put};
+use super::conn::{direct_flag, direct_put, ROOM_WAIT};
 use super::thread::panic_error;
 use super::work::ProxyWork;
 use crate::fifo::Withdrawal;
@@ -76,7 +76,7 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
                     .filter_map(|x| x.inbox.as_deref())
                     .all(|i| i.drain_if_free().is_ok())
             };
-            direct_put(c, src, dst, size, signal, drain_others)
+            direct_put(c, src, dst, size, signal, ROOM_WAIT, drain_others)
         })
     }
 }

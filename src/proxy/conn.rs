@@ -89,18 +89,18 @@ pub(super) fn direct_flag(c: &mut ProxyConn) -> bool {
 /// (`direct_flag`): only where the connection has both paths, nothing written on it through the
 /// endpoint may still be on its way (the receiver could apply the record first, and the older
 /// write land over it), the put is small and within both registered buffers, and the ring has
-/// room, or, for a put past `wait_for_room_above`, gets it within `ROOM_WAIT` (meanwhile it
-/// applies the rings peers write into us, this connection's and `drain_others`, which their own
-/// waits for room may need). The caller
-/// holds the proxy's lock with an empty FIFO, so no trigger of this connection waits either.
-/// Returns whether it did; false leaves everything as it was, and the caller pushes the trigger
-/// (whose checks report a bad range).
+/// room, or, for a put past `wait_for_room_above`, gets it within `room_wait` (`ROOM_WAIT`;
+/// meanwhile it applies the rings peers write into us, this connection's and `drain_others`,
+/// which their own waits for room may need). The caller holds the proxy's lock with an empty
+/// FIFO, so no trigger of this connection waits either. Returns whether it did; false leaves
+/// everything as it was, and the caller pushes the trigger (whose checks report a bad range).
 pub(super) fn direct_put(
     c: &mut ProxyConn,
     src_off: u64,
     dst_off: u64,
     size: u64,
     signal: bool,
+    room_wait: Duration,
     mut drain_others: impl FnMut() -> bool,
 ) -> bool {
     let (Some(_), Some(out)) = (&c.direct, &mut c.outbox) else {
@@ -121,7 +121,7 @@ pub(super) fn direct_put(
     // The wait for room, from the first time the ring had none (the clock is read only then).
     let mut room: Option<Backoff> = None;
     // Ends: the record is written, the receiver refuses it, draining our rings fails (the
-    // proxy's round reports it), or ROOM_WAIT passed.
+    // proxy's round reports it), or `room_wait` passed.
     let written = loop {
         match out.put(src_off, dst_off, size) {
             Put::Written => break true,
@@ -138,7 +138,11 @@ pub(super) fn direct_put(
                 let r = room.get_or_insert_with(|| {
                     c.inline.waited += 1;
                     out.want_room(true);
-                    Backoff::new(ROOM_POLICY, ROOM_WAIT)
+                    let policy = Policy {
+                        yield_for: room_wait,
+                        ..ROOM_POLICY
+                    };
+                    Backoff::new(policy, room_wait)
                 });
                 // Acquire in `put` pairs with the receiver's Release of its tail.
                 r.pause();
@@ -174,9 +178,9 @@ fn drain_ours(inbox: &Option<Arc<Inbox>>, others: &mut impl FnMut() -> bool) -> 
 /// write's delivery (libfabric's shm: 4 KiB): a 16 KiB `putWithSignal` stream then ran at
 /// 0.55-0.75 of an unsignalled one on 16 cores (bench/RESULTS.md). Against a receiver that
 /// applies nothing the wait costs this once per flush.
-const ROOM_WAIT: Duration = Duration::from_micros(100);
-/// Spins first (a record applied by another core), then yields: on a crowded host the
-/// receiver needs a core to apply it.
+pub(super) const ROOM_WAIT: Duration = Duration::from_micros(100);
+/// Spins first (a record applied by another core), then yields for the rest of the wait: on a
+/// crowded host the receiver needs a core to apply it.
 const ROOM_POLICY: Policy = Policy {
     spins: 64,
     yield_for: ROOM_WAIT,
@@ -211,6 +215,8 @@ mod tests {
     use crate::transport::inbox::BLOCK_BYTES;
 
     const SIZE: u64 = 16 << 10;
+    /// A wait for room that no slow machine (valgrind) outlasts between two polls.
+    const LONG: Duration = Duration::from_secs(60);
 
     /// A connection with both direct paths into a fresh peer block, and the peer's side of
     /// that block: its ring (applying into `dst`) and its signal count.
@@ -250,14 +256,14 @@ mod tests {
         let mut dst = vec![0u8; SIZE as usize];
         let (mut c, peer, block) = conn(&src, &mut dst);
         // The ring holds two records of the largest size.
-        assert!(direct_put(&mut c, 0, 0, SIZE, true, || true));
-        assert!(direct_put(&mut c, 0, 0, SIZE, true, || true));
+        assert!(direct_put(&mut c, 0, 0, SIZE, true, ROOM_WAIT, || true));
+        assert!(direct_put(&mut c, 0, 0, SIZE, true, ROOM_WAIT, || true));
         assert_eq!(c.inline.waited, 0);
         // The third waits; the receiver (here, called from the wait's drain of our own rings)
         // applies the first two on the wait's third poll.
         let mut polls = 0;
         assert!(!peer.room_wanted());
-        let put = direct_put(&mut c, 0, 0, SIZE, true, || {
+        let put = direct_put(&mut c, 0, 0, SIZE, true, LONG, || {
             polls += 1;
             // The receiver's waiters apply records as they come once they see this.
             assert!(polls == 1 || peer.room_wanted(), "poll {polls}");
@@ -283,20 +289,23 @@ mod tests {
         let src = vec![7u8; SIZE as usize];
         let mut dst = vec![0u8; SIZE as usize];
         let (mut c, peer, block) = conn(&src, &mut dst);
-        assert!(direct_put(&mut c, 0, 0, SIZE, true, || true));
-        assert!(direct_put(&mut c, 0, 0, SIZE, true, || true));
+        assert!(direct_put(&mut c, 0, 0, SIZE, true, ROOM_WAIT, || true));
+        assert!(direct_put(&mut c, 0, 0, SIZE, true, ROOM_WAIT, || true));
         let t0 = std::time::Instant::now();
-        assert!(!direct_put(&mut c, 0, 0, SIZE, true, || true));
+        assert!(!direct_put(&mut c, 0, 0, SIZE, true, ROOM_WAIT, || true));
         assert!(t0.elapsed() >= ROOM_WAIT, "it gave up before its wait");
         // A ring of ours that is malformed ends the wait at once (the proxy reports it).
-        assert!(!direct_put(&mut c, 0, 0, SIZE, true, || false));
+        assert!(!direct_put(&mut c, 0, 0, SIZE, true, ROOM_WAIT, || false));
         assert_eq!((c.inline.inline, c.inline.ring_full, c.signals), (2, 2, 2));
         assert_eq!(count(&block), 2, "no signal for a put that was not written");
         // Only the two records are there.
         dst.fill(0);
         peer.drain().unwrap();
         assert!(dst.iter().all(|b| *b == 7));
-        assert!(direct_put(&mut c, 0, 0, SIZE, false, || true), "room again");
+        assert!(
+            direct_put(&mut c, 0, 0, SIZE, false, ROOM_WAIT, || true),
+            "room again"
+        );
     }
 
     #[test]
@@ -305,10 +314,10 @@ mod tests {
         let mut dst = vec![0u8; SIZE as usize];
         let (mut c, _peer, _block) = conn(&src, &mut dst);
         c.wait_for_room_above = SIZE;
-        assert!(direct_put(&mut c, 0, 0, SIZE, true, || true));
-        assert!(direct_put(&mut c, 0, 0, SIZE, true, || true));
+        assert!(direct_put(&mut c, 0, 0, SIZE, true, ROOM_WAIT, || true));
+        assert!(direct_put(&mut c, 0, 0, SIZE, true, ROOM_WAIT, || true));
         let mut polls = 0;
-        let put = direct_put(&mut c, 0, 0, SIZE, true, || {
+        let put = direct_put(&mut c, 0, 0, SIZE, true, LONG, || {
             polls += 1;
             true
         });
