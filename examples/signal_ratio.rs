@@ -8,7 +8,7 @@
 //!
 //! `cargo run --release --example signal_ratio -- [--provider tcp|net|shm] [--ib] [--reps 9]
 //!  [--min-kib 16] [--max-mib 4] [--peers 1] [--wait-after] [--only signalled|unsignalled]
-//!  [--max-kib N]`
+//!  [--max-kib N] [--print-reps]`
 //!
 //! `--provider shm` is mscclppTransportSHM; with `--ib` (and `MSCCLPP_NET_PROVIDER=shm` in the
 //! environment) it is mscclppTransportIB over libfabric's shm provider.
@@ -41,6 +41,9 @@ fn main() {
     let max_mib: usize = arg("--max-mib", "4").parse().unwrap();
     let npeers: usize = arg("--peers", "1").parse().unwrap();
     let wait_after = std::env::args().any(|a| a == "--wait-after");
+    // Each rep's two GB/s figures, and which stream ran first (to see one stream's effect on
+    // the next).
+    let print_reps = std::env::args().any(|a| a == "--print-reps");
     // For profiling one stream at a time: `--only signalled` or `--only unsignalled`.
     let only = arg("--only", "both");
     assert!(
@@ -157,6 +160,14 @@ fn main() {
             }
             if rank == 0 {
                 let gbs = |s: f64| (npeers * PUTS * size) as f64 / s / 1e9;
+                if print_reps {
+                    let first = if r % 2 == 0 { "unsignalled" } else { "signalled" };
+                    eprintln!(
+                        "rep {r} ({first} first): unsignalled {:.3} signalled {:.3} GB/s",
+                        gbs(t[0]),
+                        gbs(t[1])
+                    );
+                }
                 plain.push(gbs(t[0]));
                 signalled.push(gbs(t[1]));
                 ratios.push(t[0] / t[1]);
