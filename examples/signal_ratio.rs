@@ -161,7 +161,11 @@ fn main() {
             if rank == 0 {
                 let gbs = |s: f64| (npeers * PUTS * size) as f64 / s / 1e9;
                 if print_reps {
-                    let first = if r % 2 == 0 { "unsignalled" } else { "signalled" };
+                    let first = if r % 2 == 0 {
+                        "unsignalled"
+                    } else {
+                        "signalled"
+                    };
                     eprintln!(
                         "rep {r} ({first} first): unsignalled {:.3} signalled {:.3} GB/s",
                         gbs(t[0]),
