@@ -102,7 +102,7 @@ pub extern "C" fn mscclppBootstrapAllGather(
                 .ok_or_else(|| Error::invalid_arg("size * nranks overflows"))?;
             // SAFETY: the caller provides nranks * size writable bytes (API contract).
             let buf = unsafe { std::slice::from_raw_parts_mut(data as *mut u8, total) };
-            c.bootstrap().all_gather(buf)
+            c.bootstrap_to_block().all_gather(buf)
         })
     })
 }
@@ -111,7 +111,7 @@ pub extern "C" fn mscclppBootstrapAllGather(
 #[no_mangle]
 pub extern "C" fn mscclppBootstrapBarrier(comm: mscclppComm_t) -> mscclppResult_t {
     ffi_boundary!("mscclppBootstrapBarrier", {
-        with_comm(comm, |c| c.bootstrap().barrier())
+        with_comm(comm, |c| c.bootstrap_to_block().barrier())
     })
 }
 

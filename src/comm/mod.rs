@@ -57,6 +57,8 @@ struct Slot {
     /// The FIFO and the connections' proxy state, shared with the proxy thread (and with host
     /// producers, which may do its work).
     work: SharedWork,
+    /// Where `work`'s proxy thread stands aside for host threads doing its work.
+    gate: Arc<crate::fifo::HelperGate>,
     running: Option<Running>,
     peers: HashMap<usize, PeerId>,
     /// Its proxy thread never stopped (`proxy::Running::stop`): the endpoint may be wedged and
@@ -144,6 +146,17 @@ impl Comm {
         self.boot.nranks()
     }
     pub fn bootstrap(&self) -> &Bootstrap {
+        &self.boot
+    }
+
+    /// The bootstrap, for a host thread about to block in it (the C API's barrier and
+    /// all-gather): the proxies standing aside for this thread resume first
+    /// (`HelperGate::resume`), so that peers' writes needing our progress meanwhile (the
+    /// acknowledgement a peer's flush waits for) do not wait for the end of their park.
+    pub fn bootstrap_to_block(&self) -> &Bootstrap {
+        for s in &self.slots {
+            s.gate.resume();
+        }
         &self.boot
     }
 

@@ -122,11 +122,13 @@ impl Comm {
             name,
             !caps.may_wedge,
         );
+        let gate = lock(&work).gate();
         self.slots.push(Slot {
             key: key.clone(),
             caps,
             ep,
             work,
+            gate,
             running: None,
             abandoned: false,
             peers: HashMap::new(),

@@ -88,6 +88,19 @@ impl HelperGate {
             }
         }
     }
+    /// A host thread that did this FIFO's work is about to block elsewhere (a bootstrap
+    /// barrier): a proxy thread parked for it resumes now rather than at the end of its park.
+    /// After short waits (which do not wake it on leaving) and the producer's own pushes (the
+    /// hold) it would otherwise sleep up to `aside` on: on a tight host 250 us, in which a
+    /// peer's flush waits for the acknowledgement only our progress sends.
+    pub fn resume(&self) {
+        self.nudge();
+        if self.helpers.load(Ordering::Relaxed) == 0 {
+            if let Some(t) = lock(&self.proxy).as_ref() {
+                t.unpark();
+            }
+        }
+    }
     /// Names the thread that a long-waiting helper wakes when it leaves (the proxy thread).
     pub fn set_proxy_thread(&self, t: Option<std::thread::Thread>) {
         *lock(&self.proxy) = t;
@@ -182,6 +195,44 @@ mod tests {
         assert_eq!(gate.stand_aside(), ASIDE_TIGHT, "one waiter still helps");
         gate.leave(Duration::ZERO);
         assert!(gate.stand_aside().is_zero(), "nobody helps any more");
+    }
+
+    #[test]
+    fn resume_wakes_a_proxy_parked_for_a_helper_gone_to_block_elsewhere() {
+        use std::sync::atomic::AtomicBool;
+        use std::sync::Arc;
+        let gate = Arc::new(HelperGate::default());
+        let woke = Arc::new(AtomicBool::new(false));
+        // The proxy thread: parked a minute at a time, as `aside` would have it.
+        let (g, w) = (gate.clone(), woke.clone());
+        let proxy = std::thread::spawn(move || {
+            g.set_proxy_thread(Some(std::thread::current()));
+            let t0 = Instant::now();
+            std::thread::park_timeout(Duration::from_secs(60));
+            w.store(true, Ordering::Release);
+            t0.elapsed()
+        });
+        // A producer's own push holds it aside; a short wait's leave does not wake it.
+        // (Explicit times, as above: a slow run must not end the hold first.)
+        gate.pushed_and_assisted_at(1_000);
+        gate.enter();
+        gate.leave(Duration::ZERO);
+        // (Until the proxy thread named itself, an unpark would have nobody to wake.)
+        while lock(&gate.proxy).is_none() {
+            std::thread::yield_now();
+        }
+        assert!(
+            !gate.stand_aside_with(|| 1_000).is_zero(),
+            "the push's hold"
+        );
+        gate.resume();
+        assert!(
+            gate.stand_aside_with(|| 1_000).is_zero(),
+            "the hold is gone"
+        );
+        let parked = proxy.join().unwrap();
+        assert!(woke.load(Ordering::Acquire));
+        assert!(parked < Duration::from_secs(60), "it slept its whole park");
     }
 
     #[test]

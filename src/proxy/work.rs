@@ -234,6 +234,11 @@ impl ProxyWork {
         Ok(if applied { Round::Busy } else { Round::Idle })
     }
 
+    /// The gate its proxy thread stands aside at while host threads do its work.
+    pub fn gate(&self) -> Arc<crate::fifo::HelperGate> {
+        self.gate.clone()
+    }
+
     /// Tests: the next look at the clock finds the peer-watch period passed.
     #[cfg(test)]
     pub(super) fn last_watch_for_test(&mut self) {
