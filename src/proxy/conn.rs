@@ -41,7 +41,8 @@ pub struct ProxyConn {
     /// An inline put larger than this that finds the peer's ring full waits for room
     /// (`direct_put`): through the endpoint, a flag after it would wait for its delivery
     /// (`Caps::flags_wait_above`). A smaller one takes the endpoint at once, which for a stream
-    /// is the faster path (one copy, on the proxy thread).
+    /// is the faster path (one copy, on the proxy thread). `u64::MAX` on a tight host
+    /// (`sync::host_is_tight`): no put waits there.
     pub wait_for_room_above: u64,
     /// The ring in our epoch block, which the peer writes small puts into: applied to our
     /// buffer by our waiters and by this proxy (`ProxyWork::drain_inboxes`).
