@@ -610,6 +610,93 @@ fn inline_puts_off_shm() {
     );
 }
 
+/// SHM: rank 0 streams 16 KiB putWithSignals back to back into distinct slots, rank 1 checks
+/// every byte of each slot after each wait, over several rounds (each rewriting the slots after
+/// a barrier). The peer's ring holds two records of that size, so the stream fills it: a put
+/// then waits for room while the receiver's wait applies records (`proxy::conn::direct_put`,
+/// on a host with two cores per rank, or with `MSCCLPP_TEST_ROOMY`), or takes the proxy with
+/// every later put of the round. Returns the proxy's count of puts that waited for room.
+fn inline_stream(e: Env) -> Option<usize> {
+    const PUTS: usize = 24;
+    const SIZE: usize = 16 << 10;
+    const ROUNDS: usize = 6;
+    capture_logs();
+    let mut buf = vec![0u8; PUTS * SIZE];
+    let c = connected_pair(&e, 7, &mut buf);
+    let d = &mut dev_conns(c)[0];
+    let bp = buf.as_mut_ptr();
+    let byte = |round: usize, p: usize, i: usize| (round * 31 + p * 7 + i * 13) as u8;
+    for round in 0..ROUNDS {
+        if e.rank == 0 {
+            for p in 0..PUTS {
+                for i in 0..SIZE {
+                    // SAFETY: within buf; the last round's puts were flushed.
+                    unsafe { bp.add(p * SIZE + i).write_volatile(byte(round, p, i)) };
+                }
+            }
+            for p in 0..PUTS {
+                let off = (p * SIZE) as u64;
+                put_signal(d, off, off, SIZE as u64);
+            }
+            flush(d);
+        } else {
+            for p in 0..PUTS {
+                wait(d);
+                for i in 0..SIZE {
+                    // SAFETY: within buf, written by the peer's put before its signal.
+                    let got = unsafe { bp.add(p * SIZE + i).read_volatile() };
+                    assert_eq!(got, byte(round, p, i), "round {round}, put {p}, byte {i}");
+                }
+            }
+        }
+        ok(mscclppBootstrapBarrier(c));
+    }
+    finish(c);
+    let logs = logged();
+    let line = logs
+        .iter()
+        .find(|l| l.contains("SHM puts small enough to go inline"))?;
+    println!("rank {}: {line}", e.rank);
+    let waited = line.split(" did (").nth(1)?.split(' ').next()?;
+    waited.parse().ok()
+}
+
+#[test]
+fn inline_stream_shm() {
+    // INFO: the proxy's count of inline puts at the stop.
+    ranks_with(
+        "inline_stream_shm",
+        2,
+        "shm",
+        "MSCCLPP_DEBUG",
+        "INFO",
+        |e| {
+            inline_stream(e);
+        },
+    );
+}
+
+#[test]
+fn inline_stream_waits_for_room_shm() {
+    // A roomy host's rule on any machine: the puts that find the ring full wait for room.
+    ranks_env(
+        "inline_stream_waits_for_room_shm",
+        2,
+        "shm",
+        &[("MSCCLPP_DEBUG", "INFO"), ("MSCCLPP_TEST_ROOMY", "1")],
+        |e| {
+            let rank = e.rank;
+            let waited = inline_stream(e);
+            if rank == 0 {
+                assert!(
+                    waited.is_some_and(|n| n > 0),
+                    "no put waited for room in 144 puts of 16 KiB: {waited:?}"
+                );
+            }
+        },
+    );
+}
+
 /// SHM: more small puts without a signal than the ring holds, while the receiver applies
 /// none (its proxy starts only after the sender saw a put take the proxy), then a put that
 /// rewrites the first one's destination, a flush and a bootstrap barrier, after which the
