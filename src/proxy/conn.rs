@@ -137,7 +137,6 @@ pub(super) fn direct_put(
             }
             Put::NoRoom => {
                 let r = room.get_or_insert_with(|| {
-                    c.inline.waited += 1;
                     out.want_room(true);
                     let policy = Policy {
                         yield_for: room_wait,
@@ -157,6 +156,7 @@ pub(super) fn direct_put(
         return false;
     }
     c.inline.inline += 1;
+    c.inline.waited += u64::from(room.is_some());
     if signal {
         // Cannot refuse: it has a direct epoch and nothing undelivered (checked above).
         let stored = direct_flag(c);
@@ -177,7 +177,7 @@ fn drain_ours(inbox: &Option<Arc<Inbox>>, others: &mut impl FnMut() -> bool) -> 
 /// the endpoint, every later put of the connection takes it too until the user's next flush
 /// (`undelivered`), each flag after a write past the provider's ordered size waiting for that
 /// write's delivery (libfabric's shm: 4 KiB): a 16 KiB `putWithSignal` stream then ran at
-/// 0.55-0.75 of an unsignalled one on 16 cores (bench/RESULTS.md). Against a receiver that
+/// 0.55-0.88 of an unsignalled one on 16 cores (bench/RESULTS.md). Against a receiver that
 /// applies nothing the wait costs this once per flush.
 pub(super) const ROOM_WAIT: Duration = Duration::from_micros(100);
 /// Spins first (a record applied by another core), then yields for the rest of the wait: on a
@@ -191,8 +191,8 @@ const ROOM_POLICY: Policy = Policy {
 /// Puts small enough to go inline on a connection with a ring (`direct_put`): how many did (and
 /// how many of those waited for room first), how many found the ring full and took the
 /// endpoint (the peer had not applied enough of the earlier ones, within `ROOM_WAIT` where the
-/// put may wait), and how many came after a write through
-/// the endpoint since the last flush (so could not overtake it).
+/// put may wait), and how many came after a write through the endpoint since the last flush
+/// (so could not overtake it).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct InlineStats {
     pub inline: u64,
@@ -297,7 +297,16 @@ mod tests {
         assert!(t0.elapsed() >= ROOM_WAIT, "it gave up before its wait");
         // A ring of ours that is malformed ends the wait at once (the proxy reports it).
         assert!(!direct_put(&mut c, 0, 0, SIZE, true, ROOM_WAIT, || false));
-        assert_eq!((c.inline.inline, c.inline.ring_full, c.signals), (2, 2, 2));
+        assert_eq!(
+            (
+                c.inline.inline,
+                c.inline.waited,
+                c.inline.ring_full,
+                c.signals
+            ),
+            (2, 0, 2, 2),
+            "a put that waited and then took the endpoint counts as found full, not waited"
+        );
         assert_eq!(count(&block), 2, "no signal for a put that was not written");
         // Only the two records are there.
         dst.fill(0);
