@@ -61,22 +61,32 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
 
     fn direct_put(&self, conn: usize, dst: u64, src: u64, size: u64, signal: bool) -> bool {
         idle(self).is_some_and(|mut w| {
-            if conn >= w.conns.len() {
+            let ProxyWork {
+                conns,
+                fifo,
+                sticky,
+                ..
+            } = &mut *w;
+            if conn >= conns.len() {
                 return false;
             }
-            // This connection mutably, and every connection's ring into us, which a wait for
-            // room in the peer's ring applies (two ranks putting into each other at once each
-            // wait for the other, holding the lock our proxy thread would drain with).
-            let (before, rest) = w.conns.split_at_mut(conn);
+            // This connection mutably, and the other connections' rings into us, which a wait
+            // for room in the peer's ring applies (two ranks putting into each other at once
+            // each wait for the other, holding the lock our proxy thread would drain with).
+            let (before, rest) = conns.split_at_mut(conn);
             let (c, after) = rest.split_first_mut().expect("conn < len");
-            let drain_others = || {
-                before
-                    .iter()
-                    .chain(after.iter())
-                    .filter_map(|x| x.inbox.as_deref())
-                    .all(|i| i.drain_if_free().is_ok())
+            // The wait ends at an abort or failure as every wait does (`idle` checked them
+            // only on the way in): nothing is delivered after it.
+            let go_on = || {
+                fifo.aborted() == 0
+                    && !sticky.failed()
+                    && before
+                        .iter()
+                        .chain(after.iter())
+                        .filter_map(|x| x.inbox.as_deref())
+                        .all(|i| i.drain_if_free().is_ok())
             };
-            direct_put(c, src, dst, size, signal, ROOM_WAIT, drain_others)
+            direct_put(c, src, dst, size, signal, ROOM_WAIT, go_on)
         })
     }
 }

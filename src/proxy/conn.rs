@@ -42,7 +42,8 @@ pub struct ProxyConn {
     /// (`direct_put`): through the endpoint, a flag after it would wait for its delivery
     /// (`Caps::flags_wait_above`). A smaller one takes the endpoint at once, which for a stream
     /// is the faster path (one copy, on the proxy thread). `u64::MAX` on a tight host
-    /// (`sync::host_is_tight`): no put waits there.
+    /// (`sync::host_is_tight`, as it stood when the connection was set up): no put waits
+    /// there.
     pub wait_for_room_above: u64,
     /// The ring in our epoch block, which the peer writes small puts into: applied to our
     /// buffer by our waiters and by this proxy (`ProxyWork::drain_inboxes`).
@@ -91,8 +92,9 @@ pub(super) fn direct_flag(c: &mut ProxyConn) -> bool {
 /// endpoint may still be on its way (the receiver could apply the record first, and the older
 /// write land over it), the put is small and within both registered buffers, and the ring has
 /// room, or, for a put past `wait_for_room_above`, gets it within `room_wait` (`ROOM_WAIT`;
-/// meanwhile it applies the rings peers write into us, this connection's and `drain_others`,
-/// which their own waits for room may need). The caller holds the proxy's lock with an empty
+/// meanwhile it applies the rings peers write into this proxy, this connection's and the
+/// others', which their own waits for room may need: `go_on` applies the others', and ends
+/// the wait with false, at an abort or a malformed ring). The caller holds the proxy's lock with an empty
 /// FIFO, so no trigger of this connection waits either. Returns whether it did; false leaves
 /// everything as it was, and the caller pushes the trigger (whose checks report a bad range).
 pub(super) fn direct_put(
@@ -102,7 +104,7 @@ pub(super) fn direct_put(
     size: u64,
     signal: bool,
     room_wait: Duration,
-    mut drain_others: impl FnMut() -> bool,
+    mut go_on: impl FnMut() -> bool,
 ) -> bool {
     let (Some(_), Some(out)) = (&c.direct, &mut c.outbox) else {
         return false;
@@ -121,8 +123,8 @@ pub(super) fn direct_put(
     }
     // The wait for room, from the first time the ring had none (the clock is read only then).
     let mut room: Option<Backoff> = None;
-    // Ends: the record is written, the receiver refuses it, draining our rings fails (the
-    // proxy's round reports it), or `room_wait` passed.
+    // Ends: the record is written, the receiver refuses it, `go_on` says no (an abort; a
+    // malformed ring, which the proxy's round reports), or `room_wait` passed.
     let written = loop {
         match out.put(src_off, dst_off, size) {
             Put::Written => break true,
@@ -130,7 +132,7 @@ pub(super) fn direct_put(
             Put::NoRoom
                 if size <= c.wait_for_room_above
                     || room.as_ref().is_some_and(Backoff::expired)
-                    || !drain_ours(&c.inbox, &mut drain_others) =>
+                    || !drain_ours(&c.inbox, &mut go_on) =>
             {
                 c.inline.ring_full += 1;
                 break false;
@@ -165,10 +167,11 @@ pub(super) fn direct_put(
     true
 }
 
-/// Applies what peers wrote into our rings: this connection's (`inbox`) and the others'. False
-/// if one is malformed (the proxy's next round reports it).
-fn drain_ours(inbox: &Option<Arc<Inbox>>, others: &mut impl FnMut() -> bool) -> bool {
-    inbox.as_deref().is_none_or(|i| i.drain_if_free().is_ok()) && others()
+/// Applies what peers wrote into this connection's ring (`inbox`), then asks `go_on` (which
+/// applies the other connections' rings). False if the ring is malformed (the proxy's next
+/// round reports it) or `go_on` says so.
+fn drain_ours(inbox: &Option<Arc<Inbox>>, go_on: &mut impl FnMut() -> bool) -> bool {
+    inbox.as_deref().is_none_or(|i| i.drain_if_free().is_ok()) && go_on()
 }
 
 /// How long a put that found the peer's ring full waits for room before it takes the endpoint
@@ -178,7 +181,8 @@ fn drain_ours(inbox: &Option<Arc<Inbox>>, others: &mut impl FnMut() -> bool) -> 
 /// (`undelivered`), each flag after a write past the provider's ordered size waiting for that
 /// write's delivery (libfabric's shm: 4 KiB): a 16 KiB `putWithSignal` stream then ran at
 /// 0.55-0.88 of an unsignalled one on 16 cores (bench/RESULTS.md). Against a receiver that
-/// applies nothing the wait costs this once per flush.
+/// applies nothing the wait costs this once per flush. The waiting thread holds the proxy's
+/// lock, so the proxy thread's rounds wait too, at most this long per put.
 pub(super) const ROOM_WAIT: Duration = Duration::from_micros(100);
 /// Spins first (a record applied by another core), then yields for the rest of the wait: on a
 /// crowded host the receiver needs a core to apply it.
@@ -295,7 +299,7 @@ mod tests {
         let t0 = std::time::Instant::now();
         assert!(!direct_put(&mut c, 0, 0, SIZE, true, ROOM_WAIT, || true));
         assert!(t0.elapsed() >= ROOM_WAIT, "it gave up before its wait");
-        // A ring of ours that is malformed ends the wait at once (the proxy reports it).
+        // An abort, or a ring of ours that is malformed, ends the wait at once.
         assert!(!direct_put(&mut c, 0, 0, SIZE, true, ROOM_WAIT, || false));
         assert_eq!(
             (

@@ -55,11 +55,15 @@ pub struct ProxyWork {
 pub type SharedWork = Arc<Mutex<ProxyWork>>;
 
 /// What one `service` round found.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Round {
     /// Triggers were executed.
     Busy,
     /// Nothing to do; the endpoint was progressed.
     Idle,
+    /// No trigger, but records of inline puts were applied for a sender waiting for room
+    /// (`conn::direct_put`): as `Idle` for the endpoint, as `Busy` for the pause.
+    Applied,
     /// Asked to stop, and the FIFO is drained and flushed.
     Done,
 }
@@ -231,7 +235,7 @@ impl ProxyWork {
         }
         // Records applied while their sender waits for room (`conn::direct_put`) are work: a
         // proxy napping between its rounds would keep it waiting a nap per record.
-        Ok(if applied { Round::Busy } else { Round::Idle })
+        Ok(if applied { Round::Applied } else { Round::Idle })
     }
 
     /// The gate its proxy thread stands aside at while host threads do its work.
