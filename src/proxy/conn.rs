@@ -94,9 +94,10 @@ pub(super) fn direct_flag(c: &mut ProxyConn) -> bool {
 /// room, or, for a put past `wait_for_room_above`, gets it within `room_wait` (`ROOM_WAIT`;
 /// meanwhile it applies the rings peers write into this proxy, this connection's and the
 /// others', which their own waits for room may need: `go_on` applies the others', and ends
-/// the wait with false, at an abort or a malformed ring). The caller holds the proxy's lock with an empty
-/// FIFO, so no trigger of this connection waits either. Returns whether it did; false leaves
-/// everything as it was, and the caller pushes the trigger (whose checks report a bad range).
+/// the wait with false, at an abort or a malformed ring). The caller holds the proxy's lock
+/// with an empty FIFO, so no trigger of this connection waits either. Returns whether it did;
+/// false leaves everything as it was, and the caller pushes the trigger (whose checks report
+/// a bad range).
 pub(super) fn direct_put(
     c: &mut ProxyConn,
     src_off: u64,
@@ -140,9 +141,13 @@ pub(super) fn direct_put(
             Put::NoRoom => {
                 let r = room.get_or_insert_with(|| {
                     out.want_room(true);
+                    // Spins first (a record applied by another core), then yields for the
+                    // rest of the wait: on a crowded host the receiver needs a core to apply
+                    // it.
                     let policy = Policy {
+                        spins: 64,
                         yield_for: room_wait,
-                        ..ROOM_POLICY
+                        nap: Nap::Yield,
                     };
                     Backoff::new(policy, room_wait)
                 });
@@ -184,13 +189,6 @@ fn drain_ours(inbox: &Option<Arc<Inbox>>, go_on: &mut impl FnMut() -> bool) -> b
 /// applies nothing the wait costs this once per flush. The waiting thread holds the proxy's
 /// lock, so the proxy thread's rounds wait too, at most this long per put.
 pub(super) const ROOM_WAIT: Duration = Duration::from_micros(100);
-/// Spins first (a record applied by another core), then yields for the rest of the wait: on a
-/// crowded host the receiver needs a core to apply it.
-const ROOM_POLICY: Policy = Policy {
-    spins: 64,
-    yield_for: ROOM_WAIT,
-    nap: Nap::Yield,
-};
 
 /// Puts small enough to go inline on a connection with a ring (`direct_put`): how many did (and
 /// how many of those waited for room first), how many found the ring full and took the
