@@ -496,8 +496,9 @@ fn rank_killed_in_wait_shm() {
 
 // ---- reproduction: shm wedged by a peer killed inside the provider ---------------------------
 
-/// Not run by default (`--ignored`): kills a peer streaming small signals over shm, 12 times,
-/// and counts how the survivor ends. libfabric 1.17's shm provider keeps its locks in shared
+/// Not run by default (`--ignored`): kills a peer streaming small signals over shm, 12 times
+/// on the SHM transport and 12 on the IB transport over the same provider
+/// (`MSCCLPP_NET_PROVIDER=shm`), and counts how the survivor ends. libfabric 1.17's shm provider keeps its locks in shared
 /// memory; a peer killed while holding one leaves it held, and every later call into the
 /// survivor's endpoint spins forever. Measured here (2 cores): about 1 kill in 5 wedges the
 /// endpoint. If the proxy thread is the one caught, the survivor's wait ends at the timeout and
@@ -534,29 +535,41 @@ fn shm_peer_killed_inside_the_provider() {
         mark("survived", &format!("{}", el >= PROMPT));
         return;
     }
-    let (mut prompt, mut wedged, mut hung) = (0, 0, 0);
-    for round in 0..12 {
-        let dir = Dir::new(&format!("{NAME}{round}"));
-        let mut env = rank_env("shm", BOOT_S, 3.0);
-        env.push(dir.env());
-        let root = format!("127.0.0.1:{}", free_port());
-        let mut kids: Vec<_> = (0..2)
-            .map(|r| spawn_rank(NAME, r, 2, &root, &env))
-            .collect();
-        wait_mark_in(&dir.0, "go", Duration::from_secs(20)).expect("never started");
-        std::thread::sleep(Duration::from_millis(200));
-        kids[1].kill().unwrap();
-        let codes: Vec<_> = kids
-            .iter_mut()
-            .map(|k| wait_child(k, Duration::from_secs(15)).map(|s| s.code()))
-            .collect();
-        match wait_mark_in(&dir.0, "survived", Duration::ZERO).as_deref() {
-            Some("false") => prompt += 1,
-            Some(_) => wedged += 1,
-            None => hung += 1,
+    let mut ib_over_shm = rank_env("shm", BOOT_S, 3.0);
+    ib_over_shm[0].1 = "ib".into();
+    ib_over_shm.push(("MSCCLPP_NET_PROVIDER", "shm".into()));
+    let mut hung_total = 0;
+    for (what, base) in [
+        ("SHM transport", rank_env("shm", BOOT_S, 3.0)),
+        ("IB over shm", ib_over_shm),
+    ] {
+        let (mut prompt, mut wedged, mut hung) = (0, 0, 0);
+        for round in 0..12 {
+            let dir = Dir::new(&format!("{NAME}{round}"));
+            let mut env = base.clone();
+            env.push(dir.env());
+            let root = format!("127.0.0.1:{}", free_port());
+            let mut kids: Vec<_> = (0..2)
+                .map(|r| spawn_rank(NAME, r, 2, &root, &env))
+                .collect();
+            wait_mark_in(&dir.0, "go", Duration::from_secs(20)).expect("never started");
+            std::thread::sleep(Duration::from_millis(200));
+            kids[1].kill().unwrap();
+            let codes: Vec<_> = kids
+                .iter_mut()
+                .map(|k| wait_child(k, Duration::from_secs(15)).map(|s| s.code()))
+                .collect();
+            match wait_mark_in(&dir.0, "survived", Duration::ZERO).as_deref() {
+                Some("false") => prompt += 1,
+                Some(_) => wedged += 1,
+                None => hung += 1,
+            }
+            println!("round {round}: {codes:?}");
         }
-        println!("round {round}: {codes:?}");
+        println!(
+            "{what}, 12 kills: {prompt} noticed promptly, {wedged} wedged (bounded), {hung} hung"
+        );
+        hung_total += hung;
     }
-    println!("12 kills: {prompt} noticed promptly, {wedged} wedged (bounded), {hung} hung");
-    assert_eq!(hung, 0, "a survivor's own call never returned");
+    assert_eq!(hung_total, 0, "a survivor's own call never returned");
 }

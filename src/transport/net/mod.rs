@@ -200,6 +200,14 @@ const HMEM_SLOWER_THAN_STAGING: &[(&str, &str)] = &[(
 /// providers place writes without the target, and their completion queues do not grow.
 const TARGET_PROGRESSES: &[&str] = &["tcp", "shm", "net", "sockets", "udp"];
 
+/// Whether a peer that dies can wedge an endpoint of `provider` (`Caps::may_wedge`): libfabric
+/// 1.17's shm keeps its spin locks in the shared memory its peers map, whichever of our
+/// transports opened it (mscclppTransportSHM, or the IB transport with
+/// `MSCCLPP_NET_PROVIDER=shm`).
+fn provider_may_wedge(provider: &str) -> bool {
+    provider.split(';').next() == Some("shm")
+}
+
 /// How signals travel on this endpoint (as remote CQ data riding with the put, or counted by
 /// the receiver), or why they are writes of their own.
 fn signals_choice(
@@ -713,11 +721,12 @@ impl Endpoint for NetEndpoint {
     }
 
     /// Every net endpoint lingers at teardown (peers' delivery markers need our progress).
-    /// SHM endpoints (libfabric 1.17's shm keeps its locks in shared memory) may be wedged by
-    /// a peer that dies, and over host memory take signals straight into their epoch blocks.
+    /// Endpoints of the shm provider may be wedged by a peer that dies, also under the IB
+    /// transport (`provider_may_wedge`); SHM endpoints over host memory take signals straight
+    /// into their epoch blocks.
     fn caps(&self) -> Caps {
         Caps {
-            may_wedge: self.shm_transport,
+            may_wedge: self.shm_transport || provider_may_wedge(&self.peers.me.provider),
             linger: true,
             direct_epoch: self.shm_transport,
             flags_wait_above: self.ops.plan.ordered_upto,

@@ -269,6 +269,43 @@ fn forced_mr_endpoint_sequence_on_real_providers() {
     }
 }
 
+/// A dead peer can wedge an endpoint of libfabric's shm provider whichever transport opened it:
+/// under the IB transport too (`MSCCLPP_NET_PROVIDER=shm`), host threads must then leave it to
+/// the proxy thread (`Caps::may_wedge`), which can be abandoned.
+#[test]
+fn shm_provider_endpoints_may_wedge_under_either_transport() {
+    let shm_named = NetConfig {
+        providers: Some(vec!["shm".into()]),
+        ..Default::default()
+    };
+    let cases = [
+        (
+            "SHM transport",
+            NetEndpoint::open(None, true, None, &NetConfig::default()),
+            true,
+        ),
+        (
+            "IB transport over shm",
+            NetEndpoint::open(None, false, None, &shm_named),
+            true,
+        ),
+        (
+            "IB transport over tcp",
+            NetEndpoint::open(Some("lo"), false, None, &NetConfig::default()),
+            false,
+        ),
+    ];
+    for (what, ep, wedges) in cases {
+        let ep = ep.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(ep.caps().may_wedge, wedges, "{what}: {}", ep.describe());
+    }
+    assert!(
+        provider_may_wedge("shm")
+            && !provider_may_wedge("tcp;ofi_rxm")
+            && !provider_may_wedge("sm2")
+    );
+}
+
 #[test]
 fn flush_of_an_unreachable_peer_times_out() {
     // A peer that never progresses: the write cannot complete (delivery-complete needs the
