@@ -124,15 +124,21 @@ mod openers {
     }
 
     /// shm without cross-memory attach: writes above its inject size go by its SAR protocol,
-    /// which applies a later small write before an earlier large one completes (review finding
-    /// 1), so a value after such a write must wait for it (`order.rs`). Writes are not cut.
+    /// whose receiver moves on to the next command while the data still comes; the sender
+    /// holds that command back until it is in (`order.rs`), so values after such writes, and
+    /// riding on a small write right after one, are posted plain. Writes are not cut: here the
+    /// provider's own order is what `value_after_data` and `value_rides_with_data` check.
     pub fn shm_sar() -> Opener {
         Opener {
             big: SAR_BIG,
             ..direct(
                 &[("FI_SHM_DISABLE_CMA", "1")],
                 open_shm,
-                &[SHM, "shm trusted only up to its inject size"],
+                &[
+                    SHM,
+                    "plain after writes of any size",
+                    "SAR protocol holds back",
+                ],
             )
         }
     }

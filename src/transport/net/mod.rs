@@ -14,7 +14,7 @@
 //! Guarantees (Endpoint contract):
 //! - Flag after data (`order.rs`, docs/DESIGN.md 3.6): WAW ordering is requested
 //!   (`FI_ORDER_RMA_WAW | FI_ORDER_WAW`) and trusted for writes within the provider's
-//!   `max_order_waw_size` (shm: its inject size); after a larger write, the flag (or staging
+//!   `max_order_waw_size`; after a larger write, the flag (or staging
 //!   record, or marker) carries `FI_FENCE`, or failing that every earlier write to the peer is
 //!   completed first, the unordered ones having carried FI_DELIVERY_COMPLETE: a flag waits for
 //!   that in a per-peer queue (`Peers::defer_flag`, posted by `post_ready` from progress, the

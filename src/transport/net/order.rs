@@ -16,13 +16,20 @@
 //! is refused: a drain to *local* completion is not one (tcp;ofi_rxm completes a write locally
 //! before it arrives).
 //!
-//! Known quirks, by provider name, where the attributes promise more than the provider keeps:
-//! - `shm` advertises WAW for any size, but its SAR protocol (writes above the inject size when
-//!   cross-memory attach is unavailable: containers without ptrace rights,
-//!   `FI_SHM_DISABLE_CMA=1`) reports a command done while its data is still being copied, and
-//!   applies the next command meanwhile: a later small write lands before an earlier large one.
-//!   Trusted only up to its inject size, whose writes are copied in order as their commands are
-//!   processed.
+//! What this module knows of one provider beyond its attributes, read in its source (libfabric
+//! 1.17.0 through 2.1.0, prov/shm/src):
+//! - `shm` advertises WAW for any size. With cross-memory attach, the receiver copies each write
+//!   while it processes the write's command, commands in the order they were posted. Without it
+//!   (containers without ptrace rights, `FI_SHM_DISABLE_CMA=1`), a write above the inject size
+//!   goes by its SAR protocol, and the receiver moves on to the next command while that write's
+//!   data still comes; but the sender then posts nothing more to that peer (every post path
+//!   answers -FI_EAGAIN while the peer's `sar_status` is set, which only the transfer's end
+//!   clears), so a later write still lands after it. Its fast path, which copies at the sender
+//!   and could overtake a queued write, is off whenever ordering is asked for
+//!   (`smr_fast_rma_enabled`). So it is trusted for every size, as advertised; its FI_HMEM entry
+//!   (inject size 0) for none, since its IPC copies of device memory may end after a later
+//!   command (ROCR's are asynchronous in 2.x). Proved on the provider by `endpoint_conformance`
+//!   `shm_sar::value_rides_with_data`: a large write by SAR, then a small one carrying the value.
 
 use super::fabric::InfoView;
 use libfabric_sys as fi;
@@ -202,12 +209,13 @@ pub(super) fn decide(a: &Attrs) -> Result<Plan, String> {
         ));
         n
     };
-    if core == "shm" && upto > a.inject_size {
-        upto = a.inject_size;
-        why.push(format!(
-            "shm trusted only up to its inject size {} (its SAR protocol applies a later write before an earlier large one)",
-            a.inject_size
-        ));
+    if core == "shm" {
+        if a.inject_size == 0 {
+            upto = 0;
+            why.push("shm with FI_HMEM trusted for no size (its IPC copies of device memory may end after a later command)".into());
+        } else {
+            why.push("shm: a write by its SAR protocol holds back the sender's next command to the peer until its data is in".into());
+        }
     }
     if upto < FOLLOWER_BYTES {
         upto = 0;
@@ -563,13 +571,13 @@ mod tests {
     }
 
     #[test]
-    fn shm_is_trusted_only_up_to_its_inject_size() {
+    fn shm_orders_every_size_but_not_with_hmem() {
         let p = plan(&shm());
-        assert_eq!(p.ordered_upto, 4096);
-        assert_eq!(p.after(4096), Plain);
-        assert_eq!(p.after(4097), Drain);
-        assert!(p.needs_dc(64 << 10) && !p.needs_dc(4096));
-        assert!(p.why.contains("inject size 4096"), "{}", p.why);
+        assert_eq!(p.ordered_upto, u64::MAX);
+        assert_eq!(p.after(u64::MAX), Plain);
+        assert!(!p.needs_dc(64 << 20));
+        assert!(p.describe().starts_with("plain after writes of any size"));
+        assert!(p.why.contains("SAR protocol holds back"), "{}", p.why);
         // shm with FI_HMEM reports an inject size of 0: nothing is ordered then.
         let p = decide(
             &Fixture {
@@ -580,6 +588,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!((p.ordered_upto, p.after(8)), (0, Drain));
+        assert!(p.why.contains("FI_HMEM"), "{}", p.why);
     }
 
     #[test]
@@ -648,8 +657,8 @@ mod tests {
         // Those that order every size keep working; the rest are refused.
         assert!(decide(&tcp_rxm().attrs(no_dc)).is_ok());
         assert!(decide(&cxi().attrs(no_dc)).is_ok());
+        assert!(decide(&shm().attrs(no_dc)).is_ok());
         assert!(decide(&psm3().attrs(no_dc)).is_err());
-        assert!(decide(&shm().attrs(no_dc)).is_err());
         assert!(decide(&efa_rdm().attrs(no_dc)).is_err());
     }
 

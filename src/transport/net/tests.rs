@@ -1523,13 +1523,8 @@ fn signals_ride_on_their_writes_and_land_after_them() {
             });
             let (sa, sb) = (a.stats(), b.stats());
             if on {
-                // tcp orders writes of any size: every value rides on its write. shm is trusted
-                // only up to its inject size: after a 64 KiB write the next value waits in the
-                // queue for it as a write of its own.
-                let with_data = match kind {
-                    Kind::Tcp => rounds + 1,
-                    Kind::Shm => sa.signals_with_data.max(1),
-                };
+                // tcp and shm order writes of any size: every value rides on its write.
+                let with_data = rounds + 1;
                 assert_eq!(sa.signals_with_data, with_data, "{kind:?}");
                 assert!(sb.signals_stored + 1 >= with_data, "{kind:?}: {sb:?}");
             } else {
