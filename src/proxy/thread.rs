@@ -154,14 +154,13 @@ fn run(
                     w.active = false;
                     return Ok(());
                 }
-                Ok(round @ (Round::Idle | Round::Applied)) => {
+                Ok(Round::Idle) => {
                     // Outside the work lock (see `ProxyWork::service`): with libfabric 2.x's
                     // shm, a test's host thread lost the lock to this progress on every try.
                     let endpoint = w.endpoint.clone();
                     drop(w);
-                    // Peers' writes arriving keep it polling (`Endpoint::took_incoming`), as
-                    // do records applied for a sender waiting for room.
-                    progress_idle(&endpoint).map(|took| match took || round == Round::Applied {
+                    // Peers' writes arriving keep it polling (`Endpoint::took_incoming`).
+                    progress_idle(&endpoint).map(|took| match took {
                         true => Round::Busy,
                         false => Round::Idle,
                     })

@@ -228,12 +228,6 @@ pub struct Caps {
     /// may then be stored into them directly (see [`Endpoint::direct_epoch_for`]). A blob that
     /// offers one on an endpoint without this is refused.
     pub direct_epoch: bool,
-    /// A flag after a write of more than this many bytes to a peer cannot be posted at once:
-    /// the provider orders only smaller writes before it, so it waits for the write's delivery
-    /// or a fence (`net/order.rs`). `u64::MAX`: every flag goes at once; 0 (the default): any
-    /// may wait. Decides whether an inline put that finds the peer's ring full waits for room
-    /// (`proxy::conn::direct_put`).
-    pub flags_wait_above: u64,
 }
 
 /// See [`Endpoint::set_abort_check`]: `Some(why)` means "give up now".

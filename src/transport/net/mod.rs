@@ -729,7 +729,6 @@ impl Endpoint for NetEndpoint {
             may_wedge: self.shm_transport || provider_may_wedge(&self.peers.me.provider),
             linger: true,
             direct_epoch: self.shm_transport,
-            flags_wait_above: self.ops.plan.ordered_upto,
         }
     }
 
