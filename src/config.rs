@@ -62,6 +62,7 @@ pub const VARIABLES: &[&str] = &[
     "MSCCLPP_TEST_SYSFS_ROOT",
     "MSCCLPP_TEST_PROXY_PANIC",
     "MSCCLPP_TEST_UNORDERED",
+    "MSCCLPP_TEST_ROOMY",
 ];
 
 /// `MSCCLPP_NET_RAILS`: default and largest value.
@@ -391,6 +392,10 @@ pub struct Config {
     /// `MSCCLPP_TEST_PROXY_PANIC=N` (tests; unset or 0: never): the proxy's work panics at its
     /// N-th trigger (each FIFO counts its own), to show what a bug there does.
     pub test_proxy_panic: Option<u64>,
+    /// `MSCCLPP_TEST_ROOMY=1` (tests): the host counts as having two cores per rank whatever
+    /// it has (`sync::host_is_tight` stays false), so that what runs only there (inline puts
+    /// that wait for room, short parks aside) is tested on a small machine too.
+    pub test_roomy: bool,
     /// One line per variable whose value could not be used: name, value, what is used instead.
     pub problems: Vec<String>,
 }
@@ -780,6 +785,7 @@ impl Config {
             test_proxy_panic: r
                 .num::<u64>("MSCCLPP_TEST_PROXY_PANIC", "no panic")
                 .filter(|&n| n > 0),
+            test_roomy: r.flag("MSCCLPP_TEST_ROOMY", false),
             problems: r.problems,
         }
     }

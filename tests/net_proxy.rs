@@ -68,6 +68,7 @@ fn proxy_moves_data_and_refuses_out_of_range_triggers() {
         direct: None,
         outbox: None,
         inline: Default::default(),
+        wait_for_room_above: 0,
         inbox: None,
         undelivered: false,
         regain_direct: false,

@@ -41,9 +41,12 @@ pub enum Withdrawal {
 }
 
 /// A ring of inline puts into one connection's buffer (`transport::inbox::Inbox`): a waiter
-/// that saw its signal applies what the peer wrote before it.
+/// applies what the peer writes while it waits if the sender waits for room (`room_wanted`,
+/// `drain_if_free`), and, once it saw its signal, everything written before it (`drain`).
 pub trait Drain: Send + Sync {
     fn drain(&self) -> crate::error::Result<()>;
+    fn drain_if_free(&self) -> crate::error::Result<bool>;
+    fn room_wanted(&self) -> bool;
 }
 
 /// The consumer of a host FIFO, whether host threads may do its work (`assist`), and whether

@@ -153,16 +153,31 @@ impl Conn {
             crate::proxy::WaitOp::Wait,
             target,
         );
+        // SHM over host memory: the ring the peer writes small puts into. Applied as records
+        // come, not only at the signal, while the sender waits for room
+        // (`proxy::conn::direct_put`): this waiter makes it soonest.
+        let inbox = fifo::inbox(c.fifo.triggerFifoHead, c.fifo.connId as usize);
         // Acquire pairs with the peer's write of the signal count, which the transport orders
-        // after the data. Ends when the count arrives, on abort, or at the deadline.
-        while proxy.load(Ordering::Acquire) < target {
-            spin.step("wait: no signal from the peer")?;
+        // after the data. Ends when the count arrives, on abort, or at the deadline. A
+        // connection without a ring (every transport but SHM) spins the plain loop.
+        let arrived = || proxy.load(Ordering::Acquire) >= target;
+        if let Some(i) = &inbox {
+            while !arrived() {
+                if i.room_wanted() {
+                    i.drain_if_free()?;
+                }
+                spin.step("wait: no signal from the peer")?;
+            }
+        } else {
+            while !arrived() {
+                spin.step("wait: no signal from the peer")?;
+            }
         }
         waited.store(target, Ordering::Relaxed);
-        // SHM over host memory: the peer's inline puts before this signal are in our ring
-        // (the count's Acquire above pairs with the peer's Release after writing them); apply
-        // them before the caller reads the buffer.
-        fifo::inbox(c.fifo.triggerFifoHead, c.fifo.connId as usize).map_or(Ok(()), |i| i.drain())
+        // The peer's inline puts before this signal are in our ring (the count's Acquire above
+        // pairs with the peer's Release after writing them); apply them before the caller
+        // reads the buffer.
+        inbox.map_or(Ok(()), |i| i.drain())
     }
 
     /// SHM over host memory: the put written into the peer's ring by this thread, and its

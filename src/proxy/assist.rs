@@ -2,7 +2,7 @@
 //! waiter progresses the endpoint, a lone signal may be a plain store, and a small put on an
 //! idle SHM connection a record in the peer's ring of inline puts.
 
-use super::conn::{direct_flag, direct_put};
+use super::conn::{direct_flag, direct_put, ROOM_WAIT};
 use super::thread::panic_error;
 use super::work::ProxyWork;
 use crate::fifo::Withdrawal;
@@ -61,9 +61,32 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
 
     fn direct_put(&self, conn: usize, dst: u64, src: u64, size: u64, signal: bool) -> bool {
         idle(self).is_some_and(|mut w| {
-            w.conns
-                .get_mut(conn)
-                .is_some_and(|c| direct_put(c, src, dst, size, signal))
+            let ProxyWork {
+                conns,
+                fifo,
+                sticky,
+                ..
+            } = &mut *w;
+            if conn >= conns.len() {
+                return false;
+            }
+            // This connection mutably, and the other connections' rings into us, which a wait
+            // for room in the peer's ring applies (two ranks putting into each other at once
+            // each wait for the other, holding the lock our proxy thread would drain with).
+            let (before, rest) = conns.split_at_mut(conn);
+            let (c, after) = rest.split_first_mut().expect("conn < len");
+            // The wait ends at an abort or failure as every wait does (`idle` checked them
+            // only on the way in): nothing is delivered after it.
+            let go_on = || {
+                fifo.aborted() == 0
+                    && !sticky.failed()
+                    && before
+                        .iter()
+                        .chain(after.iter())
+                        .filter_map(|x| x.inbox.as_deref())
+                        .all(|i| i.drain_if_free().is_ok())
+            };
+            direct_put(c, src, dst, size, signal, ROOM_WAIT, go_on)
         })
     }
 }

@@ -23,7 +23,7 @@ mod tests;
 mod thread;
 mod work;
 
-pub use conn::{DirectEpoch, ProxyConn};
+pub use conn::{DirectEpoch, ProxyConn, WAIT_FOR_ROOM_ABOVE};
 pub use hang::{request_hang_report, set_reporter_wake, take_hang_requests, wake_reporter};
 pub use pending::{PendingWait, WaitOp};
 pub use thread::{launch, Running};

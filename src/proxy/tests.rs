@@ -61,6 +61,7 @@ pub(crate) fn work() -> crate::proxy::SharedWork {
         direct: None,
         outbox: None,
         inline: Default::default(),
+        wait_for_room_above: 0,
         inbox: None,
         undelivered: false,
         regain_direct: false,

@@ -154,13 +154,14 @@ fn run(
                     w.active = false;
                     return Ok(());
                 }
-                Ok(Round::Idle) => {
+                Ok(round @ (Round::Idle | Round::Applied)) => {
                     // Outside the work lock (see `ProxyWork::service`): with libfabric 2.x's
                     // shm, a test's host thread lost the lock to this progress on every try.
                     let endpoint = w.endpoint.clone();
                     drop(w);
-                    // Peers' writes arriving keep it polling (`Endpoint::took_incoming`).
-                    progress_idle(&endpoint).map(|took| match took {
+                    // Peers' writes arriving keep it polling (`Endpoint::took_incoming`), as
+                    // do records applied for a sender waiting for room.
+                    progress_idle(&endpoint).map(|took| match took || round == Round::Applied {
                         true => Round::Busy,
                         false => Round::Idle,
                     })

@@ -61,6 +61,9 @@ pub(super) enum Round {
     Busy,
     /// Nothing to do; the endpoint was progressed.
     Idle,
+    /// No trigger, but records of inline puts were applied for a sender waiting for room
+    /// (`conn::direct_put`): as `Idle` for the endpoint, as `Busy` for the pause.
+    Applied,
     /// Asked to stop, and the FIFO is drained and flushed.
     Done,
 }
@@ -226,11 +229,13 @@ impl ProxyWork {
         if self.conns.iter().any(|c| c.regain_direct) {
             self.regain_direct()?;
         }
-        self.drain_inboxes()?;
+        let applied = self.drain_inboxes()?;
         if progress {
             progress_idle(&self.endpoint)?;
         }
-        Ok(Round::Idle)
+        // Records applied while their sender waits for room (`conn::direct_put`) are work: a
+        // proxy napping between its rounds would keep it waiting a nap per record.
+        Ok(if applied { Round::Applied } else { Round::Idle })
     }
 
     /// The gate its proxy thread stands aside at while host threads do its work.
@@ -281,14 +286,16 @@ impl ProxyWork {
             .iter()
             .fold(InlineStats::default(), |a, c| InlineStats {
                 inline: a.inline + c.inline.inline,
+                waited: a.waited + c.inline.waited,
                 ring_full: a.ring_full + c.inline.ring_full,
                 after_endpoint: a.after_endpoint + c.inline.after_endpoint,
             });
         if s.inline + s.ring_full + s.after_endpoint > 0 {
             crate::info!(
-                "{}: SHM puts small enough to go inline: {} did, {} found the ring full and took the endpoint, {} followed a put through the endpoint since the last flush",
+                "{}: SHM puts small enough to go inline: {} did ({} of them after waiting for room in the peer's ring), {} found the ring full and took the endpoint, {} followed a put through the endpoint since the last flush",
                 self.name,
                 s.inline,
+                s.waited,
                 s.ring_full,
                 s.after_endpoint
             );
@@ -299,11 +306,14 @@ impl ProxyWork {
     /// Applies the inline puts peers wrote into our rings (SHM over host memory) to our
     /// buffers: for puts that no signal follows (a waiter applies the others), and for the
     /// peers' flushes, which wait until we have. Skips a ring another consumer is draining.
-    pub(super) fn drain_inboxes(&self) -> Result<()> {
+    /// Returns whether it applied any that a waiting sender wanted room for.
+    pub(super) fn drain_inboxes(&self) -> Result<bool> {
+        let mut wanted = false;
         for i in self.conns.iter().filter_map(|c| c.inbox.as_ref()) {
-            i.drain_if_free()?;
+            let w = i.room_wanted();
+            wanted |= i.drain_if_free()? && w;
         }
-        Ok(())
+        Ok(wanted)
     }
 
     /// With the FIFO empty: flushes each peer that a connection with a direct path sent a Flag

@@ -25,12 +25,15 @@
 //! | 64 | closed: the receiver's communicator is gone, nothing more will be taken | receiver |
 //! | 128 | head: bytes of records written, ever | sender |
 //! | 192 | tail: bytes of records applied, ever | receiver |
+//! | 256 | room wanted: the sender waits for the receiver to apply records | sender |
 //! | 4096.. | the ring, `RING_BYTES` | sender |
 //!
-//! A sender keeps at most `WINDOW` bytes of records unapplied: more go through the proxy. The
-//! receiver applies them in batches (a waiter at its signal, the proxy between rounds):
-//! applying each 4 KiB record as it came cost a 4 KiB stream ~10% on 16 cores (the head and tail
-//! lines moving once per record).
+//! A sender keeps at most `WINDOW` bytes of records unapplied: more go through the proxy, or,
+//! where a flag through the proxy would wait for the put's delivery, wait a little for room
+//! (`proxy::conn::direct_put`), saying so in the block: the receiver's waiters then apply
+//! records as they come, and its proxy thread keeps polling. Otherwise they apply them in
+//! batches (a waiter at its signal, the proxy between rounds): applying each 4 KiB record as it
+//! came cost a 4 KiB stream ~10% on 16 cores (the head and tail lines moving once per record).
 //!
 //! A record is a header word (destination offset in the high 32 bits, length in the low 32)
 //! and the data, padded to 8 bytes; a record never wraps: a header with length `PAD` sends the
@@ -46,6 +49,7 @@ use std::sync::{Arc, Mutex};
 const CLOSED_AT: usize = 64;
 const HEAD_AT: usize = 128;
 const TAIL_AT: usize = 192;
+const WANTED_AT: usize = 256;
 const RING_AT: usize = 4096;
 /// Bytes of each connection's ring: twice `WINDOW` and a page, so that a record the window
 /// allows also fits after the pad at the ring's end (the pad is shorter than the record).
@@ -202,6 +206,11 @@ impl Outbox {
         Put::Written
     }
 
+    /// Says whether this sender is waiting for room (`Inbox::room_wanted`). A hint: Relaxed.
+    pub fn want_room(&self, wanted: bool) {
+        word(&self.block, WANTED_AT).store(u64::from(wanted), Ordering::Relaxed);
+    }
+
     /// Whether the receiver has applied every record written so far.
     pub fn taken(&self) -> Taken {
         // Closed first: the receiver applies what is there, then closes, so a tail read after
@@ -243,6 +252,12 @@ impl std::fmt::Debug for Inbox {
 impl crate::fifo::Drain for Inbox {
     fn drain(&self) -> Result<()> {
         Inbox::drain(self)
+    }
+    fn drain_if_free(&self) -> Result<bool> {
+        Inbox::drain_if_free(self)
+    }
+    fn room_wanted(&self) -> bool {
+        Inbox::room_wanted(self)
     }
 }
 
@@ -295,17 +310,24 @@ impl Inbox {
         }
     }
 
-    /// Applies what is there unless another consumer is at it (the proxy's rounds; its waits
-    /// come back for the rest).
-    pub fn drain_if_free(&self) -> Result<()> {
+    /// The sender waits for room (`Outbox::want_room`): apply records as they come.
+    pub fn room_wanted(&self) -> bool {
+        // Relaxed: a hint; the records themselves are read after the head's Acquire.
+        word(&self.block, WANTED_AT).load(Ordering::Relaxed) != 0
+    }
+
+    /// Applies what is there unless another consumer is at it (the proxy's rounds, and
+    /// waiters before their signal; both come back for the rest). Returns whether it applied
+    /// any record.
+    pub fn drain_if_free(&self) -> Result<bool> {
         // Acquire pairs with the producer's Release of the head.
         let head = word(&self.block, HEAD_AT).load(Ordering::Acquire);
         if head == self.applied.load(Ordering::Relaxed) {
-            return Ok(());
+            return Ok(false);
         }
         match try_lock(&self.lock) {
-            Some(closed) if !*closed => self.drain_locked(),
-            _ => Ok(()),
+            Some(closed) if !*closed => self.drain_locked().map(|()| true),
+            _ => Ok(false),
         }
     }
 
