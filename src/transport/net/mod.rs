@@ -203,9 +203,11 @@ const TARGET_PROGRESSES: &[&str] = &["tcp", "shm", "net", "sockets", "udp"];
 /// Whether a peer that dies can wedge an endpoint of `provider` (`Caps::may_wedge`): libfabric
 /// 1.17's shm keeps its spin locks in the shared memory its peers map, whichever of our
 /// transports opened it (mscclppTransportSHM, or the IB transport with
-/// `MSCCLPP_NET_PROVIDER=shm`).
+/// `MSCCLPP_NET_PROVIDER=shm`); efa and 2.x's lnx reach peers on the same host through an shm
+/// endpoint of their own (efa unless `FI_EFA_ENABLE_SHM_TRANSFER=0`, which is not read here:
+/// they count as wedgeable either way).
 fn provider_may_wedge(provider: &str) -> bool {
-    provider.split(';').next() == Some("shm")
+    matches!(provider.split(';').next(), Some("shm" | "efa" | "lnx"))
 }
 
 /// How signals travel on this endpoint (as remote CQ data riding with the put, or counted by
@@ -231,18 +233,44 @@ fn hmem_choice(
     if policy == Hmem::Never {
         return Err("MSCCLPP_NET_HMEM=0");
     }
-    if !reported {
-        return Err("the provider does not report FI_HMEM");
-    }
     if policy == Hmem::Auto {
-        if let Some((_, why)) = HMEM_SLOWER_THAN_STAGING
-            .iter()
-            .find(|(p, _)| provider.split(';').next() == Some(*p))
-        {
+        if let Some(why) = slower_than_staging(provider) {
             return Err(why);
         }
     }
+    if !reported {
+        return Err("the provider does not report FI_HMEM");
+    }
     Ok(())
+}
+
+/// Why FI_HMEM on `provider` was measured slower than staging, if it was
+/// (`HMEM_SLOWER_THAN_STAGING`).
+fn slower_than_staging(provider: &str) -> Option<&'static str> {
+    HMEM_SLOWER_THAN_STAGING
+        .iter()
+        .find(|(p, _)| provider.split(';').next() == Some(*p))
+        .map(|(_, why)| *why)
+}
+
+/// Whether an endpoint for GPU memory asks the provider for FI_HMEM: not where its memory would
+/// be staged anyway (`MSCCLPP_NET_HMEM=0`; `auto` on a provider measured slower than staging,
+/// the SHM transport's or the only one named). A provider's FI_HMEM entry is weaker in other
+/// ways: shm's orders no write (its device copies by IPC may end after a later command), so
+/// every write would wait for the one before it.
+fn asks_hmem(cfg: &NetConfig, shm: bool) -> bool {
+    match cfg.hmem {
+        Hmem::Never => false,
+        Hmem::Always => true,
+        Hmem::Auto => {
+            let named = match (shm, &cfg.providers) {
+                (true, _) => vec!["shm"],
+                (false, Some(p)) => p.iter().map(String::as_str).collect(),
+                (false, None) => Vec::new(),
+            };
+            named.is_empty() || !named.iter().all(|p| slower_than_staging(p).is_some())
+        }
+    }
 }
 
 impl NetEndpoint {
@@ -258,7 +286,7 @@ impl NetEndpoint {
             domain,
             shm,
             // Only asks for FI_HMEM.
-            device: device.filter(|_| cfg.hmem != Hmem::Never),
+            device: device.filter(|_| asks_hmem(cfg, shm)),
         };
         let choice = select::choose(&req, cfg)?;
         let info = choice.info;

@@ -71,6 +71,8 @@ pub(super) struct Attrs {
     /// The endpoint can post receives (FI_MSG and FI_RECV requested and in `caps`), which
     /// remote CQ data consumes where `rx_cq_data`.
     pub recv: bool,
+    /// FI_HMEM in `caps`: the provider's entry for device memory.
+    pub hmem: bool,
 }
 
 /// What a query asked the provider for (only those of its grants count).
@@ -105,6 +107,7 @@ impl Attrs {
             rx_cq_data: (info.mode | rx.map_or(0, |r| r.mode)) & fi::FI_RX_CQ_DATA != 0,
             mr_local: dom.is_some_and(|d| d.mr_mode as u32 & fi::FI_MR_LOCAL != 0),
             recv: asked.recv && info.caps & RECV_CAPS == RECV_CAPS,
+            hmem: info.caps & fi::FI_HMEM != 0,
         }
     }
 }
@@ -210,10 +213,11 @@ pub(super) fn decide(a: &Attrs) -> Result<Plan, String> {
         n
     };
     if core == "shm" {
-        if a.inject_size == 0 {
+        // (Its FI_HMEM entry also reports an inject size of 0: either says so.)
+        if a.hmem || a.inject_size == 0 {
             upto = 0;
             why.push("shm with FI_HMEM trusted for no size (its IPC copies of device memory may end after a later command)".into());
-        } else {
+        } else if upto == u64::MAX {
             why.push("shm: a write by its SAR protocol holds back the sender's next command to the peer until its data is in".into());
         }
     }
@@ -578,17 +582,31 @@ mod tests {
         assert!(!p.needs_dc(64 << 20));
         assert!(p.describe().starts_with("plain after writes of any size"));
         assert!(p.why.contains("SAR protocol holds back"), "{}", p.why);
-        // shm with FI_HMEM reports an inject size of 0: nothing is ordered then.
-        let p = decide(
-            &Fixture {
+        // shm's FI_HMEM entry (FI_HMEM in its caps, an inject size of 0): nothing is ordered,
+        // whichever of the two says so.
+        for hmem_entry in [
+            Fixture {
+                caps: RMA | fi::FI_HMEM,
                 inject_size: 0,
                 ..shm()
-            }
-            .attrs(ASK_ALL),
-        )
-        .unwrap();
-        assert_eq!((p.ordered_upto, p.after(8)), (0, Drain));
-        assert!(p.why.contains("FI_HMEM"), "{}", p.why);
+            },
+            Fixture {
+                caps: RMA | fi::FI_HMEM,
+                ..shm()
+            },
+            Fixture {
+                inject_size: 0,
+                ..shm()
+            },
+        ] {
+            let p = decide(&hmem_entry.attrs(ASK_ALL)).unwrap();
+            assert_eq!((p.ordered_upto, p.after(8)), (0, Drain));
+            assert!(
+                p.why.contains("FI_HMEM") && !p.why.contains("SAR"),
+                "{}",
+                p.why
+            );
+        }
     }
 
     #[test]

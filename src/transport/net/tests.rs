@@ -299,11 +299,12 @@ fn shm_provider_endpoints_may_wedge_under_either_transport() {
         let ep = ep.unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(ep.caps().may_wedge, wedges, "{what}: {}", ep.describe());
     }
-    assert!(
-        provider_may_wedge("shm")
-            && !provider_may_wedge("tcp;ofi_rxm")
-            && !provider_may_wedge("sm2")
-    );
+    for p in ["shm", "efa", "lnx"] {
+        assert!(provider_may_wedge(p), "{p}");
+    }
+    for p in ["tcp;ofi_rxm", "sm2", "cxi", "verbs;ofi_rxm"] {
+        assert!(!provider_may_wedge(p), "{p}");
+    }
 }
 
 #[test]
@@ -1353,6 +1354,51 @@ fn hmem_is_chosen_per_provider_by_measurement() {
     assert!(hmem_choice(Hmem::Always, false, "tcp")
         .unwrap_err()
         .contains("does not report FI_HMEM"));
+    // Where auto stages anyway, FI_HMEM is not asked for (shm's FI_HMEM entry orders no
+    // write), and the reason given is still the measurement.
+    assert!(hmem_choice(Hmem::Auto, false, "shm")
+        .unwrap_err()
+        .contains("measured"));
+    let cfg = |hmem, providers: Option<&[&str]>| NetConfig {
+        hmem,
+        providers: providers.map(|p| p.iter().map(|s| s.to_string()).collect()),
+        ..Default::default()
+    };
+    assert!(
+        !asks_hmem(&cfg(Hmem::Auto, None), true),
+        "the SHM transport"
+    );
+    assert!(
+        !asks_hmem(&cfg(Hmem::Auto, Some(&["shm"])), false),
+        "IB over shm"
+    );
+    assert!(
+        asks_hmem(&cfg(Hmem::Auto, None), false),
+        "IB, no provider named"
+    );
+    assert!(asks_hmem(&cfg(Hmem::Auto, Some(&["shm", "efa"])), false));
+    assert!(asks_hmem(&cfg(Hmem::Always, None), true));
+    assert!(!asks_hmem(&cfg(Hmem::Never, Some(&["efa"])), false));
+}
+
+/// GPU memory over the SHM transport with `MSCCLPP_NET_HMEM=auto` is staged, so its endpoint is
+/// shm's host-memory entry, which orders writes of every size (not its FI_HMEM entry, which
+/// orders none). Needs no CUDA: only the request changes.
+#[test]
+fn gpu_endpoints_over_shm_order_every_size_when_staged() {
+    let ep = NetEndpoint::open(None, true, Some(0), &NetConfig::default()).unwrap();
+    assert_eq!(
+        ep.ops.plan.ordered_upto,
+        u64::MAX,
+        "{}",
+        ep.ops.plan.describe()
+    );
+    let always = NetConfig {
+        hmem: crate::config::Hmem::Always,
+        ..Default::default()
+    };
+    let ep = NetEndpoint::open(None, true, Some(0), &always).unwrap();
+    assert_eq!(ep.ops.plan.ordered_upto, 0, "{}", ep.ops.plan.describe());
 }
 
 // ---- sources of registered writes ----------------------------------------------------------
