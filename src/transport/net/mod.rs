@@ -592,25 +592,11 @@ impl NetEndpoint {
         if let Some((ci, sent)) = st.records_pending(net.peers, peer) {
             st.wait_acked(&mut net, ci, sent)?;
         }
-        let mut wait: Option<crate::sync::Backoff> = None;
-        // Ends when no flag waits (each is posted once the writes before it completed), or at
-        // the timeout.
-        loop {
-            self.peers.post_ready(&mut self.ops, peer)?;
-            if self.peers[peer].deferred.is_empty() {
-                return Ok(());
-            }
-            self.ops.poll(&mut self.peers)?;
-            let (n, rank, limit) = (
-                self.peers[peer].deferred.len(),
-                self.peers[peer].rank,
-                self.ops.timeout,
-            );
-            let w = wait.get_or_insert_with(|| ops::provider_wait(limit));
-            self.ops.pause(w, || {
-                format!("waiting for {n} queued flags to rank {rank} to be posted before a counted signal")
-            })?;
-        }
+        self.peers.post_deferred(&mut self.ops, peer, |n, rank| {
+            format!(
+                "waiting for {n} queued flags to rank {rank} to be posted before a counted signal"
+            )
+        })
     }
 
     /// Posts a checked write of `size` bytes from `src` to `dst` (the imported region's blob and

@@ -336,6 +336,31 @@ impl Ops {
         wait.check(what)
     }
 
+    /// Waits for the provider until `ready` gives a value: each round asks `ready` (which may
+    /// post what became possible), reads completions, and pauses (`pause`) only when none came.
+    /// Bounded by the endpoint's wait timeout; `what` says in the error what was waited for.
+    pub fn wait_until<T>(
+        &mut self,
+        peers: &mut Peers,
+        mut ready: impl FnMut(&mut Ops, &mut Peers) -> Result<Option<T>>,
+        what: impl Fn(&Peers) -> String,
+    ) -> Result<T> {
+        let mut wait: Option<Backoff> = None;
+        // Ends when `ready` gives a value, on an error (its own or a completion's), or at the
+        // deadline.
+        loop {
+            if let Some(t) = ready(self, peers)? {
+                return Ok(t);
+            }
+            if self.poll(peers)? > 0 {
+                continue;
+            }
+            let limit = self.timeout;
+            let w = wait.get_or_insert_with(|| provider_wait(limit));
+            self.pause(w, || what(peers))?;
+        }
+    }
+
     /// `Endpoint::describe`: `net:<provider>/<domain>`.
     pub fn describe(&self) -> String {
         format!("net:{}/{}", self.provider, self.domain)
@@ -518,22 +543,21 @@ impl Ops {
 
     /// A free op slot for `peer`, progressing until one frees up (bounded).
     fn acquire(&mut self, peers: &mut Peers, peer: PeerId) -> Result<usize> {
-        let mut wait: Option<Backoff> = None;
-        loop {
-            if let Some(i) = self.free.pop() {
-                let s = &mut self.slots[i];
-                s.busy = true;
-                s.peer = peer;
-                return Ok(i);
-            }
-            self.poll(peers)?;
-            let depth = self.slots.len();
-            let rank = peers.get(peer).map_or(usize::MAX, |p| p.rank);
-            let w = wait.get_or_insert_with(|| provider_wait(self.timeout));
-            self.pause(w, || {
+        let depth = self.slots.len();
+        self.wait_until(
+            peers,
+            |ops, _| {
+                Ok(ops.free.pop().inspect(|&i| {
+                    let s = &mut ops.slots[i];
+                    s.busy = true;
+                    s.peer = peer;
+                }))
+            },
+            |peers| {
+                let rank = peers.get(peer).map_or(usize::MAX, |p| p.rank);
                 format!("waiting for one of {depth} in-flight writes to complete (writing to rank {rank})")
-            })?;
-        }
+            },
+        )
     }
 
     /// Whether our writes to `peer` carry counted tags (`counted.rs`): signals are counted on
@@ -545,23 +569,21 @@ impl Ops {
     /// Waits (progressing, bounded) until another write to `peer` may be tagged
     /// (`counted::Epochs::room`).
     fn counted_room(&mut self, peers: &mut Peers, peer: PeerId) -> Result<()> {
-        let mut wait: Option<Backoff> = None;
-        // Ends when the oldest open epoch's writes have completed, or at the timeout.
-        loop {
-            let p = &mut peers[peer];
-            if p.epochs.room(p.done_upto) {
-                return Ok(());
-            }
-            self.poll(peers)?;
-            let (rank, limit) = (peers[peer].rank, self.timeout);
-            let w = wait.get_or_insert_with(|| provider_wait(limit));
-            self.pause(w, || {
+        // (Room comes when the oldest open epoch's writes have completed.)
+        self.wait_until(
+            peers,
+            |_, peers| {
+                let p = &mut peers[peer];
+                Ok(p.epochs.room(p.done_upto).then_some(()))
+            },
+            |peers| {
                 format!(
-                    "waiting for the writes of the oldest of {} open signal epochs to rank {rank} to complete",
-                    counted::OPEN_EPOCHS
+                    "waiting for the writes of the oldest of {} open signal epochs to rank {} to complete",
+                    counted::OPEN_EPOCHS,
+                    peers[peer].rank
                 )
-            })?;
-        }
+            },
+        )
     }
 
     fn release(&mut self, i: usize) {

@@ -4,11 +4,10 @@
 use super::blob::{AddrBlob, ChanBlob, MrBlob};
 use super::fabric::fab_err;
 use super::mr;
-use super::ops::{provider_wait, Op, Ops};
+use super::ops::{Op, Ops};
 use super::order::FlagOrder;
 use super::select;
 use crate::error::{Error, Result};
-use crate::sync::Backoff;
 use crate::transport::PeerId;
 use libfabric_sys as fi;
 use std::collections::{BTreeSet, VecDeque};
@@ -345,45 +344,44 @@ impl Peers {
     /// acknowledgements; see the module doc for what "arrived" rests on): posts its deferred
     /// flags as they become ready, then the marker, then waits for every completion.
     pub fn drain_writes(&mut self, ops: &mut Ops, peer: PeerId) -> Result<()> {
-        let mut wait: Option<Backoff> = None;
-        // Ends when no flag waits (each waits for completions, which this loop reads), on an
-        // error, or at the deadline.
-        loop {
-            self.post_ready(ops, peer)?;
-            if self[peer].deferred.is_empty() {
-                break;
-            }
-            if ops.poll(self)? > 0 {
-                continue;
-            }
-            let (n, rank, limit) = (self[peer].deferred.len(), self[peer].rank, ops.timeout);
-            let w = wait.get_or_insert_with(|| provider_wait(limit));
-            ops.pause(w, || {
-                format!("{n} signals to rank {rank} wait for the writes before them to complete: no completion (is the peer's proxy running?)")
-            })?;
-        }
+        self.post_deferred(ops, peer, |n, rank| {
+            format!("{n} signals to rank {rank} wait for the writes before them to complete: no completion (is the peer's proxy running?)")
+        })?;
         self.post_marker(ops, peer)?;
         self.wait_completed(ops, peer)
     }
 
+    /// Waits (bounded) until every flag queued for `peer` is posted: each waits for the
+    /// completions of the writes before it, which the wait reads. `what(queued, rank)` names
+    /// the wait in its error.
+    pub fn post_deferred(
+        &mut self,
+        ops: &mut Ops,
+        peer: PeerId,
+        what: impl Fn(usize, usize) -> String,
+    ) -> Result<()> {
+        ops.wait_until(
+            self,
+            |ops, peers| {
+                peers.post_ready(ops, peer)?;
+                Ok(peers[peer].deferred.is_empty().then_some(()))
+            },
+            |peers| what(peers[peer].deferred.len(), peers[peer].rank),
+        )
+    }
+
     /// Waits (bounded) until every write posted to `peer` has completed.
     fn wait_completed(&mut self, ops: &mut Ops, peer: PeerId) -> Result<()> {
-        let mut wait: Option<Backoff> = None;
-        // Ends when every write to `peer` has completed, on an error completion, or at the
-        // deadline.
-        while self[peer].outstanding > 0 {
-            if ops.poll(self)? > 0 {
-                continue;
-            }
-            let (n, rank, limit) = (self[peer].outstanding, self[peer].rank, ops.timeout);
-            let w = wait.get_or_insert_with(|| provider_wait(limit));
-            ops.pause(w, || {
+        ops.wait_until(
+            self,
+            |_, peers| Ok((peers[peer].outstanding == 0).then_some(())),
+            |peers| {
                 format!(
-                    "waiting for {n} writes to rank {rank} to complete: no completion (is the peer's proxy running?)"
+                    "waiting for {} writes to rank {} to complete: no completion (is the peer's proxy running?)",
+                    peers[peer].outstanding, peers[peer].rank
                 )
-            })?;
-        }
-        Ok(())
+            },
+        )
     }
 
     /// Where the last write to `peer` was a plain one, posts the delivery marker after it:
