@@ -127,7 +127,10 @@ pub(super) fn direct_put(
     let written = loop {
         match out.put(src_off, dst_off, size) {
             Put::Written => break true,
-            Put::Refused => break false,
+            Put::Refused => {
+                c.inline.refused += 1;
+                break false;
+            }
             Put::NoRoom
                 if size <= c.wait_for_room_above
                     || room.as_ref().is_some_and(Backoff::expired)
@@ -197,14 +200,28 @@ pub(super) const ROOM_WAIT: Duration = Duration::from_micros(100);
 /// Puts small enough to go inline on a connection with a ring (`direct_put`): how many did (and
 /// how many of those waited for room first), how many found the ring full and took the
 /// endpoint (the peer had not applied enough of the earlier ones, within `ROOM_WAIT` where the
-/// put may wait), and how many came after a write through the endpoint since the last flush
-/// (so could not overtake it).
-#[derive(Clone, Copy, Debug, Default)]
+/// put may wait), how many came after a write through the endpoint since the last flush (so
+/// could not overtake it), and how many the receiver refused (its communicator was gone).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InlineStats {
     pub inline: u64,
     pub waited: u64,
     pub ring_full: u64,
     pub after_endpoint: u64,
+    pub refused: u64,
+}
+
+impl std::ops::Add for InlineStats {
+    type Output = InlineStats;
+    fn add(self, o: InlineStats) -> InlineStats {
+        InlineStats {
+            inline: self.inline + o.inline,
+            waited: self.waited + o.waited,
+            ring_full: self.ring_full + o.ring_full,
+            after_endpoint: self.after_endpoint + o.after_endpoint,
+            refused: self.refused + o.refused,
+        }
+    }
 }
 
 /// After a flush of `peer`: everything written to it has arrived, on every connection to it.
@@ -322,6 +339,10 @@ mod tests {
             direct_put(&mut c, 0, 0, SIZE, false, ROOM_WAIT, || true),
             "room again"
         );
+        // A receiver that is gone refuses every put; each is counted, and goes nowhere.
+        peer.close().unwrap();
+        assert!(!direct_put(&mut c, 0, 0, 8, true, ROOM_WAIT, || true));
+        assert_eq!((c.inline.refused, c.signals), (1, 2));
     }
 
     #[test]

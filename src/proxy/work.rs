@@ -284,20 +284,16 @@ impl ProxyWork {
         let s = self
             .conns
             .iter()
-            .fold(InlineStats::default(), |a, c| InlineStats {
-                inline: a.inline + c.inline.inline,
-                waited: a.waited + c.inline.waited,
-                ring_full: a.ring_full + c.inline.ring_full,
-                after_endpoint: a.after_endpoint + c.inline.after_endpoint,
-            });
-        if s.inline + s.ring_full + s.after_endpoint > 0 {
+            .fold(InlineStats::default(), |a, c| a + c.inline);
+        if s != InlineStats::default() {
             crate::info!(
-                "{}: SHM puts small enough to go inline: {} did ({} of them after waiting for room in the peer's ring), {} found the ring full and took the endpoint, {} followed a put through the endpoint since the last flush",
+                "{}: SHM puts small enough to go inline: {} did ({} of them after waiting for room in the peer's ring), {} found the ring full and took the endpoint, {} followed a put through the endpoint since the last flush, {} were refused (the receiver was gone)",
                 self.name,
                 s.inline,
                 s.waited,
                 s.ring_full,
-                s.after_endpoint
+                s.after_endpoint,
+                s.refused
             );
         }
         Ok(())
