@@ -145,10 +145,6 @@ impl Comm {
     pub fn nranks(&self) -> usize {
         self.boot.nranks()
     }
-    pub fn bootstrap(&self) -> &Bootstrap {
-        &self.boot
-    }
-
     /// The bootstrap, for a host thread about to block in it (the C API's barrier and
     /// all-gather): the proxies standing aside for this thread resume first
     /// (`HelperGate::resume`), so that peers' writes needing our progress meanwhile (the

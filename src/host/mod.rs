@@ -158,20 +158,12 @@ impl Conn {
         // (`proxy::conn::direct_put`): this waiter makes it soonest.
         let inbox = fifo::inbox(c.fifo.triggerFifoHead, c.fifo.connId as usize);
         // Acquire pairs with the peer's write of the signal count, which the transport orders
-        // after the data. Ends when the count arrives, on abort, or at the deadline. A
-        // connection without a ring (every transport but SHM) spins the plain loop.
-        let arrived = || proxy.load(Ordering::Acquire) >= target;
-        if let Some(i) = &inbox {
-            while !arrived() {
-                if i.room_wanted() {
-                    i.drain_if_free()?;
-                }
-                spin.step("wait: no signal from the peer")?;
+        // after the data. Ends when the count arrives, on abort, or at the deadline.
+        while proxy.load(Ordering::Acquire) < target {
+            if let Some(i) = inbox.as_ref().filter(|i| i.room_wanted()) {
+                i.drain_if_free()?;
             }
-        } else {
-            while !arrived() {
-                spin.step("wait: no signal from the peer")?;
-            }
+            spin.step("wait: no signal from the peer")?;
         }
         waited.store(target, Ordering::Relaxed);
         // The peer's inline puts before this signal are in our ring (the count's Acquire above

@@ -182,12 +182,10 @@ fn drain_ours(inbox: &Option<Arc<Inbox>>, go_on: &mut impl FnMut() -> bool) -> b
 
 /// Inline puts larger than this wait for room in the peer's ring (`direct_put`), where the host
 /// has two cores per rank. Through the endpoint, every later put of the connection takes it too
-/// until the user's next flush (`undelivered`), and for such puts the ring is the faster path:
-/// with the wait a 16 KiB `putWithSignal` stream over SHM ran at 0.94-0.99 of an unsignalled
-/// one on 16 cores, without it 0.78-0.85 (session 21, its signals riding on their writes; in
-/// session 20, when each flag also waited for its write's delivery, 0.55-0.88). Smaller ones
-/// take the endpoint at once: for a 4 KiB stream that is the faster path (one copy, on the
-/// proxy thread).
+/// until the user's next flush (`undelivered`), and for such puts the ring is the faster path,
+/// even with their signals riding on their writes (16 KiB streams, bench/RESULTS.md session
+/// 21). Smaller ones take the endpoint at once: for a 4 KiB stream that is the faster path (one
+/// copy, on the proxy thread).
 pub const WAIT_FOR_ROOM_ABOVE: u64 = 4096;
 
 /// How long a put that found the peer's ring full waits for room before it takes the endpoint

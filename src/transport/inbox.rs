@@ -30,8 +30,8 @@
 //!
 //! A sender keeps at most `WINDOW` bytes of records unapplied: more go through the proxy, or,
 //! for a put larger than `proxy::WAIT_FOR_ROOM_ABOVE` (the ring is the faster path for those),
-//! wait a little for room (`proxy::conn::direct_put`), saying so in the block: the receiver's waiters then apply
-//! records as they come, and its proxy thread keeps polling. Otherwise they apply them in
+//! wait a little for room (`proxy::conn::direct_put`), saying so in the block: the receiver's
+//! waiters then apply records as they come, and its proxy thread keeps polling. Otherwise they apply them in
 //! batches (a waiter at its signal, the proxy between rounds): applying each 4 KiB record as it
 //! came cost a 4 KiB stream ~10% on 16 cores (the head and tail lines moving once per record).
 //!

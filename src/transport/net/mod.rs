@@ -740,7 +740,7 @@ impl Endpoint for NetEndpoint {
     /// into their epoch blocks.
     fn caps(&self) -> Caps {
         Caps {
-            may_wedge: self.shm_transport || provider_may_wedge(&self.peers.me.provider),
+            may_wedge: provider_may_wedge(&self.peers.me.provider),
             linger: true,
             direct_epoch: self.shm_transport,
         }
