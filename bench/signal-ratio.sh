@@ -9,8 +9,9 @@
 #
 # PEERS=3 streams from rank 0 to three peers at once (`--peers`, builds from session 16 on);
 # CONFIGS="tcp shm" picks the transports; MIN_KIB and MAX_KIB the sizes (the binary's defaults:
-# 16 KiB to 4 MiB); WAIT_AFTER=1 has the peers wait once, after the stream (`--wait-after`). A build with CQ-data signals run with them off
-# (today's path) is a wrapper script: `exec env MSCCLPP_NET_CQ_SIGNALS=0 /tmp/sr-new "$@"`.
+# 16 KiB to 4 MiB); WAIT_AFTER=1 has the peers wait once, after the stream (`--wait-after`). A
+# build run with settings of its own (CQ-data signals off, another libfabric) is a wrapper
+# script: `exec env MSCCLPP_NET_CQ_SIGNALS=0 /tmp/sr-new "$@"`.
 #
 # The binaries are copies of target/release/examples/signal_ratio built from each tree. Prints
 # per transport and size, for each binary, the median over rounds of its two GB/s figures and

@@ -498,9 +498,9 @@ fn rank_killed_in_wait_shm() {
 
 /// Not run by default (`--ignored`): kills a peer streaming small signals over shm, 12 times
 /// on the SHM transport and 12 on the IB transport over the same provider
-/// (`MSCCLPP_NET_PROVIDER=shm`), and counts how the survivor ends. libfabric 1.17's shm provider keeps its locks in shared
-/// memory; a peer killed while holding one leaves it held, and every later call into the
-/// survivor's endpoint spins forever. Measured here (2 cores): about 1 kill in 5 wedges the
+/// (`MSCCLPP_NET_PROVIDER=shm`), and counts how the survivor ends. libfabric 1.17's shm
+/// provider keeps its locks in shared memory; a peer killed while holding one leaves it held,
+/// and every later call into the survivor's endpoint spins forever. Measured here (2 cores): about 1 kill in 5 wedges the
 /// endpoint. If the proxy thread is the one caught, the survivor's wait ends at the timeout and
 /// stop/destroy abandon the proxy (bounded: this test passes). If the caught thread is the
 /// survivor's own (host waiters do the proxy's work, `fifo::Assist`), its call never returns:
