@@ -29,6 +29,12 @@ source scripts/common.sh
 
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$MSCCLPP_ROOT/target}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+# Disk: CI's machine has had as little as a few hundred MB free, and a full run once ran out
+# at its last build. A run from a clean clone gains nothing from incremental state, and line
+# tables keep file:line in backtraces and sanitizer reports at a fraction of full debug info's
+# size. Both can be overridden from the environment.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+export CARGO_PROFILE_DEV_DEBUG=${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}
 build=${MSCCLPP_TEST_BUILD_DIR:-$MSCCLPP_ROOT/build/test}
 prefix=$build/install
 skip=" ${MSCCLPP_TEST_SKIP:-} "
@@ -221,6 +227,9 @@ for i in "${!names[@]}"; do
   esac
 done
 printf '%-20s %-28s %8s\n\n' total "" "$((SECONDS - total_start))"
+# What the run left on disk, and what is free: a step that failed for want of space says so.
+echo "disk: target $(du -sh "$CARGO_TARGET_DIR" 2>/dev/null | cut -f1), build $(du -sh "$build" \
+  2>/dev/null | cut -f1), free $(df -h --output=avail "$CARGO_TARGET_DIR" 2>/dev/null | tail -1)"
 for i in "${!names[@]}"; do
   [[ -f $logs/failed.$i ]] || continue
   echo "--- ${names[$i]} failed; its last lines:"
