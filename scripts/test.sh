@@ -88,7 +88,7 @@ unordered_fabric() {
   local ok failed
   ok=$(grep -oE '^test [^ ]*unordered[^ ]* \.\.\. ok$' "$logs/unordered.out" | sort -u | wc -l)
   failed=$(grep -oE '^test [^ ]*unordered[^ ]* \.\.\. FAILED$' "$logs/unordered.out" | sort -u | wc -l)
-  echo "unordered fabric layer: $ok tests passed, $failed failed"
+  echo "unordered fabric layer: $ok tests passed, $failed failed" | tee -a "$logs/summary"
   return "$rc"
 }
 
@@ -227,6 +227,8 @@ for i in "${!names[@]}"; do
   esac
 done
 printf '%-20s %-28s %8s\n\n' total "" "$((SECONDS - total_start))"
+# Lines the steps left for the summary (the unordered fabric layer's count).
+[[ -f $logs/summary ]] && cat "$logs/summary"
 # What the run left on disk, and what is free: a step that failed for want of space says so.
 echo "disk: target $(du -sh "$CARGO_TARGET_DIR" 2>/dev/null | cut -f1), build $(du -sh "$build" \
   2>/dev/null | cut -f1), free $(df -h --output=avail "$CARGO_TARGET_DIR" 2>/dev/null | tail -1)"
