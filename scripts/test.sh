@@ -196,6 +196,15 @@ if ! deps; then
 fi
 names+=(deps) results+=(PASS) times+=($((SECONDS - total_start)))
 
+# A clean-clone run needs about 3.5 GB (README, "Requirements"). Less free space is said now, and
+# again under the summary, rather than left to a build's "No space left on device".
+mkdir -p "$CARGO_TARGET_DIR"
+free_kb=$(df -Pk "$CARGO_TARGET_DIR" 2>/dev/null | awk 'NR == 2 { print $4 }')
+if [[ -n $free_kb ]] && ((free_kb < 4 * 1024 * 1024)); then
+  echo "test.sh: warning: only $((free_kb / 1024)) MB free for $CARGO_TARGET_DIR; a full run" \
+    "from a clean clone needs about 3.5 GB" | tee -a "$logs/summary" >&2
+fi
+
 step fmt -- cargo fmt --all --check
 step clippy -- cargo clippy --all-targets --workspace -- -D warnings
 step doc -- env RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p mscclpp
@@ -227,7 +236,7 @@ for i in "${!names[@]}"; do
   esac
 done
 printf '%-20s %-28s %8s\n\n' total "" "$((SECONDS - total_start))"
-# Lines the steps left for the summary (the unordered fabric layer's count).
+# Lines the steps left for the summary (the unordered fabric layer's count, a disk warning).
 [[ -f $logs/summary ]] && cat "$logs/summary"
 # What the run left on disk, and what is free: a step that failed for want of space says so.
 echo "disk: target $(du -sh "$CARGO_TARGET_DIR" 2>/dev/null | cut -f1), build $(du -sh "$build" \
