@@ -3,22 +3,24 @@
 #
 #   scripts/test.sh
 #
-# Steps: system packages; cargo fmt; cargo clippy; cargo doc (no warnings: links that do not
-# resolve); cargo test (workspace), but the tests over the unordered fabric layer, which run as
-# their own step next (every test named `unordered`: the EFA-like and psm3-like profiles over
-# tcp and shm, the planted-bug test, the all-to-all over it); header regeneration
-# check; ctest ABI layout checks; header compile matrix (gcc/clang, C11..C++20, nvcc if any);
-# CMake build + install; CTest (C/C++ header tests); c_examples built against the installed
-# package (find_package) and through pkg-config; bootstrap_demo and allgather_host run with 3
-# local ranks (shared and static library); allgather_host with 32 ranks over tcp and shm,
-# twice each; ASan/UBSan and valgrind runs (scripts/sanitize.sh);
-# the libfabric suites again against libfabric 2.x built from Debian's source
-# (scripts/libfabric2.sh); the Python package built with pip into a venv and its pytest suite
-# (python/tests); a bounded soak of 4 ranks over tcp and shm (examples/soak.rs).
+# Steps, by their names in the summary: deps (system packages, rustfmt, clippy); fmt; clippy;
+# doc (no warnings: links that do not resolve); cargo test (workspace), but the tests over the
+# unordered fabric layer, which run as their own step next; unordered fabric (every test named
+# `unordered`: the EFA-like and psm3-like profiles over tcp and shm, the planted-bug test, the
+# all-to-all over it); header (regeneration check); abi (ctest) (layout checks); header compile
+# (gcc/clang, C11..C++20, nvcc if any); cmake install; exports (the installed library's
+# symbols); ctest (C/C++) (header tests); c_examples build (find_package); pkg-config build;
+# c_examples run (bootstrap_demo and allgather_host with 3 local ranks, shared and static
+# library, and the perf tools); scale (allgather_host with 32 ranks over tcp and shm, twice
+# each); sanitize (ASan/UBSan and valgrind, scripts/sanitize.sh); python (the package built
+# with pip into a venv, its pytest suite python/tests); libfabric 2.x (the libfabric suites
+# against libfabric 2.x built from Debian's source, scripts/libfabric2.sh); soak (4 ranks over
+# tcp and shm, examples/soak.rs).
 #
 # Needs Debian/Ubuntu (missing packages are installed with apt-get) and a Rust toolchain.
 # Environment: CARGO_TARGET_DIR (default ./target), MSCCLPP_TEST_BUILD_DIR (default
-# ./build/test), MSCCLPP_TEST_SKIP="step step..." (names as in the summary) to skip steps.
+# ./build/test), MSCCLPP_TEST_SKIP="step step..." (names as in the summary) to skip steps,
+# MSCCLPP_SOAK_SECONDS (per provider, default 30).
 # The last line is "N passed, M failed" (steps); the exit status is non-zero if any failed.
 set -uo pipefail
 
