@@ -1,10 +1,11 @@
 # Helpers shared by scripts/demo.sh and scripts/test.sh (sourced, not run).
 
 # The Debian packages the build, the tests and the examples need.
-# autoconf, automake, libtool: building libfabric 2.x from Debian's source (scripts/libfabric2.sh).
+# autoconf, automake, libtool, xz-utils: building libfabric 2.x from Debian's source
+# (scripts/libfabric2.sh), whose index debian-archive-keyring verifies (Ubuntu lacks it).
 # python3, python3-venv: the Python package's venv in scripts/test.sh.
 MSCCLPP_APT_PACKAGES=(cmake make pkg-config g++ clang libclang-dev libfabric-dev libfabric-bin valgrind
-  iproute2 autoconf automake libtool xz-utils python3 python3-venv)
+  iproute2 autoconf automake libtool xz-utils debian-archive-keyring python3 python3-venv)
 
 # Installs those of MSCCLPP_APT_PACKAGES that dpkg does not list as installed.
 ensure_apt_packages() {
