@@ -45,7 +45,7 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
 apt=(apt-get -q -o "Dir::Etc::SourceList=$work/apt/src.sources" -o Dir::Etc::SourceParts=/dev/null
   -o "Dir::State::Lists=$work/apt/lists" -o "Dir::Cache=$work/apt/cache"
-  -o APT::Sandbox::User=root)
+  -o APT::Sandbox::User=root -o Acquire::Retries=3) # CI fetches on every run: ride out a hiccup
 echo "libfabric2: fetching Debian's libfabric $VERSION source ($SUITE)"
 "${apt[@]}" update >/dev/null
 cd "$work"
