@@ -31,9 +31,10 @@
 //! A sender keeps at most `WINDOW` bytes of records unapplied: more go through the proxy, or,
 //! for a put larger than `proxy::WAIT_FOR_ROOM_ABOVE` (the ring is the faster path for those),
 //! wait a little for room (`proxy::conn::direct_put`), saying so in the block: the receiver's
-//! waiters then apply records as they come, and its proxy thread keeps polling. Otherwise they apply them in
-//! batches (a waiter at its signal, the proxy between rounds): applying each 4 KiB record as it
-//! came cost a 4 KiB stream ~10% on 16 cores (the head and tail lines moving once per record).
+//! waiters then apply records as they come, and its proxy thread keeps polling. Otherwise they
+//! apply them in batches (a waiter at its signal, the proxy between rounds): applying each 4 KiB
+//! record as it came cost a 4 KiB stream ~10% on 16 cores (the head and tail lines moving once
+//! per record).
 //!
 //! A record is a header word (destination offset in the high 32 bits, length in the low 32)
 //! and the data, padded to 8 bytes; a record never wraps: a header with length `PAD` sends the

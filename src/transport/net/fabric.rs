@@ -18,6 +18,13 @@ pub(super) const ETOOSMALL: i64 = -(fi::FI_ETOOSMALL as i64);
 pub(super) const EBADFLAGS: i64 = -(fi::FI_EBADFLAGS as i64);
 
 /// `fi_strerror` of a libfabric error code (either sign).
+/// The core provider of a provider name: `tcp` of `tcp;ofi_rxm`, the name itself where it has
+/// no utility layer. What the provider-specific choices (ordering, FI_HMEM, wedging, progress)
+/// are keyed on.
+pub(super) fn core_provider(name: &str) -> &str {
+    name.split(';').next().unwrap_or(name)
+}
+
 pub(super) fn strerror(code: i64) -> String {
     let c = code.unsigned_abs().min(i32::MAX as u64) as i32;
     // SAFETY: fi_strerror returns a pointer to a static, NUL-terminated string for any value.

@@ -14,13 +14,13 @@
 //! Guarantees (Endpoint contract):
 //! - Flag after data (`order.rs`, docs/DESIGN.md 3.6): WAW ordering is requested
 //!   (`FI_ORDER_RMA_WAW | FI_ORDER_WAW`) and trusted for writes within the provider's
-//!   `max_order_waw_size`; after a larger write, the flag (or staging
-//!   record, or marker) carries `FI_FENCE`, or failing that every earlier write to the peer is
-//!   completed first, the unordered ones having carried FI_DELIVERY_COMPLETE: a flag waits for
-//!   that in a per-peer queue (`Peers::defer_flag`, posted by `post_ready` from progress, the
-//!   next write or a flush), so the proxy is not held up; queued flags into one word that are
-//!   ready together go as one, the newest count. A provider with none of these is refused when
-//!   the endpoint opens.
+//!   `max_order_waw_size`; after a larger write, the flag (or staging record, or marker)
+//!   carries `FI_FENCE`, or failing that every earlier write to the peer is completed first,
+//!   the unordered ones having carried FI_DELIVERY_COMPLETE: a flag waits for that in a
+//!   per-peer queue (`Peers::defer_flag`, posted by `post_ready` from progress, the next write
+//!   or a flush), so the proxy is not held up; queued flags into one word that are ready
+//!   together go as one, the newest count. A provider with none of these is refused when the
+//!   endpoint opens.
 //! - A `write_then_value` into host memory of a peer that takes them is one write carrying the
 //!   value as remote CQ data, stored by the peer's endpoint when it reads that write's
 //!   completion (`signals.rs`), where the plan would post a flag after the earlier writes
@@ -74,7 +74,7 @@ use super::{AbortCheck, Caps, Endpoint, MemKind, MrId, PeerId, Region, RemoteId}
 use crate::config::{Hmem, NetConfig};
 use crate::error::{Error, Result};
 use blob::{AddrBlob, Mode, MrBlob};
-use fabric::InfoView;
+use fabric::{core_provider, InfoView};
 use libfabric_sys as fi;
 use ops::{Op, Ops};
 use peers::Peers;
@@ -207,7 +207,7 @@ const TARGET_PROGRESSES: &[&str] = &["tcp", "shm", "net", "sockets", "udp"];
 /// endpoint of their own (efa unless `FI_EFA_ENABLE_SHM_TRANSFER=0`, which is not read here:
 /// they count as wedgeable either way).
 fn provider_may_wedge(provider: &str) -> bool {
-    matches!(provider.split(';').next(), Some("shm" | "efa" | "lnx"))
+    matches!(core_provider(provider), "shm" | "efa" | "lnx")
 }
 
 /// How signals travel on this endpoint (as remote CQ data riding with the put, or counted by
@@ -249,7 +249,7 @@ fn hmem_choice(
 fn slower_than_staging(provider: &str) -> Option<&'static str> {
     HMEM_SLOWER_THAN_STAGING
         .iter()
-        .find(|(p, _)| provider.split(';').next() == Some(*p))
+        .find(|(p, _)| core_provider(provider) == *p)
         .map(|(_, why)| *why)
 }
 
@@ -365,9 +365,8 @@ impl NetEndpoint {
         ops.layer = layer.map(Box::new);
         // Writes carry the activity mark where the target must progress for them to move
         // (with counted signals every write carries a tag, which tells the same).
-        ops.activity_marks = cq_signals
-            && !counted
-            && TARGET_PROGRESSES.contains(&provider.split(';').next().unwrap_or_default());
+        ops.activity_marks =
+            cq_signals && !counted && TARGET_PROGRESSES.contains(&core_provider(&provider));
         if counted {
             ops.counted = true;
             if attrs.rx_cq_data {

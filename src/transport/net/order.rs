@@ -31,7 +31,7 @@
 //!   command (ROCR's are asynchronous in 2.x). Proved on the provider by `endpoint_conformance`
 //!   `shm_sar::value_rides_with_data`: a large write by SAR, then a small one carrying the value.
 
-use super::fabric::InfoView;
+use super::fabric::{core_provider, InfoView};
 use libfabric_sys as fi;
 
 /// The largest write that is ordered after earlier ones (a staging record; flags and markers
@@ -195,7 +195,7 @@ fn size_text(n: u64) -> String {
 /// The plan for a provider that granted `a`, or why no write can be ordered after another
 /// on it (the endpoint is then refused).
 pub(super) fn decide(a: &Attrs) -> Result<Plan, String> {
-    let core = a.provider.split(';').next().unwrap_or("");
+    let core = core_provider(&a.provider);
     let mut why = Vec::new();
     let mut upto = if a.msg_order & WAW_BITS == 0 {
         why.push("no FI_ORDER_RMA_WAW granted".to_string());

@@ -7,7 +7,7 @@
 //! domain and fabric, first with WAW ordering and FI_DELIVERY_COMPLETE requested, then with
 //! less, so a provider that rejects a request is still used with the next-best guarantee.
 
-use super::fabric::{strdup, InfoList, InfoView};
+use super::fabric::{core_provider, strdup, InfoList, InfoView};
 use super::locality;
 use super::order::{self, Asked, Attrs};
 use crate::config::NetConfig;
@@ -143,7 +143,7 @@ fn is_socket_format(f: u32) -> bool {
 
 fn matches_any(prov: &str, list: &[&str]) -> bool {
     list.iter()
-        .any(|p| prov == *p || prov.split(';').next() == Some(p) || prov.starts_with(p))
+        .any(|p| prov == *p || core_provider(prov) == *p || prov.starts_with(p))
 }
 
 /// Ranking key (lower is better), or None to skip this info.
@@ -154,7 +154,7 @@ fn rank(
     idx: usize,
 ) -> Option<(u32, u32, u32, usize)> {
     let prov = v.prov_name();
-    let first = prov.split(';').next().unwrap_or("");
+    let first = core_provider(&prov);
     let prov_rank = if req.shm {
         if prov != "shm" {
             return None;
