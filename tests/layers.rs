@@ -154,17 +154,25 @@ fn ident_at(s: &str) -> &str {
 
 /// The top-level modules `code` names through `crate::`, with the line of each use.
 fn crate_uses(code: &str) -> Vec<(String, usize)> {
+    uses_after(code, "crate::")
+}
+
+/// The names `code` reaches through `prefix` (`crate::`, `super::`, ...), with the line of each
+/// use: the first name of a path, every name at depth 0 of a `prefix{a, b::c}` group, and
+/// `log` for its macros.
+fn uses_after(code: &str, prefix: &str) -> Vec<(String, usize)> {
     let mut found = Vec::new();
-    for (pos, _) in code.match_indices("crate::") {
+    for (pos, _) in code.match_indices(prefix) {
         if pos > 0 {
             let prev = code.as_bytes()[pos - 1];
-            // `$crate::` inside a macro of `log`, or a longer name ending in "crate".
-            if prev == b'$' || prev.is_ascii_alphanumeric() || prev == b'_' {
+            // `$crate::` inside a macro of `log`, a longer name ending in the prefix, or the
+            // prefix inside a longer path (`super::super::`).
+            if prev == b'$' || prev.is_ascii_alphanumeric() || prev == b'_' || prev == b':' {
                 continue;
             }
         }
         let line = code[..pos].matches('\n').count() + 1;
-        let rest = code[pos + "crate::".len()..].trim_start();
+        let rest = code[pos + prefix.len()..].trim_start();
         if let Some(group) = rest.strip_prefix('{') {
             // `crate::{a, b::{c, d}, e}`: the names at depth 0 of the group.
             let mut depth = 0;
@@ -358,4 +366,168 @@ fn the_checker_sees_planted_upward_uses() {
         1,
         "an unknown module must be placed"
     );
+}
+
+/// The modules of `src/transport/net`, bottom to top (docs/DESIGN.md, "The layers"): a file
+/// may use only modules before it in this list (its own module aside), so the network
+/// transport has no import circle. Leaves that carry the wire formats and pure rules first,
+/// then the libfabric objects and the decisions made from them, the peer table, the writes in
+/// flight, what a flush posts, registrations, staging, the endpoint, rails; `mod.rs` (the
+/// root, which declares them all and opens endpoints) is not in the list.
+const NET_ORDER: &[&str] = &[
+    "record",
+    "locality",
+    "fabric",
+    "counted",
+    "signals",
+    "blob",
+    "order",
+    "select",
+    "mr",
+    "unordered",
+    "peers",
+    "ops",
+    "flush",
+    "regions",
+    "staging",
+    "endpoint",
+    "rails",
+];
+
+/// The net modules a file of `src/transport/net` (its module `module`) uses: `super::x` from a
+/// file of the net directory itself, `super::super::x` from one of `staging/`, and
+/// `crate::transport::net::x` from anywhere. A file's trailing `#[cfg(test)] mod tests` is
+/// left out (its `super::` is the file itself).
+fn net_uses(module: &str, code: &str) -> Vec<(String, usize)> {
+    let code = match code.find("#[cfg(test)]\nmod tests") {
+        Some(k) => &code[..k],
+        None => code,
+    };
+    let mut used = uses_after(code, "crate::transport::net::");
+    if module == "staging" {
+        used.extend(uses_after(code, "super::super::"));
+    } else {
+        used.extend(
+            uses_after(code, "super::")
+                .into_iter()
+                .filter(|(n, _)| n != "super"),
+        );
+    }
+    used
+}
+
+/// `src/transport/net/staging/send.rs` -> "staging"; `.../net/ops.rs` -> "ops"; None for the
+/// root (`mod.rs`) and test files.
+fn net_module_of(net: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(net).ok()?;
+    let parts: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
+    match parts.as_slice() {
+        ["mod.rs"] | ["tests.rs"] | [_, "tests.rs"] => None,
+        [f] => Some(f.trim_end_matches(".rs").to_string()),
+        [dir, _] => Some(dir.to_string()),
+        _ => None,
+    }
+}
+
+/// Every use in `sources` (module, path, code) of a net module not below the user's own, as
+/// "file:line: a uses b".
+fn net_upward_uses(sources: &[(String, PathBuf, String)]) -> Vec<String> {
+    let rank = |m: &str| NET_ORDER.iter().position(|o| *o == m);
+    let mut bad = Vec::new();
+    for (module, path, code) in sources {
+        let Some(me) = rank(module) else {
+            bad.push(format!(
+                "{}: net module `{module}` is not in tests/layers.rs NET_ORDER: give it a layer",
+                path.display()
+            ));
+            continue;
+        };
+        for (used, line) in net_uses(module, code) {
+            if used == *module {
+                continue;
+            }
+            match rank(&used) {
+                Some(u) if u < me => {}
+                Some(_) => bad.push(format!(
+                    "{}:{line}: `{module}` uses `{used}`, which is not below it in NET_ORDER",
+                    path.display()
+                )),
+                None => bad.push(format!(
+                    "{}:{line}: `{module}` uses `{used}` of the net root (mod.rs): take it from the module that defines it",
+                    path.display()
+                )),
+            }
+        }
+    }
+    bad
+}
+
+fn net_sources() -> Vec<(String, PathBuf, String)> {
+    let net = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/transport/net");
+    let mut files = Vec::new();
+    rust_files(&net, &mut files);
+    files.sort();
+    files
+        .into_iter()
+        .filter_map(|p| {
+            let m = net_module_of(&net, &p)?;
+            let code = code_only(&std::fs::read_to_string(&p).unwrap());
+            Some((m, p, code))
+        })
+        .collect()
+}
+
+#[test]
+fn net_modules_have_no_import_circle() {
+    let sources = net_sources();
+    let bad = net_upward_uses(&sources);
+    assert!(
+        bad.is_empty(),
+        "net layer order {NET_ORDER:?} broken:\n{}",
+        bad.join("\n")
+    );
+    for m in NET_ORDER {
+        assert!(
+            sources.iter().any(|s| s.0 == *m),
+            "net module `{m}` in NET_ORDER has no source"
+        );
+    }
+}
+
+#[test]
+fn the_net_checker_sees_planted_circles() {
+    let plant = |module: &str, code: &str| {
+        net_upward_uses(&[(
+            module.to_string(),
+            PathBuf::from(format!("src/transport/net/{module}.rs")),
+            code_only(code),
+        )])
+    };
+    for (module, code) in [
+        ("peers", "use super::ops::{Op, Ops};"),
+        ("ops", "use super::{fabric, staging::RECORD_BYTES};"),
+        ("blob", "let n = x / super::staging::RECORD_BYTES;"),
+        ("regions", "use crate::transport::net::staging::Staging;"),
+        ("staging", "use super::super::endpoint::NetEndpoint;"),
+        ("rails", "use super::NetEndpoint;"),
+    ] {
+        assert_eq!(plant(module, code).len(), 1, "not caught: {module}: {code}");
+    }
+    for (module, code) in [
+        ("ops", "use super::peers::Peers;"),
+        (
+            "staging",
+            "use super::{Kind, Record}; use super::super::regions::Backing;",
+        ),
+        (
+            "order",
+            "mod x {}\n#[cfg(test)]\nmod tests { use super::super::staging; }",
+        ),
+        ("flush", "// use super::staging::Net;"),
+    ] {
+        assert!(
+            plant(module, code).is_empty(),
+            "false alarm: {module}: {code}"
+        );
+    }
 }

@@ -170,10 +170,10 @@ impl ChanBlob {
             )));
         }
         if let Some((inbox, ring)) = &incoming {
-            let slots = inbox.len / super::staging::RECORD_BYTES as u64;
+            let slots = inbox.len / super::record::RECORD_BYTES as u64;
             if !direct(inbox)
                 || !direct(ring)
-                || inbox.len % super::staging::RECORD_BYTES as u64 != 0
+                || inbox.len % super::record::RECORD_BYTES as u64 != 0
                 || !(1..=MAX_INBOX_SLOTS).contains(&slots)
                 || ring.len < MIN_RING
             {

@@ -7,8 +7,8 @@ use super::fabric::{self, fab_err, strerror, InfoList, Objects, EAGAIN, EAVAIL, 
 use super::mr;
 use super::order::{FlagOrder, Plan};
 use super::peers::Peers;
+use super::record::RECORD_BYTES;
 use super::signals;
-use super::staging::RECORD_BYTES;
 use super::unordered::Layer;
 use crate::error::{Error, Result};
 use crate::mem::HostBlock;

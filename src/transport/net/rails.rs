@@ -28,8 +28,8 @@
 //! (a put split over a dead rail has lost bytes, and the connection's error says so).
 
 use super::blob::{self, Mode};
+use super::endpoint::NetEndpoint;
 use super::ops::provider_wait;
-use super::NetEndpoint;
 use crate::config::NetConfig;
 use crate::error::{Error, Result};
 use crate::transport::slots::Slots;

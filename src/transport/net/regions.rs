@@ -6,7 +6,6 @@ use super::blob::{Mode, MrBlob};
 use super::mr;
 use super::ops::Ops;
 use super::peers::Peers;
-use super::staging::Staging;
 use crate::error::{Error, Result};
 use crate::transport::slots::Slots;
 use crate::transport::{MemKind, MrId, PeerId, Region, RemoteId};
@@ -75,6 +74,16 @@ impl Index<MrId> for Regions {
             .get(id)
             .unwrap_or_else(|| panic!("local region {id} used after it was released"))
     }
+}
+
+/// What registering needs to know of staging (`staging/`), which sits above this module: the
+/// CUDA device the endpoint serves (None: host memory), whether every host region is staged
+/// (`MSCCLPP_TEST_FORCE_STAGING`), and how to make the copier that staged GPU memory needs,
+/// so that a region that cannot be copied fails at registration, not at its first write.
+pub(super) struct Stage<'a> {
+    pub device: Option<i32>,
+    pub force: bool,
+    pub copier: &'a mut dyn FnMut() -> Result<()>,
 }
 
 impl Regions {
@@ -160,7 +169,7 @@ impl Regions {
     pub fn register(
         &mut self,
         ops: &mut Ops,
-        staging: &mut Staging,
+        staging: Stage<'_>,
         region: Region,
     ) -> Result<(MrId, Vec<u8>)> {
         check_region(region)?;
@@ -240,7 +249,7 @@ impl Regions {
     pub fn register_source(
         &mut self,
         ops: &mut Ops,
-        staging: &mut Staging,
+        staging: Stage<'_>,
         region: Region,
     ) -> Result<MrId> {
         check_region(region)?;
@@ -284,13 +293,13 @@ impl Regions {
     fn back(
         &mut self,
         ops: &mut Ops,
-        staging: &mut Staging,
+        staging: Stage<'_>,
         region: Region,
     ) -> Result<(Backing, String)> {
         // Why a GPU region is staged rather than registered with FI_HMEM (for the log).
         let mut staged_why = String::new();
         let backing = match region.kind {
-            MemKind::Host if staging.force_staging && self.host_as_hmem.is_none() => {
+            MemKind::Host if staging.force && self.host_as_hmem.is_none() => {
                 if staging.device.is_some() {
                     return Err(Error::usage(
                         "MSCCLPP_TEST_FORCE_STAGING stages host memory on host endpoints only",
@@ -328,7 +337,7 @@ impl Regions {
                     Ok(i) => Backing::Hmem(i, d),
                     Err(why) => {
                         // Fail now rather than at the first write if copies are impossible.
-                        staging.copier(ops)?;
+                        (staging.copier)()?;
                         staged_why = why;
                         Backing::Staged
                     }

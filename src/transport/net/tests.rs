@@ -3,9 +3,16 @@
 //! Trait-level tests live in `tests/endpoint_conformance.rs` and `tests/net_*.rs`.
 
 use super::*;
+use crate::config::NetConfig;
+use crate::error::{Error, Result};
 use crate::transport::MemKind;
+use crate::transport::{Endpoint, PeerId, Region, RemoteId};
+use blob::MrBlob;
+use endpoint::*;
+use ops::Op;
 use order::{FlagOrder, Plan};
 use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, Ordering as AtOrd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

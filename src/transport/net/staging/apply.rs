@@ -1,12 +1,12 @@
 //! The receiver's side of staging: records taken from the inbox in order, checked, queued on
 //! the copier, and acknowledged to the writer once their copies are complete.
 
+use super::Net;
 use super::{Kind, Record, Staging};
 use crate::error::{Error, Result};
 use crate::transport::net::ops::Op;
 use crate::transport::net::order::FlagOrder;
 use crate::transport::net::regions::{range_ok, Backing};
-use crate::transport::net::Net;
 
 /// Records applied per channel per call, so one busy peer cannot starve the others.
 const APPLY_BATCH: usize = 64;

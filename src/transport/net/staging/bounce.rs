@@ -1,13 +1,13 @@
 //! Staged sources: a write from a region that libfabric cannot read (GPU memory without
 //! FI_HMEM, or forced staging) is copied out into a pinned bounce slot first and sent from there.
 
+use super::Net;
 use super::Staging;
 use crate::error::{Error, Result};
 use crate::sync::{Backoff, Nap, Policy};
 use crate::transport::net::mr;
 use crate::transport::net::ops::{provider_wait, Op};
 use crate::transport::net::regions::Backing;
-use crate::transport::net::Net;
 use crate::transport::staging::StageMem;
 use crate::transport::{MrId, PeerId};
 use libfabric_sys as fi;

@@ -1,9 +1,9 @@
 //! One staging channel's state: the writer's side (records sent and acknowledged, ring space in
 //! use) and the receiver's side (its inbox, ring and the records being applied).
 
-use super::record::{Record, RECORD_BYTES};
 use crate::mem::HostBlock;
 use crate::transport::net::blob::ChanBlob;
+use crate::transport::net::record::{Record, RECORD_BYTES};
 use crate::transport::staging::StageMem;
 use crate::transport::PeerId;
 use std::collections::VecDeque;

@@ -45,22 +45,24 @@
 mod apply;
 mod bounce;
 mod chan;
-mod record;
 mod send;
 
+pub(crate) use super::record::{Kind, Record, RECORD_BYTES};
 use bounce::Bounce;
 pub(crate) use chan::Chan;
 use chan::{Incoming, Outgoing};
-pub(crate) use record::{Kind, Record, RECORD_BYTES};
 pub(crate) use send::Dest;
 
 use super::blob::{ChanBlob, MrBlob};
-use super::ops::Ops;
-use super::{mr, Net};
+use super::mr;
+use super::ops::{Op, Ops};
+use super::peers::Peers;
+use super::regions::Regions;
 use crate::config::NetConfig;
 use crate::error::{Error, Result};
 use crate::mem::HostBlock;
 use crate::transport::staging::{Copier, CudaCopier, HostCopier};
+use crate::transport::PeerId;
 use libfabric_sys as fi;
 use std::collections::{HashMap, VecDeque};
 
@@ -84,6 +86,28 @@ struct Sizes {
     chunk: Option<u64>,
     /// Bounce slots for staged sources.
     bounce: usize,
+}
+
+/// The parts of an endpoint that `Staging` works with, borrowed next to it for one call
+/// (`NetEndpoint::parts`, `endpoint.rs`).
+pub(super) struct Net<'a> {
+    pub regions: &'a mut Regions,
+    pub ops: &'a mut Ops,
+    pub peers: &'a mut Peers,
+}
+
+impl Net<'_> {
+    pub fn post(&mut self, op: &Op<'_>) -> Result<()> {
+        self.ops.post(self.peers, op)
+    }
+
+    pub fn poll(&mut self) -> Result<usize> {
+        self.ops.poll(self.peers)
+    }
+
+    pub fn order_before_flag(&mut self, peer: PeerId) -> Result<bool> {
+        self.peers.order_before_flag(self.ops, peer)
+    }
 }
 
 /// The staging state of one endpoint (module doc): its channels, one per peer rank, the copier
@@ -141,21 +165,28 @@ impl Staging {
     /// `memcpy` on a host endpoint.
     pub fn copier(&mut self, ops: &Ops) -> Result<&mut dyn Copier> {
         if self.copier.is_none() {
-            let c: Box<dyn Copier> = match self.device {
-                Some(d) => Box::new(CudaCopier::new(d)?),
-                None => Box::new(HostCopier::new()),
-            };
-            crate::info!(
-                "net: {} copies with {} (staged regions' bytes, and signal values relayed into GPU or staged memory)",
-                ops.describe(),
-                c.describe()
-            );
-            self.copier = Some(c);
+            self.prepare_copier(&ops.describe())?;
         }
         match self.copier.as_deref_mut() {
             Some(c) => Ok(c),
             None => Err(Error::internal("staging copier missing")),
         }
+    }
+
+    /// Makes the copier of endpoint `who` unless it exists (`copier`).
+    pub fn prepare_copier(&mut self, who: &str) -> Result<()> {
+        if self.copier.is_none() {
+            let c: Box<dyn Copier> = match self.device {
+                Some(d) => Box::new(CudaCopier::new(d)?),
+                None => Box::new(HostCopier::new()),
+            };
+            crate::info!(
+                "net: {who} copies with {} (staged regions' bytes, and signal values relayed into GPU or staged memory)",
+                c.describe()
+            );
+            self.copier = Some(c);
+        }
+        Ok(())
     }
 
     /// Whether this endpoint stages any memory (and so offers peers an inbox and a ring).

@@ -2,13 +2,13 @@
 //! by the peer's acknowledgements, which a flush and a direct flag wait for.
 
 use super::bounce::Source;
+use super::Net;
 use super::{Kind, Record, Staging, RECORD_BYTES};
 use crate::error::{Error, Result};
 use crate::sync::Backoff;
 use crate::transport::net::blob::MrBlob;
 use crate::transport::net::ops::{provider_wait, Op};
 use crate::transport::net::peers::Peers;
-use crate::transport::net::Net;
 use crate::transport::{MrId, PeerId};
 
 /// Where a write's chunks go on the peer.

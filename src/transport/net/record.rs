@@ -1,5 +1,6 @@
-//! Staging records: what a writer puts into a peer's inbox per chunk of data or per value, and
-//! the check word that tells a complete record from a torn (partly arrived) one.
+//! Staging records, the wire format of `staging/`: what a writer puts into a peer's inbox per
+//! chunk of data or per value, and the check word that tells a complete record from a torn
+//! (partly arrived) one. A leaf: `blob.rs` sizes inboxes by it and `ops.rs` its inline area.
 
 /// One record in a peer's inbox: 8 little-endian words (see [`Record`]).
 pub(crate) const RECORD_BYTES: usize = 64;
