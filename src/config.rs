@@ -134,6 +134,10 @@ pub struct NetConfig {
     pub staging_bounce: Option<u64>,
     /// `MSCCLPP_TEST_FORCE_STAGING=1` (tests): host regions staged as GPU memory is.
     pub force_staging: bool,
+    /// `MSCCLPP_TEST_FORCE_STAGING=source` (tests): host regions registered as they are, but
+    /// every write from one copied out through the bounce slots first, as from GPU memory
+    /// without FI_HMEM: a staged source into a peer's host memory.
+    pub force_staged_source: bool,
     /// `MSCCLPP_TEST_FORCE_MR_ENDPOINT=1` (tests): the FI_MR_ENDPOINT registration sequence.
     pub force_mr_endpoint: bool,
     /// `MSCCLPP_TEST_SYSFS_ROOT` (tests): where the PCI topology is read from, for choosing
@@ -145,14 +149,22 @@ pub struct NetConfig {
     pub unordered: Option<Unordered>,
 }
 
-/// A provider profile the unordered test layer imitates (`MSCCLPP_TEST_UNORDERED`).
+/// A provider the unordered test layer plays (`MSCCLPP_TEST_UNORDERED`), by its rules in
+/// docs/PROVIDERS.md (`transport::net::unordered` says how each is played).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UnorderedProfile {
-    /// EFA's RDM endpoint: no write ordered after another, no FI_FENCE; remote CQ data needs
-    /// posted receives; every local buffer needs its descriptor (FI_MR_LOCAL, as efa-direct).
+    /// HPE Slingshot's cxi: every write ordered; remote CQ data on a write refused; provider
+    /// keys, offsets, FI_MR_ENDPOINT.
+    Cxi,
+    /// EFA's RDM endpoint (efa-rdm): no write ordered after another, no FI_FENCE; 4-byte remote
+    /// CQ data without receives, repeated on every segment of a write above the segment size
+    /// (small in tests); every local buffer needs its descriptor (FI_MR_LOCAL).
     Efa,
-    /// psm3: writes below 4 KiB ordered, larger ones not; no FI_FENCE.
+    /// psm3: two writes ordered when both are below 4 KiB; no FI_FENCE.
     Psm3,
+    /// verbs RC through rxm: two writes ordered when both are below the port's largest message
+    /// (small in tests); 4-byte remote CQ data; FI_MR_LOCAL; no FI_FENCE.
+    Verbs,
 }
 
 /// `MSCCLPP_TEST_UNORDERED`: the profile, and the seed of its choices (None: from the clock
@@ -182,6 +194,7 @@ impl Default for NetConfig {
             staging_chunk: None,
             staging_bounce: None,
             force_staging: false,
+            force_staged_source: false,
             force_mr_endpoint: false,
             sysfs_root: "/sys".into(),
             unordered: None,
@@ -531,7 +544,7 @@ impl Reader<'_> {
         out
     }
 
-    /// `efa` or `psm3`, optionally `:seed`; unset (or `0`) is `None`.
+    /// `cxi`, `efa`, `psm3` or `verbs`, optionally `:seed`; unset (or `0`) is `None`.
     fn unordered(&mut self, name: &str) -> Option<Unordered> {
         let s = self.text(name)?;
         let (p, seed) = match s.split_once(':') {
@@ -540,13 +553,15 @@ impl Reader<'_> {
         };
         let profile = match p.as_str() {
             "0" => return None,
+            "cxi" => UnorderedProfile::Cxi,
             "efa" => UnorderedProfile::Efa,
             "psm3" => UnorderedProfile::Psm3,
+            "verbs" => UnorderedProfile::Verbs,
             _ => {
                 self.bad(
                     name,
                     &s,
-                    "efa or psm3, optionally :seed",
+                    "cxi, efa, psm3 or verbs, optionally :seed",
                     "the real provider alone",
                 );
                 return None;
@@ -654,6 +669,12 @@ impl Config {
         };
         let default_timeout = format!("{DEFAULT_TIMEOUT:?}");
         let net_default = NetConfig::default();
+        let staging_forced = r.choice(
+            "MSCCLPP_TEST_FORCE_STAGING",
+            &["0", "1", "source"],
+            "no staging forced",
+        );
+        let staging_forced = staging_forced.as_deref();
         let providers = r
             .text("MSCCLPP_NET_PROVIDER")
             .as_deref()
@@ -697,7 +718,8 @@ impl Config {
             staging_slots: r.num("MSCCLPP_NET_STAGING_SLOTS", "the default"),
             staging_chunk: r.num("MSCCLPP_NET_STAGING_CHUNK", "the default"),
             staging_bounce: r.num("MSCCLPP_NET_STAGING_BOUNCE", "the default"),
-            force_staging: r.flag("MSCCLPP_TEST_FORCE_STAGING", net_default.force_staging),
+            force_staging: staging_forced == Some("1"),
+            force_staged_source: staging_forced == Some("source"),
             force_mr_endpoint: r.flag(
                 "MSCCLPP_TEST_FORCE_MR_ENDPOINT",
                 net_default.force_mr_endpoint,
@@ -1025,6 +1047,17 @@ mod tests {
             c.problems[0].contains("MSCCLPP_TEST_UNORDERED"),
             "{:?}",
             c.problems
+        );
+        assert_eq!(
+            u("cxi").net.unordered.map(|x| x.profile),
+            Some(UnorderedProfile::Cxi)
+        );
+        assert_eq!(
+            u("Verbs:7").net.unordered,
+            Some(Unordered {
+                profile: UnorderedProfile::Verbs,
+                seed: Some(7)
+            })
         );
         let c = u("efa:x");
         assert_eq!(c.net.unordered.map(|x| x.seed), Some(None));

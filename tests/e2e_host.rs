@@ -161,13 +161,17 @@ fn alltoall_unordered(e: Env) {
         "the unordered test layer did not run; log:\n{}",
         logs.join("\n")
     );
-    // The way signals travel under the profile: counted by the receiver where nothing is
-    // ordered and CQ data is 4 bytes (EFA-like), riding as 8 bytes of CQ data (psm3-like).
+    // The way signals travel under the profile (docs/PROVIDERS.md): counted by the receiver
+    // where nothing is ordered and CQ data is 4 bytes (EFA-like); flags of their own, queued
+    // behind writes above the ordered size, where the chunks (256 KiB) are above it
+    // (psm3-like, verbs-like: a signal rides only a write that is itself ordered); flags of
+    // their own where the provider refuses CQ data on writes, which the endpoint found out by
+    // trying (cxi-like).
     let profile = std::env::var("MSCCLPP_TEST_UNORDERED").unwrap_or_default();
-    let way = if profile.starts_with("efa") {
-        "counted by the receiver: "
-    } else {
-        "signals as remote CQ data: sent"
+    let way = match profile.split(':').next().unwrap_or("") {
+        "efa" => "counted by the receiver: ",
+        "cxi" => "the provider refused a write carrying remote CQ data to the endpoint itself",
+        _ => "flags were queued behind their writes",
     };
     assert!(
         logs.iter().any(|l| l.contains(way)),
@@ -233,6 +237,137 @@ fn alltoall_unordered_psm3_tcp_3() {
         "tcp",
         "psm3",
         alltoall_unordered,
+    );
+}
+#[test]
+fn alltoall_unordered_cxi_tcp_3() {
+    ranks_unordered(
+        "alltoall_unordered_cxi_tcp_3",
+        3,
+        "tcp",
+        "cxi",
+        alltoall_unordered,
+    );
+}
+#[test]
+fn alltoall_unordered_verbs_shm_3() {
+    ranks_unordered(
+        "alltoall_unordered_verbs_shm_3",
+        3,
+        "shm",
+        "verbs",
+        alltoall_unordered,
+    );
+}
+
+// ---- two endpoints of one rank to one endpoint of its peer (issue 40, finding 3) -----------
+
+/// Bytes each rank owns of each buffer: above every ordered size the unordered layer plays.
+const TWO_EP_HALF: usize = 96 << 10;
+const TWO_EP_ROUNDS: usize = 8;
+
+/// Rank 0 connects to rank 1 twice over IB: buffer A with ibDev NULL (the library's choice, the
+/// loopback domain) and buffer B with ibDev "lo" (named): two endpoints on rank 0. Rank 1
+/// connects both with ibDev NULL: one endpoint, to which rank 0's two are two peers, each with
+/// its own address vector entry, region keys, staging channel and counting stream. Rounds of
+/// `putWithSignal` both ways on both connections, every byte checked right after its signal.
+/// Keyed by rank, rank 1's writes on connection B went to rank 0's first endpoint with the
+/// second's keys: an error over tcp ("Transport endpoint is not connected"), and with a
+/// provider's per-endpoint keys (the cxi-like layer) bytes in the wrong buffer.
+fn two_endpoints_one_peer(e: Env) {
+    capture_logs();
+    let c = init(&e.root, e.rank, e.n);
+    let (me, peer) = (e.rank, 1 - e.rank);
+    let mut bufs = [vec![0u8; 2 * TWO_EP_HALF], vec![0u8; 2 * TWO_EP_HALF]];
+    let ib = mscclpp::abi::mscclppTransport_t::mscclppTransportIB as i32;
+    let lo = std::ffi::CString::new("lo").unwrap();
+    for (tag, buf) in bufs.iter_mut().enumerate() {
+        let dev = (me == 0 && tag == 1).then_some(lo.as_c_str());
+        ok(connect_dev(c, peer, tag as i32, buf, ib, dev));
+    }
+    ok(mscclppConnectionSetup(c));
+    let endpoints = if me == 0 { 2 } else { 1 };
+    let said = format!("2 connections set up over {endpoints} endpoints");
+    assert!(
+        logged().iter().any(|l| l.contains(&said)),
+        "rank {me}: no {said:?} in the log:\n{}",
+        logged().join("\n")
+    );
+    ok(mscclppProxyLaunch(c));
+    let conns = dev_conns(c);
+    let off = (me * TWO_EP_HALF) as u64;
+    let seed = |r: usize, buf: usize, rank: usize| 3 + r * 16 + buf * 4 + rank;
+    for r in 0..TWO_EP_ROUNDS {
+        for (k, buf) in bufs.iter_mut().enumerate() {
+            for i in 0..TWO_EP_HALF {
+                buf[me * TWO_EP_HALF + i] = pattern(seed(r, k, me), i);
+            }
+        }
+        for d in conns.iter_mut() {
+            put_signal(d, off, off, TWO_EP_HALF as u64);
+        }
+        for (k, d) in conns.iter_mut().enumerate() {
+            wait(d);
+            for i in 0..TWO_EP_HALF {
+                // Volatile: the peer wrote these bytes behind the compiler's back.
+                // SAFETY: within the buffer.
+                let b = unsafe { bufs[k].as_ptr().add(peer * TWO_EP_HALF + i).read_volatile() };
+                assert_eq!(
+                    b,
+                    pattern(seed(r, k, peer), i),
+                    "round {r}: rank {me}, buffer {k} (tag {k}), byte {i} of rank {peer}'s half, right after its signal"
+                );
+            }
+        }
+        for d in conns.iter_mut() {
+            flush(d);
+        }
+        ok(mscclppBootstrapBarrier(c));
+    }
+    assert_eq!(async_error(c), mscclppSuccess);
+    finish(c);
+}
+
+/// `two_endpoints_one_peer` over tcp, with `vars` added (logs at INFO, for the endpoint count).
+fn two_endpoints(name: &str, vars: &[(&'static str, &str)]) {
+    let mut all = vec![("MSCCLPP_DEBUG", "INFO")];
+    all.extend_from_slice(vars);
+    ranks_env(name, 2, "tcp", &all, two_endpoints_one_peer);
+}
+
+#[test]
+fn two_endpoints_one_peer_tcp() {
+    two_endpoints("two_endpoints_one_peer_tcp", &[]);
+}
+
+/// Keys as cxi keeps them (from 1 on every endpoint), where a write under the wrong endpoint's
+/// key lands in another buffer instead of failing.
+#[test]
+fn two_endpoints_one_peer_unordered_cxi_tcp() {
+    two_endpoints(
+        "two_endpoints_one_peer_unordered_cxi_tcp",
+        &[("MSCCLPP_TEST_UNORDERED", "cxi")],
+    );
+}
+
+/// Signals counted by the receiver: a counting stream per writing endpoint.
+#[test]
+fn two_endpoints_one_peer_unordered_efa_tcp() {
+    two_endpoints(
+        "two_endpoints_one_peer_unordered_efa_tcp",
+        &[("MSCCLPP_TEST_UNORDERED", "efa")],
+    );
+}
+
+/// Every region staged: a staging channel per writing endpoint.
+#[test]
+fn two_endpoints_one_peer_staged_tcp() {
+    two_endpoints(
+        "two_endpoints_one_peer_staged_tcp",
+        &[
+            ("MSCCLPP_TEST_FORCE_STAGING", "1"),
+            ("MSCCLPP_NET_STAGING_BYTES", "65536"),
+        ],
     );
 }
 

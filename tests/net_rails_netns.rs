@@ -48,7 +48,7 @@ fn target(dir: &Path, rounds: u64) {
     let epoch = vec![0u64; 2];
     let (_, d) = ep.register(region(&dst)).unwrap();
     let (_, e) = ep.register(region(&epoch)).unwrap();
-    publish(dir, "target", &[ep.address_for(0).unwrap(), d, e]);
+    publish(dir, "target", &[ep.address().unwrap(), d, e]);
     let ini = fetch(dir, "initiator", DEADLINE);
     let peer = ep.add_peer(0, &ini[0]).unwrap();
     let ack = ep.import(peer, &ini[1]).unwrap();
@@ -67,7 +67,7 @@ fn initiator(dir: &Path, down: bool) {
     let mut src = vec![0u64; WORDS];
     let ackw = vec![0u64; 1];
     let (_, a) = ep.register(region(&ackw)).unwrap();
-    publish(dir, "initiator", &[ep.address_for(1).unwrap(), a]);
+    publish(dir, "initiator", &[ep.address().unwrap(), a]);
     let peer = ep.add_peer(1, &t[0]).unwrap();
     let d = ep.import(peer, &t[1]).unwrap();
     let e = ep.import(peer, &t[2]).unwrap();

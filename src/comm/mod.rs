@@ -60,7 +60,9 @@ struct Slot {
     /// Where `work`'s proxy thread stands aside for host threads doing its work.
     gate: Arc<crate::fifo::HelperGate>,
     running: Option<Running>,
-    peers: HashMap<usize, PeerId>,
+    /// The peers of its endpoint, by rank and the address of the peer's endpoint: two
+    /// connections to one endpoint of a rank share a peer; to two of its endpoints, not.
+    peers: HashMap<(usize, Vec<u8>), PeerId>,
     /// Its proxy thread never stopped (`proxy::Running::stop`): the endpoint may be wedged and
     /// its lock held forever, so nothing may touch it again; it and its FIFO are leaked.
     abandoned: bool,

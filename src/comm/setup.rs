@@ -20,6 +20,9 @@ use crate::transport::{self, EndpointKey, MrId, Region};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+/// What every setup acknowledgement starts with; the link follows (`acknowledge`).
+const ACK: &[u8; 2] = b"ok";
+
 /// The most connections one proxy FIFO can address (connId has 10 bits).
 const MAX_CONNS_PER_PROXY: usize = 1 << MSCCLPP_BITS_CONNID;
 
@@ -142,8 +145,7 @@ impl Comm {
         let s = self.slot_for(&r.key)?;
         let mut ep = lock(&self.slots[s].ep);
         let epoch = ep.epoch_block(r.kind)?;
-        // Per peer: the net transport puts this peer's staging channel in its address.
-        let addr = ep.address_for(r.remote_rank)?;
+        let addr = ep.address()?;
         let (src, data_blob) = ep.register(Region {
             addr: r.buff,
             len: r.size,
@@ -217,11 +219,11 @@ impl Comm {
             };
             Some(map_peer_epoch(r.remote_rank, epoch_shm, lens)?)
         };
-        let peer = match slot.peers.get(&r.remote_rank) {
+        let peer = match slot.peers.get(&(r.remote_rank, addr.to_vec())) {
             Some(p) => *p,
             None => {
                 let p = ep.add_peer(r.remote_rank, addr)?;
-                slot.peers.insert(r.remote_rank, p);
+                slot.peers.insert((r.remote_rank, addr.to_vec()), p);
                 p
             }
         };
@@ -364,22 +366,37 @@ impl Comm {
         }
     }
 
-    /// Step 3: an acknowledgement to and from every peer of every connection.
+    /// Step 3: an acknowledgement to and from every peer of every connection, carrying what
+    /// each endpoint keeps for the other's (`Endpoint::link_for`: the net transport's staging
+    /// channel and counting stream), now that both know which of the other's endpoints
+    /// writes to them.
     fn acknowledge(&self) -> Result<()> {
         for c in &self.conns {
-            self.boot
-                .send(c.remote_rank, TAG_ACK | c.tag as u32 as u64, b"ok")?;
+            let link = lock(&self.slots[c.slot].ep).link_for(c.peer)?;
+            self.boot.send(
+                c.remote_rank,
+                TAG_ACK | c.tag as u32 as u64,
+                &[ACK.as_slice(), &link].concat(),
+            )?;
         }
         for c in &self.conns {
             let m = self
                 .boot
                 .recv(c.remote_rank, TAG_ACK | c.tag as u32 as u64)?;
-            if m != b"ok" {
+            let Some(link) = m.strip_prefix(ACK.as_slice()) else {
                 return Err(Error::remote(format!(
                     "rank {}: bad setup acknowledgement",
                     c.remote_rank
                 )));
-            }
+            };
+            lock(&self.slots[c.slot].ep)
+                .link_to(c.peer, link)
+                .map_err(|e| {
+                    e.within(&format!(
+                        "connection to rank {} tag {}",
+                        c.remote_rank, c.tag
+                    ))
+                })?;
         }
         Ok(())
     }

@@ -74,7 +74,7 @@ impl Comm {
 
     /// Whether a peer of this slot's endpoint died (any of them, not only the first loss).
     fn lost_a_peer(&self, s: &Slot) -> bool {
-        let peers: Vec<usize> = s.peers.keys().copied().collect();
+        let peers: Vec<usize> = s.peers.keys().map(|k| k.0).collect();
         self.boot.lost_peer_among(&peers).is_some()
     }
 

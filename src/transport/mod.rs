@@ -97,14 +97,28 @@ pub trait Endpoint: Send {
     }
     /// The address blob a peer needs to reach this endpoint.
     fn address(&self) -> Result<Vec<u8>>;
-    /// The address blob for the peer of rank `remote_rank` specifically: an endpoint that keeps
-    /// per-peer state the peer must know about (the net transport's staging channel) makes it
-    /// here. Connection setup uses this; the default is [`Endpoint::address`].
-    fn address_for(&mut self, _remote_rank: usize) -> Result<Vec<u8>> {
-        self.address()
-    }
-    /// Makes a peer reachable from its address blob.
+    /// Makes a peer reachable from its address blob. A peer is the endpoint that address
+    /// names, not its rank: a rank whose two endpoints talk to this one is two peers; the same
+    /// address again returns the same peer.
     fn add_peer(&mut self, remote_rank: usize, address: &[u8]) -> Result<PeerId>;
+    /// What this endpoint keeps for `peer` that the peer must know to write to it (the net
+    /// transport's staging channel and counting stream), made once the peer is added and
+    /// handed to it (connection setup's acknowledgement), which gives it to its own endpoint's
+    /// `link_to`. Default: nothing.
+    fn link_for(&mut self, _peer: PeerId) -> Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+    /// Takes the link `peer` made for this endpoint (`link_for`), before anything is written
+    /// to it. Default: nothing to take (an empty link).
+    fn link_to(&mut self, peer: PeerId, link: &[u8]) -> Result<()> {
+        if link.is_empty() {
+            return Ok(());
+        }
+        Err(Error::remote(format!(
+            "peer {peer}: a link of {} bytes, which this transport does not take",
+            link.len()
+        )))
+    }
     /// Registers a local region (exactly `region`, never rounded up) and returns a blob that
     /// lets a peer write into it. Registering the same region twice returns the same id.
     fn register(&mut self, region: Region) -> Result<(MrId, Vec<u8>)>;

@@ -267,7 +267,7 @@ pub struct Target {
 }
 
 /// Endpoint `a` (rank 0, driven by the test thread) and targets of ranks 1..=n, each a peer of
-/// `a`, connected as connection setup does (`address_for`). One thread progresses the targets
+/// `a`, connected as connection setup does (addresses, then links). One thread progresses the targets
 /// (`progress` and `poll_incoming`, as a proxy does when idle) until the group drops.
 pub struct Group {
     pub a: Box<dyn Endpoint>,
@@ -287,10 +287,15 @@ impl Group {
         for k in 0..n {
             let rank = k + 1;
             let mut t = o.open();
-            // Each side's address for the other (with its staging channel, where it stages).
-            let (a_addr, t_addr) = (a.address_for(rank).unwrap(), t.address_for(0).unwrap());
-            peers.push(a.add_peer(rank, &t_addr).unwrap());
+            // Each side adds the other, then takes the link the other made for it (its staging
+            // channel, where it stages; its counting stream, where signals are counted).
+            let (a_addr, t_addr) = (a.address().unwrap(), t.address().unwrap());
+            let pa = a.add_peer(rank, &t_addr).unwrap();
             let to_a = t.add_peer(0, &a_addr).unwrap();
+            let (la, lt) = (a.link_for(pa).unwrap(), t.link_for(to_a).unwrap());
+            a.link_to(pa, &lt).unwrap();
+            t.link_to(to_a, &la).unwrap();
+            peers.push(pa);
             targets.push(Target {
                 ep: Arc::new(Mutex::new(t)),
                 to_a,

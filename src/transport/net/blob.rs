@@ -1,6 +1,7 @@
-//! The blobs the net transport hands to peers: its address (with, per peer, the staging channel:
-//! see `staging/`), and one per registered region. Each starts with a magic and a version and
-//! is parsed with `crate::wire::Reader`, so a blob from another transport, another version or a
+//! The blobs the net transport hands to peers: its address; once a peer is added, the link this
+//! endpoint keeps for that peer (its staging channel, `staging/`, and its counting stream,
+//! `counted.rs`); and one per registered region. Each starts with a magic and a version and is
+//! parsed with `crate::wire::Reader`, so a blob from another transport, another version or a
 //! corrupted one is refused with a message.
 
 use crate::error::{Error, Result};
@@ -9,8 +10,11 @@ use crate::wire::{Reader, Writer};
 const ADDR_MAGIC: u32 = 0x4d53_4e41; // "MSNA"
 const MR_MAGIC: u32 = 0x4d53_4e4d; // "MSNM"
 const CHAN_MAGIC: u32 = 0x4d53_4e43; // "MSNC"
-/// 2: region blobs carry a mode and an id; addresses may carry a staging channel.
-const VERSION: u32 = 3;
+const LINK_MAGIC: u32 = 0x4d53_4e4c; // "MSNL"
+/// 2: region blobs carry a mode and an id; addresses may carry a staging channel. 3: and a
+/// stream. 4: the channel and the stream moved from the address to the link, which an
+/// endpoint makes per peer (a peer endpoint, not a peer rank) once it has added it.
+const VERSION: u32 = 4;
 /// Region blob: magic, version, flags, id (u32 each), base, len, key (u64 each).
 pub(super) const MR_BLOB_LEN: usize = 4 * 4 + 3 * 8;
 const FLAG_VIRT_ADDR: u32 = 1;
@@ -28,19 +32,14 @@ const RAILS_MAGIC: u32 = 0x4d53_4e52; // "MSNR"
 /// hardware providers use a few hundred).
 pub(super) const MAX_RAW_ADDR: usize = 1024;
 
-/// An endpoint address as exchanged between ranks: provider, raw libfabric address, the
-/// endpoint's scratch word (where peers write flush markers), and, in an address made for one
-/// peer, the staging channel this endpoint keeps for that peer.
+/// An endpoint address as exchanged between ranks: provider, raw libfabric address, and the
+/// endpoint's scratch word (where peers write flush markers).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct AddrBlob {
     pub provider: String,
     pub addr_format: u32,
     pub raw: Vec<u8>,
     pub scratch: MrBlob,
-    pub chan: Option<ChanBlob>,
-    /// In an address made for one peer: the stream number that peer's writes name in their
-    /// counted tags (`counted.rs`).
-    pub stream: Option<u8>,
 }
 
 impl AddrBlob {
@@ -52,12 +51,10 @@ impl AddrBlob {
             .bytes(self.provider.as_bytes())
             .bytes(&self.raw)
             .bytes(&self.scratch.encode())
-            .bytes(&self.chan.as_ref().map_or_else(Vec::new, ChanBlob::encode))
-            .bytes(self.stream.as_slice())
             .finish()
     }
-    /// Parses and validates a peer's address; its scratch region (and channel regions) are
-    /// checked like any region blob against this endpoint's addressing mode and key size.
+    /// Parses and validates a peer's address; its scratch region is checked like any region
+    /// blob against this endpoint's addressing mode and key size.
     pub fn decode(b: &[u8], virt_addr: bool, key_size: usize) -> Result<Self> {
         let mut r = Reader::new(b, "network endpoint address");
         let (magic, ver, addr_format) = (r.u32()?, r.u32()?, r.u32()?);
@@ -70,20 +67,6 @@ impl AddrBlob {
             .map_err(|_| Error::remote("network endpoint address: provider name is not UTF-8"))?;
         let raw = r.bytes()?.to_vec();
         let scratch = MrBlob::decode(r.bytes()?, virt_addr, key_size)?;
-        let chan = match r.bytes()? {
-            [] => None,
-            b => Some(ChanBlob::decode(b, virt_addr, key_size)?),
-        };
-        let stream = match r.bytes()? {
-            [] => None,
-            [s] => Some(*s),
-            b => {
-                return Err(Error::remote(format!(
-                    "network endpoint address: a stream number of {} bytes",
-                    b.len()
-                )))
-            }
-        };
         r.finish()?;
         if scratch.len != 8 || scratch.mode != Mode::Direct {
             return Err(Error::remote(format!(
@@ -102,9 +85,63 @@ impl AddrBlob {
             addr_format,
             raw,
             scratch,
-            chan,
-            stream,
         })
+    }
+}
+
+/// What one endpoint keeps for one peer endpoint and the peer must know to write to it, handed
+/// over once each has added the other (connection setup's acknowledgement): the staging
+/// channel (`staging/`) and the stream number that peer's writes name in their counted tags
+/// (`counted.rs`). Keyed by the peer's endpoint, not its rank: two endpoints of one rank
+/// writing to us each have their own (issue 40, finding 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct LinkBlob {
+    pub chan: Option<ChanBlob>,
+    pub stream: Option<u8>,
+}
+
+impl LinkBlob {
+    pub fn encode(&self) -> Vec<u8> {
+        Writer::new()
+            .u32(LINK_MAGIC)
+            .u32(VERSION)
+            .bytes(&self.chan.as_ref().map_or_else(Vec::new, ChanBlob::encode))
+            .bytes(self.stream.as_slice())
+            .finish()
+    }
+
+    /// Parses a peer's link; an empty one (a peer that keeps nothing for us) is none of
+    /// either. Its channel regions are checked like any region blob.
+    pub fn decode(b: &[u8], virt_addr: bool, key_size: usize) -> Result<Self> {
+        if b.is_empty() {
+            return Ok(LinkBlob {
+                chan: None,
+                stream: None,
+            });
+        }
+        let mut r = Reader::new(b, "network endpoint link");
+        let (magic, ver) = (r.u32()?, r.u32()?);
+        if magic != LINK_MAGIC || ver != VERSION {
+            return Err(Error::remote(format!(
+                "not a network endpoint link (magic {magic:#x}, version {ver})"
+            )));
+        }
+        let chan = match r.bytes()? {
+            [] => None,
+            b => Some(ChanBlob::decode(b, virt_addr, key_size)?),
+        };
+        let stream = match r.bytes()? {
+            [] => None,
+            [s] => Some(*s),
+            b => {
+                return Err(Error::remote(format!(
+                    "network endpoint link: a stream number of {} bytes",
+                    b.len()
+                )))
+            }
+        };
+        r.finish()?;
+        Ok(LinkBlob { chan, stream })
     }
 }
 
@@ -123,7 +160,7 @@ pub(super) enum Mode {
     Staged,
 }
 
-/// The staging channel one endpoint keeps for one peer rank: the 8-byte `credit` word where
+/// The staging channel one endpoint keeps for one peer endpoint: the 8-byte `credit` word where
 /// the peer reports how many of our records it has applied, and, on endpoints that stage
 /// (GPU memory without FI_HMEM, or the test switch), the `inbox` of records and the data
 /// `ring` the peer writes into.
@@ -505,29 +542,8 @@ mod tests {
             addr_format: 2,
             raw: vec![2, 0, 1, 2, 127, 0, 0, 1],
             scratch: MrBlob::direct(false, 0, 8, 9),
-            chan: None,
-            stream: None,
         };
         assert_eq!(AddrBlob::decode(&a.encode(), false, 8).unwrap(), a);
-        let with_stream = AddrBlob {
-            stream: Some(255),
-            ..a.clone()
-        };
-        assert_eq!(
-            AddrBlob::decode(&with_stream.encode(), false, 8).unwrap(),
-            with_stream
-        );
-        let with_chan = AddrBlob {
-            chan: Some(ChanBlob {
-                credit: MrBlob::direct(false, 0, 8, 10),
-                incoming: None,
-            }),
-            ..a.clone()
-        };
-        assert_eq!(
-            AddrBlob::decode(&with_chan.encode(), false, 8).unwrap(),
-            with_chan
-        );
         assert!(
             AddrBlob::decode(&a.encode(), true, 8).is_err(),
             "addressing mode"
@@ -548,6 +564,34 @@ mod tests {
         assert!(AddrBlob::decode(b"garbage!", false, 8).is_err());
     }
 
+    #[test]
+    fn link_roundtrip_and_rejections() {
+        let none = LinkBlob {
+            chan: None,
+            stream: None,
+        };
+        assert_eq!(LinkBlob::decode(&[], false, 8).unwrap(), none);
+        assert_eq!(LinkBlob::decode(&none.encode(), false, 8).unwrap(), none);
+        let l = LinkBlob {
+            chan: Some(ChanBlob {
+                credit: MrBlob::direct(false, 0, 8, 10),
+                incoming: None,
+            }),
+            stream: Some(255),
+        };
+        assert_eq!(LinkBlob::decode(&l.encode(), false, 8).unwrap(), l);
+        assert!(
+            LinkBlob::decode(&l.encode(), true, 8).is_err(),
+            "addressing mode"
+        );
+        let mut two_byte_stream = l.encode();
+        let n = two_byte_stream.len();
+        two_byte_stream[n - 5] = 2;
+        two_byte_stream.push(0);
+        assert!(LinkBlob::decode(&two_byte_stream, false, 8).is_err());
+        assert!(LinkBlob::decode(b"garbage!", false, 8).is_err());
+    }
+
     proptest! {
         #[test]
         fn arbitrary_blobs_never_panic(data in proptest::collection::vec(any::<u8>(), 0..80)) {
@@ -555,6 +599,7 @@ mod tests {
             let _ = MrBlob::decode(&data, false, 4);
             let _ = AddrBlob::decode(&data, false, 8);
             let _ = ChanBlob::decode(&data, false, 8);
+            let _ = LinkBlob::decode(&data, false, 8);
         }
     }
 }

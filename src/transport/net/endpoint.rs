@@ -9,7 +9,7 @@ use super::ops::{Op, Ops};
 use super::peers::{self, Peers};
 use super::regions::{self, Regions};
 use super::staging::{self, Net, Staging};
-use super::{counted, mr, order, select, signals, unordered};
+use super::{counted, mr, order, probe, select, signals, unordered};
 use crate::config::{Hmem, NetConfig};
 use crate::error::{Error, Result};
 use crate::transport::epoch::{self, EpochMem};
@@ -20,6 +20,35 @@ use std::sync::atomic::{AtomicBool, Ordering as AtOrd};
 /// Bounds on the operations one endpoint keeps in flight (the provider's tx size in between).
 pub(super) const MIN_DEPTH: usize = 16;
 pub(super) const MAX_DEPTH: usize = 4096;
+
+/// Defenses a unit test may take out to show that the test layer catches their absence (the
+/// planted bugs of issue 40; docs/DESIGN.md 3.6). Per thread: the endpoints a unit test opens
+/// open on its thread.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Planted {
+    /// Plan from the fi_info alone, without the provider's source rules (`Attrs::amend`).
+    pub no_amend: bool,
+    /// Trust the plan without trying it (`probe.rs`).
+    pub no_probe: bool,
+    /// Leave writes that carry CQ data uncut where the provider repeats it per segment.
+    pub no_split_cap: bool,
+    /// Let a signal ride whatever the size of its own write and of a staged source's chunks
+    /// (the ride test before issue 40: the earlier writes and `max_chunk` only).
+    pub ride_ignores_chunks: bool,
+}
+
+#[cfg(test)]
+thread_local! {
+    pub(super) static PLANTED: std::cell::Cell<Planted> = std::cell::Cell::new(Planted::default());
+}
+
+/// The defenses taken out on this thread (none outside unit tests).
+pub(super) fn planted() -> Planted {
+    #[cfg(test)]
+    return PLANTED.with(|p| p.get());
+    #[cfg(not(test))]
+    Planted::default()
+}
 
 /// Removes the shm provider's files left under this pid by a dead process
 /// (`libfabric_sys::remove_stale_shm_files` says why), once, before the first endpoint.
@@ -183,7 +212,15 @@ impl NetEndpoint {
                 select::mr_mode_names(unsupported)
             )));
         }
-        let forced = cfg.force_mr_endpoint;
+        let layer = cfg.unordered.map(|u| {
+            let real_mr_local = mr_mode & fi::FI_MR_LOCAL != 0;
+            unordered::Layer::new(u, real_mr_local)
+        });
+        // The cxi-like layer registers as cxi does: the FI_MR_ENDPOINT sequence (bind and
+        // enable, -FI_ENOSYS from tcp and shm accepted), keys per endpoint (`Regions`); its
+        // offsets are the real provider's (tcp and shm take offsets, docs/PROVIDERS.md).
+        let provider_keys = layer.as_ref().is_some_and(|l| l.profile.provider_keys);
+        let forced = cfg.force_mr_endpoint || provider_keys;
         let policy = mr::Policy {
             endpoint: mr_mode & fi::FI_MR_ENDPOINT != 0 || forced,
             forced: forced && mr_mode & fi::FI_MR_ENDPOINT == 0,
@@ -202,78 +239,46 @@ impl NetEndpoint {
         let max_chunk = cfg.max_chunk.map_or(max_msg, |c| c.clamp(1, max_msg));
         let addr_format = i.addr_format;
 
-        let layer = cfg.unordered.map(|u| {
-            let real_mr_local = mr_mode & fi::FI_MR_LOCAL != 0;
-            unordered::Layer::new(u, depth, real_mr_local)
-        });
-        let attrs = match &layer {
-            // The ordering is planned for the profile the layer imitates, not the real provider.
-            Some(l) => l.profile.restrict(choice.attrs.clone()),
-            None => choice.attrs.clone(),
+        let layer = layer.map(|l| l.sized(depth));
+        // What the provider's source does beyond its fi_info (`profile.rs`), then, under the
+        // test layer, what the profile it imitates grants instead of the real provider.
+        let mut attrs = choice.attrs.clone();
+        let mut notes = if planted().no_amend {
+            Vec::new()
+        } else {
+            attrs.amend()
         };
-        let plan = order::decide(&attrs).map_err(|why| {
-            Error::usage(format!(
-                "net:{provider}/{domain_name}: {why}; choose another provider (MSCCLPP_NET_PROVIDER)"
-            ))
-        })?;
-        let way = match signals_choice(cfg, &attrs, &plan) {
-            Ok(w) => Some(w),
-            Err(why) => {
-                crate::info!(
-                    "net: {provider}/{domain_name}: signals are writes of their own: {why}"
-                );
-                None
-            }
-        };
-        let cq_signals = way.is_some();
-        let counted = way == Some(order::SignalWay::Counted);
-        let (mut ops, raw) = Ops::open(
+        if let Some(l) = &layer {
+            attrs = l.profile.restrict(attrs);
+        }
+        let (ops, raw) = Ops::open(
             info,
             depth,
             max_chunk,
             (provider.clone(), domain_name.clone()),
             (
-                plan,
+                Self::plan_for(&attrs, &provider, &domain_name)?,
                 attrs.delivery_complete && cfg.delivery_complete,
-                cq_signals,
+                cfg.cq_signals,
             ),
         )?;
-        ops.layer = layer.map(Box::new);
-        // Writes carry the activity mark where the target must progress for them to move
-        // (with counted signals every write carries a tag, which tells the same).
-        ops.activity_marks =
-            cq_signals && !counted && TARGET_PROGRESSES.contains(&core_provider(&provider));
-        if counted {
-            ops.counted = true;
-            if attrs.rx_cq_data {
-                // Half the completion queue (`Ops::open`): peers' writes are read at most
-                // that many behind. Where the provider refuses them, signals are flags of
-                // their own (no peer is given a stream, so none tags its writes to us).
-                if let Err(e) = ops.post_receives(depth * 2) {
-                    crate::info!(
-                        "net: {provider}/{domain_name}: signals are writes of their own: posting the receives that counting them needs failed: {e}"
-                    );
-                    ops.counted = false;
-                    // Nor do they ride: 8 bytes of CQ data do not fit this provider.
-                    ops.cq_signals = false;
-                }
-            }
-        }
         let mut ep = NetEndpoint {
             regions: Regions::new(policy, hmem_choice(cfg.hmem, choice.hmem, &provider)),
             ops,
             peers: Peers::new(AddrBlob {
                 provider: provider.clone(),
                 addr_format,
-                raw,
+                raw: raw.clone(),
                 scratch: MrBlob::direct(policy.virt_addr, 0, 8, 0),
-                chan: None,
-                stream: None,
             }),
             staging: Staging::new(device, cfg),
             shm_transport: shm,
             nics: choice.nics,
         };
+        ep.ops.layer = layer.map(Box::new);
+        if provider_keys {
+            ep.regions.endpoint_keys = Some(1);
+        }
         ep.regions
             .register_fixed(&mut ep.ops, &mut ep.peers.me.scratch)?;
 
@@ -289,25 +294,13 @@ impl NetEndpoint {
             if ep.ops.napping { "; waits that last nap (crowded host)" } else { "" },
         );
         if let Some(l) = &ep.ops.layer {
-            crate::info!(
-                "net: {}: unordered test layer {} (seed {}, MSCCLPP_TEST_UNORDERED) over the real provider: ordering planned for what that profile grants",
-                ep.describe(),
-                l.profile.name,
+            notes.push(format!(
+                "unordered test layer {} (seed {}, MSCCLPP_TEST_UNORDERED) over the real provider: planned for what it plays",
+                l.profile.describe(),
                 l.seed
-            );
+            ));
         }
-        crate::info!(
-            "net: {} orders each flag, staging record and delivery marker after the peer's earlier writes: {}{}",
-            ep.describe(),
-            ep.ops.plan.describe(),
-            if ep.ops.counted {
-                "; every write carries a 4-byte tag in its remote CQ data, a put's signal into host memory is its last write's tag, and the receiver, counting the writes it reads, stores the signal once every write before it has arrived (no flag, no wait at the sender)"
-            } else if ep.ops.cq_signals {
-                "; a put's signal into host memory rides as remote CQ data on the put's last write where that write is ordered as a flag would be, and the receiver stores it once the write is in place"
-            } else {
-                ""
-            }
-        );
+        ep.settle(attrs, cfg, &raw, notes)?;
         if !ep.ops.delivery_complete && !WEAK_FLUSH_LOGGED.swap(true, AtOrd::Relaxed) {
             // True by construction: `order::decide` refuses a plan that would drain without
             // delivery completion, and `Ops::post` fails such a plan's writes if the provider
@@ -322,6 +315,173 @@ impl NetEndpoint {
             );
         }
         Ok(ep)
+    }
+
+    /// The plan for `attrs`, or the endpoint's refusal naming why.
+    fn plan_for(attrs: &order::Attrs, provider: &str, domain: &str) -> Result<order::Plan> {
+        order::decide(attrs).map_err(|why| {
+            Error::usage(format!(
+                "net:{provider}/{domain}: {why}; choose another provider (MSCCLPP_NET_PROVIDER)"
+            ))
+        })
+    }
+
+    /// Plans the endpoint for `attrs`, trying on itself what the plan relies on (`probe.rs`):
+    /// a refusal takes that primitive out and plans again, with one WARN line. Then sets the
+    /// plan, the way signals travel and what flush means, and writes the endpoint's one INFO
+    /// line on its plan: what it is, why (`notes`: the provider's source rules applied, the
+    /// test layer), and what was tried.
+    fn settle(
+        &mut self,
+        mut attrs: order::Attrs,
+        cfg: &NetConfig,
+        raw: &[u8],
+        mut notes: Vec<String>,
+    ) -> Result<()> {
+        let (provider, domain) = (self.ops.provider.clone(), self.ops.domain.clone());
+        let sc = self.peers.me.scratch;
+        let me = match probe::SelfTarget::new(&self.ops, raw, (sc.base, sc.key)) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                crate::warn!("net: {}: the plan stands untried: {e}", self.describe());
+                None
+            }
+        };
+        let mut tried: Vec<(probe::Primitive, probe::Answer)> = Vec::new();
+        let mut untried = me.is_none() || planted().no_probe;
+        // Ends when every primitive the plan relies on was accepted (or cannot be tried): each
+        // refusal removes one of at most three from `attrs`, so at most four rounds.
+        let (plan, way) = loop {
+            let plan = Self::plan_for(&attrs, &provider, &domain)?;
+            let way = signals_choice(cfg, &attrs, &plan);
+            let mut relies = Vec::new();
+            if let Ok(w) = &way {
+                let bytes = match w {
+                    order::SignalWay::Ride => signals::CQ_DATA_BYTES,
+                    order::SignalWay::Counted => counted::CQ_DATA_BYTES,
+                };
+                relies.push(probe::Primitive::CqData(probe::probe_data(bytes)));
+            }
+            if plan.beyond == order::FlagOrder::Fence {
+                relies.push(probe::Primitive::Fence);
+            }
+            if attrs.delivery_complete {
+                relies.push(probe::Primitive::DeliveryComplete);
+            }
+            let mut refused = None;
+            for want in relies {
+                if untried {
+                    break;
+                }
+                let me = me.expect("tried only with a target");
+                // A plain write first: where it fails, nothing can be tried.
+                for p in [probe::Primitive::Plain, want] {
+                    if tried.iter().all(|t| t.0 != p) {
+                        let a = probe::try_write(&mut self.ops, me, p);
+                        tried.push((p, a));
+                    }
+                }
+                let plain = &tried
+                    .iter()
+                    .find(|t| t.0 == probe::Primitive::Plain)
+                    .unwrap()
+                    .1;
+                if *plain != probe::Answer::Done {
+                    crate::warn!(
+                        "net: {}: the plan stands untried: a plain write of the endpoint to itself {}",
+                        self.describe(),
+                        match plain {
+                            probe::Answer::Refused(why) => format!("failed: {why}"),
+                            _ => "did not complete within the bound".to_string(),
+                        }
+                    );
+                    untried = true;
+                    break;
+                }
+                let a = &tried.iter().find(|t| t.0 == want).unwrap().1;
+                if *a != probe::Answer::Done {
+                    refused = Some((want, a.clone()));
+                    break;
+                }
+            }
+            let Some((p, a)) = refused else {
+                break (plan, way);
+            };
+            let why = match a {
+                probe::Answer::Refused(why) => why,
+                _ => "no completion within the bound".to_string(),
+            };
+            let then = match p {
+                probe::Primitive::CqData(_) => {
+                    attrs.write_cq_data = false;
+                    "signals are writes of their own"
+                }
+                probe::Primitive::Fence => {
+                    attrs.fence = false;
+                    "a flag after a larger write waits for the writes before it instead"
+                }
+                _ => {
+                    attrs.delivery_complete = false;
+                    "nothing that needs delivery completion is planned"
+                }
+            };
+            crate::warn!(
+                "net: {}: the provider refused {} to the endpoint itself ({why}): {then}",
+                self.describe(),
+                p.describe()
+            );
+            notes.push(format!("{} refused when tried", p.describe()));
+        };
+        if !tried.is_empty() && !untried {
+            let ok: Vec<&str> = tried
+                .iter()
+                .filter(|t| t.0 != probe::Primitive::Plain && t.1 == probe::Answer::Done)
+                .map(|t| t.0.describe())
+                .collect();
+            if !ok.is_empty() {
+                notes.push(format!("tried on itself and accepted: {}", ok.join(", ")));
+            }
+        }
+        let way = match way {
+            Ok(w) => Some(w),
+            Err(why) => {
+                notes.push(format!("signals are writes of their own: {why}"));
+                None
+            }
+        };
+        let ops = &mut self.ops;
+        ops.plan = plan;
+        ops.delivery_complete = attrs.delivery_complete && cfg.delivery_complete;
+        ops.cq_signals = way.is_some();
+        ops.counted = way == Some(order::SignalWay::Counted);
+        // Writes carry the activity mark where the target must progress for them to move
+        // (with counted signals every write carries a tag, which tells the same).
+        ops.activity_marks =
+            ops.cq_signals && !ops.counted && TARGET_PROGRESSES.contains(&core_provider(&provider));
+        if let (Some(seg), true) = (attrs.split_with_data, ops.cq_signals) {
+            if !planted().no_split_cap {
+                // A write the provider would cut would repeat its CQ data per piece: writes
+                // are cut below, at half the segment, since the device's own limit (efa's
+                // max_rdma_size), which can make the segment smaller, cannot be read.
+                ops.max_chunk = ops.max_chunk.min((seg / 2).max(8));
+                notes.push(format!("writes cut at {} bytes", ops.max_chunk));
+            }
+        }
+        crate::info!(
+            "net: {} plan: {}; {}{}{}",
+            self.describe(),
+            self.ops.plan.describe(),
+            if self.ops.counted {
+                "signals counted by the receiver: every write carries a 4-byte tag in its remote CQ data, a put's signal into host memory is its last write's tag, and the receiver stores it once every write before it has arrived"
+            } else if self.ops.cq_signals {
+                "signals ride: a put's signal into host memory rides as remote CQ data on the put's last write where that write is ordered as a flag would be, and the receiver stores it once the write is in place"
+            } else {
+                "signals are flags of their own"
+            },
+            if notes.is_empty() { "" } else { "; " },
+            notes.join("; ")
+        );
+        Ok(())
     }
 
     /// Counters (for tests).
@@ -344,11 +504,12 @@ impl NetEndpoint {
     ) -> T {
         let who = self.ops.describe();
         let st = &mut self.staging;
-        let (device, force) = (st.device, st.force_staging);
+        let (device, force, force_source) = (st.device, st.force_staging, st.force_staged_source);
         let mut copier = || st.prepare_copier(&who);
         let stage = regions::Stage {
             device,
             force,
+            force_source,
             copier: &mut copier,
         };
         f(&mut self.regions, &mut self.ops, stage)
@@ -657,40 +818,45 @@ impl Endpoint for NetEndpoint {
         Ok(self.peers.me.encode())
     }
 
-    fn address_for(&mut self, remote_rank: usize) -> Result<Vec<u8>> {
-        let (st, mut net) = self.parts();
-        let chan = st.chan_for(&mut net, remote_rank)?;
-        let stream = self
-            .ops
-            .counted
-            .then(|| self.peers.stream_for(remote_rank))
-            .flatten();
-        Ok(AddrBlob {
-            chan: Some(chan),
-            stream,
-            ..self.peers.me.clone()
-        }
-        .encode())
-    }
-
     fn add_peer(&mut self, remote_rank: usize, address: &[u8]) -> Result<PeerId> {
         // A peer striped over several rails: this endpoint talks to its rail 0.
         let address = blob::first_rail(address)
             .map_err(|e| Error::remote(format!("rank {remote_rank}: {e}")))?;
-        let chan = self.staging.chan_of(remote_rank);
         let policy = self.regions.policy;
         let who = self.ops.describe();
         let (p, new) = self
             .peers
-            .add(&self.ops.objs, &who, &policy, remote_rank, address, chan)?;
-        if !new {
-            return Ok(p);
+            .add(&self.ops.objs, &who, &policy, remote_rank, address)?;
+        if new {
+            crate::trace!("net: {} added rank {remote_rank}", self.describe());
         }
-        if let Some(ci) = chan {
-            self.staging.chans[ci].peer = Some(p);
-        }
-        crate::trace!("net: {} added rank {remote_rank}", self.describe());
         Ok(p)
+    }
+
+    /// The staging channel this endpoint keeps for `peer`, and on a counting endpoint the
+    /// stream its writes name (`blob::LinkBlob`).
+    fn link_for(&mut self, peer: PeerId) -> Result<Vec<u8>> {
+        self.check_peer(peer)?;
+        let (st, mut net) = self.parts();
+        let chan = st.chan_for(&mut net, peer)?;
+        let stream = self
+            .ops
+            .counted
+            .then(|| self.peers.stream_for(peer))
+            .flatten();
+        Ok(blob::LinkBlob {
+            chan: Some(chan),
+            stream,
+        }
+        .encode())
+    }
+
+    fn link_to(&mut self, peer: PeerId, link: &[u8]) -> Result<()> {
+        self.check_peer(peer)?;
+        let policy = self.regions.policy;
+        let l = blob::LinkBlob::decode(link, policy.virt_addr, policy.key_size)
+            .map_err(|e| e.within(&self.peers.name(peer)))?;
+        self.peers.link_to(peer, l.chan, l.stream)
     }
 
     fn register(&mut self, region: Region) -> Result<(MrId, Vec<u8>)> {
@@ -751,10 +917,19 @@ impl Endpoint for NetEndpoint {
         self.peers.post_ready(&mut self.ops, peer)?;
         let v = self.remote(peer, vdst)?;
         regions::check_value(&self.peers, peer, &v, voff)?;
-        let chunk = if size > self.ops.max_chunk {
-            self.ops.max_chunk
+        // The writes this put goes as (`staging::write_chunks`): chunks of the provider's
+        // largest write, or of a bounce slot for a staged source, the last carrying the
+        // signal. Riding needs every earlier write to the peer and every chunk of this put,
+        // the riding one too, placed before it ("both smaller than the size").
+        let chunks = if planted().ride_ignores_chunks {
+            if size > self.ops.max_chunk {
+                self.ops.max_chunk
+            } else {
+                0
+            }
         } else {
-            0
+            let (st, mut net) = self.parts();
+            size.min(st.source_chunk(&mut net, src, u64::MAX)?)
         };
         let counted = self.counts_to(peer) && size > 0 && remote.mode == Mode::Direct;
         if counted && v.cq_values {
@@ -768,7 +943,7 @@ impl Endpoint for NetEndpoint {
                 && self
                     .ops
                     .plan
-                    .after(self.peers[peer].largest_since_drain.max(chunk))
+                    .after(self.peers[peer].largest_since_drain.max(chunks))
                     == order::FlagOrder::Plain);
         let cq = match rides {
             true => self.cq_value(peer, vdst, &v, voff, value)?,

@@ -64,6 +64,8 @@ mod mr;
 mod ops;
 mod order;
 mod peers;
+mod probe;
+mod profile;
 mod rails;
 mod record;
 mod regions;

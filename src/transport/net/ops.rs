@@ -43,14 +43,6 @@ struct OpSlot {
     seq: u64,
 }
 
-/// A receive posted for remote CQ data to consume (FI_RX_CQ_DATA): `ctx` first, as for
-/// `OpSlot`; its buffer is empty (nothing is sent to it).
-#[repr(C)]
-#[derive(Default)]
-pub(super) struct RecvSlot {
-    ctx: fi::fi_context2,
-}
-
 /// One RMA write to post (see `Ops::post`).
 pub(super) struct Op<'a> {
     pub peer: PeerId,
@@ -198,10 +190,6 @@ pub(super) struct Ops {
     /// Signals are counted by the receiver (`counted.rs`): every write to a peer with a
     /// stream carries a tag.
     pub counted: bool,
-    /// Receives that peers' CQ data consumes (FI_RX_CQ_DATA), each posted again once read;
-    /// those the provider had no room for yet (-FI_EAGAIN), posted at the next poll.
-    pub(super) recvs: Box<[RecvSlot]>,
-    recvs_unposted: Vec<usize>,
     slots: Box<[OpSlot]>,
     free: Vec<usize>,
     pub outstanding: usize,
@@ -254,8 +242,6 @@ impl Ops {
             activity_marks: false,
             incoming_told: 0,
             counted: false,
-            recvs: Box::new([]),
-            recvs_unposted: Vec::new(),
             slots: (0..depth).map(|_| OpSlot::default()).collect(),
             free: (0..depth).rev().collect(),
             outstanding: 0,
@@ -267,59 +253,6 @@ impl Ops {
             abort_check: None,
         };
         Ok((ops, raw))
-    }
-
-    /// Posts `n` receives for peers' remote CQ data to consume (FI_RX_CQ_DATA), each posted
-    /// again when a write consumes it (`take_remote`).
-    pub fn post_receives(&mut self, n: usize) -> Result<()> {
-        self.recvs = (0..n).map(|_| RecvSlot::default()).collect();
-        for i in 0..n {
-            self.post_recv(i)?;
-        }
-        Ok(())
-    }
-
-    /// Posts receive slot `i` (an empty buffer: CQ data consumes it, nothing lands in it); one
-    /// the provider has no room for now (-FI_EAGAIN) waits in `recvs_unposted` for the next
-    /// poll (meanwhile peers' writes wait for a receive, as EFA retries them).
-    fn post_recv(&mut self, i: usize) -> Result<()> {
-        let ctx: *mut c_void = (&mut self.recvs[i] as *mut RecvSlot).cast();
-        let rc = match self.layer.as_mut() {
-            Some(l) => l.recv(ctx),
-            // SAFETY: ep is open and enabled; an empty buffer needs no descriptor; the context
-            // is a slot of `recvs`, which lives until the endpoint closes (field order).
-            None => unsafe {
-                fi::fi_recv(
-                    self.objs.ep,
-                    std::ptr::null_mut(),
-                    0,
-                    std::ptr::null_mut(),
-                    fi::FI_ADDR_UNSPEC,
-                    ctx,
-                ) as i64
-            },
-        };
-        match rc {
-            0 => Ok(()),
-            EAGAIN => {
-                self.recvs_unposted.push(i);
-                Ok(())
-            }
-            _ => Err(fab_err(format!("fi_recv on {}", self.describe()), rc)),
-        }
-    }
-
-    /// Posts the receives that found no room before (`post_recv`), as far as there is room.
-    fn post_unposted_receives(&mut self) -> Result<()> {
-        // Ends when all are posted, or when one finds no room again (it is pushed back).
-        while let Some(i) = self.recvs_unposted.pop() {
-            let before = self.recvs_unposted.len();
-            self.post_recv(i)?;
-            if self.recvs_unposted.len() > before {
-                break;
-            }
-        }
-        Ok(())
     }
 
     /// One pause of a bounded wait for the provider (`provider_wait`): by its policy; on a
@@ -431,9 +364,6 @@ impl Ops {
 
     /// Reads available completions once; returns how many.
     fn poll_cq(&mut self, peers: &mut Peers) -> Result<usize> {
-        if !self.recvs_unposted.is_empty() {
-            self.post_unposted_receives()?;
-        }
         let mut ents = [fi::fi_cq_data_entry::default(); CQ_BATCH];
         let rc = match self.layer.as_mut() {
             Some(l) => l.read(self.objs.ep, self.objs.cq, &mut ents),
@@ -444,8 +374,9 @@ impl Ops {
         };
         if rc > 0 {
             for e in &ents[..rc as usize] {
-                // A peer's write that carried CQ data: its context is not one of our writes
-                // (none, or the receive it consumed).
+                // A peer's write that carried CQ data: its context is not one of our writes (no
+                // provider this library uses gives one there: docs/PROVIDERS.md). The flag is
+                // read alone: shm 2.0-2.4 sets no FI_RMA or FI_REMOTE_WRITE with it.
                 if e.flags & fi::FI_REMOTE_CQ_DATA as u64 != 0 {
                     self.take_remote(peers, e)?;
                     continue;
@@ -464,17 +395,13 @@ impl Ops {
     }
 
     /// A peer's write that carried remote CQ data: a riding value stored (`signals.rs`), or a
-    /// counted tag counted for its writer's stream (`counted.rs`), after the receive it
-    /// consumed is posted again.
+    /// counted tag counted for its writer's stream (`counted.rs`).
     fn take_remote(&mut self, peers: &mut Peers, e: &fi::fi_cq_data_entry) -> Result<()> {
         let fail = |ops: &Ops, why: String| {
             Error::remote(format!("{}: a peer's write: {why}", ops.describe()))
         };
         if !self.counted {
             return self.incoming.apply(e.data).map_err(|why| fail(self, why));
-        }
-        if let Some(i) = fabric::slot_of(&self.recvs, e.op_context) {
-            self.post_recv(i)?;
         }
         let tag = u32::try_from(e.data)
             .map_err(|_| fail(self, format!("CQ data {:#x} is not a tag", e.data)))?;

@@ -32,6 +32,7 @@
 //!   `shm_sar::value_rides_with_data`: a large write by SAR, then a small one carrying the value.
 
 use super::fabric::{core_provider, InfoView};
+use super::profile::{self, WriteData};
 use libfabric_sys as fi;
 
 /// The largest write that is ordered after earlier ones (a staging record; flags and markers
@@ -42,15 +43,15 @@ pub(super) const FOLLOWER_BYTES: u64 = 64;
 /// it both ways).
 const WAW_BITS: u64 = fi::FI_ORDER_RMA_WAW | fi::FI_ORDER_WAW as u64;
 
-/// The caps an endpoint that posts receives asks for.
-pub(super) const RECV_CAPS: u64 = fi::FI_MSG as u64 | fi::FI_RECV as u64;
-
 /// What the provider granted that bears on ordering, read from the chosen fi_info
-/// ([`Attrs::from_info`]) or written by a test.
+/// ([`Attrs::from_info`]) and amended by what its source does beyond it ([`Attrs::amend`]), or
+/// written by a test.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Attrs {
     /// `fabric_attr.prov_name`, e.g. `tcp;ofi_rxm` (for the quirks in the module doc).
     pub provider: String,
+    /// `fabric_attr.name` (efa's two fabrics share a provider name, `profile::of`).
+    pub fabric: String,
     /// `tx_attr.msg_order`, only the bits that were asked for: a provider may take an unordered
     /// fast path when ordering was not requested, whatever it lists (shm does).
     pub msg_order: u64,
@@ -58,19 +59,25 @@ pub(super) struct Attrs {
     pub max_order_waw_size: u64,
     /// FI_FENCE requested and in `caps`.
     pub fence: bool,
-    /// FI_DELIVERY_COMPLETE requested and in `tx_attr.op_flags`.
+    /// FI_DELIVERY_COMPLETE requested, in `tx_attr.op_flags`, and acted on by the provider's
+    /// writes (`amend`).
     pub delivery_complete: bool,
     /// `domain_attr.cq_data_size`: bytes of remote CQ data a write may carry.
     pub cq_data_size: u64,
+    /// A write may carry remote CQ data at all (`amend`: cxi refuses it, opx 1.17 drops it,
+    /// whatever `cq_data_size` says; the probe finds what the table does not know).
+    pub write_cq_data: bool,
+    /// A write above this many bytes is split by the provider, its remote CQ data repeated on
+    /// every piece (efa-rdm's device writes: `profile::EFA_WRITE_SEGMENT`).
+    pub split_with_data: Option<u64>,
     /// `tx_attr.inject_size`.
     pub inject_size: u64,
     /// FI_RX_CQ_DATA in `mode` or `rx_attr.mode`: remote CQ data consumes a posted receive.
+    /// Signals are then never carried as CQ data (no provider this library uses needs it:
+    /// docs/PROVIDERS.md; this library posts no receives).
     pub rx_cq_data: bool,
     /// FI_MR_LOCAL in `domain_attr.mr_mode`: every local buffer needs its descriptor.
     pub mr_local: bool,
-    /// The endpoint can post receives (FI_MSG and FI_RECV requested and in `caps`), which
-    /// remote CQ data consumes where `rx_cq_data`.
-    pub recv: bool,
     /// FI_HMEM in `caps`: the provider's entry for device memory.
     pub hmem: bool,
 }
@@ -81,8 +88,6 @@ pub(super) struct Asked {
     pub order: bool,
     pub fence: bool,
     pub dc: bool,
-    /// FI_MSG | FI_RECV (for signals counted by the receiver, `counted.rs`).
-    pub recv: bool,
 }
 
 impl Attrs {
@@ -98,17 +103,67 @@ impl Attrs {
         let op_flags = tx.map_or(0, |t| t.op_flags);
         Attrs {
             provider: v.prov_name(),
+            fabric: v.fabric_name(),
             msg_order,
             max_order_waw_size: ep.map_or(0, |e| e.max_order_waw_size as u64),
             fence: asked.fence && info.caps & fi::FI_FENCE as u64 != 0,
             delivery_complete: asked.dc && op_flags & fi::FI_DELIVERY_COMPLETE as u64 != 0,
             cq_data_size: dom.map_or(0, |d| d.cq_data_size as u64),
+            write_cq_data: true,
+            split_with_data: None,
             inject_size: tx.map_or(0, |t| t.inject_size as u64),
             rx_cq_data: (info.mode | rx.map_or(0, |r| r.mode)) & fi::FI_RX_CQ_DATA != 0,
             mr_local: dom.is_some_and(|d| d.mr_mode as u32 & fi::FI_MR_LOCAL != 0),
-            recv: asked.recv && info.caps & RECV_CAPS == RECV_CAPS,
             hmem: info.caps & fi::FI_HMEM != 0,
         }
+    }
+
+    /// Applies what the provider's source does that its fi_info does not say
+    /// (`profile::PROFILES`, docs/PROVIDERS.md); returns, for the endpoint's INFO line, which
+    /// profile applied and one note per rule applied, each naming its citation (none for a
+    /// provider the table does not have).
+    pub fn amend(&mut self) -> Vec<String> {
+        let Some(p) = profile::of(core_provider(&self.provider), &self.fabric) else {
+            return Vec::new();
+        };
+        let cite = |r: profile::Rule| {
+            p.cites
+                .iter()
+                .find(|(x, _)| *x == r)
+                .map_or(String::new(), |(_, c)| {
+                    format!(" ({}:{} {}, {})", c.file, c.lines, c.func, c.at)
+                })
+        };
+        let mut notes = vec![format!("{}'s source read at {}", p.name, p.read_at)];
+        if p.does.write_data != WriteData::Carried && self.cq_data_size > 0 {
+            self.write_cq_data = false;
+            notes.push(format!(
+                "{} {} remote CQ data on RMA writes{}",
+                p.name,
+                match p.does.write_data {
+                    WriteData::Refused => "refuses",
+                    _ => "drops",
+                },
+                cite(profile::Rule::CqData)
+            ));
+        }
+        if !p.does.dc_on_writes && self.delivery_complete {
+            self.delivery_complete = false;
+            notes.push(format!(
+                "{} ignores FI_DELIVERY_COMPLETE on writes{}",
+                p.name,
+                cite(profile::Rule::DeliveryComplete)
+            ));
+        }
+        if let Some(n) = p.does.split_with_data {
+            self.split_with_data = Some(n);
+            notes.push(format!(
+                "{} repeats a write's remote CQ data on every {n}-byte segment{}",
+                p.name,
+                cite(profile::Rule::Split)
+            ));
+        }
+        notes
     }
 }
 
@@ -242,17 +297,6 @@ pub(super) fn decide(a: &Attrs) -> Result<Plan, String> {
             }
         ));
     };
-    if a.cq_data_size > 0 {
-        why.push(format!(
-            "remote CQ data {} bytes{}",
-            a.cq_data_size,
-            if a.rx_cq_data {
-                ", each needing a posted receive"
-            } else {
-                ""
-            }
-        ));
-    }
     Ok(Plan {
         ordered_upto: upto,
         beyond,
@@ -276,7 +320,16 @@ pub(super) enum SignalWay {
 /// The way signals travel on a provider that granted `a`, planned `plan`, or why neither
 /// way fits (they are then writes of their own, ordered by the plan).
 pub(super) fn signal_way(a: &Attrs, plan: &Plan) -> Result<SignalWay, String> {
-    if a.cq_data_size >= super::signals::CQ_DATA_BYTES && !a.rx_cq_data {
+    if !a.write_cq_data {
+        return Err("the provider does not carry remote CQ data on RMA writes".into());
+    }
+    if a.rx_cq_data {
+        return Err(
+            "its remote CQ data consumes receives the target posts, which this library does not post"
+                .into(),
+        );
+    }
+    if a.cq_data_size >= super::signals::CQ_DATA_BYTES {
         return Ok(SignalWay::Ride);
     }
     let mut no = Vec::new();
@@ -289,20 +342,13 @@ pub(super) fn signal_way(a: &Attrs, plan: &Plan) -> Result<SignalWay, String> {
     if plan.ordered_upto != 0 || plan.beyond != FlagOrder::Drain {
         no.push("it orders writes (a flag after them costs no round trip)".to_string());
     }
-    if a.rx_cq_data && !a.recv {
-        no.push(
-            "its remote CQ data consumes posted receives, and FI_MSG/FI_RECV were not granted"
-                .to_string(),
-        );
-    }
     if no.is_empty() {
         return Ok(SignalWay::Counted);
     }
     Err(format!(
-        "riding needs {} bytes of remote CQ data without posted receives ({} bytes{}); counting by the receiver does not fit: {}",
+        "riding needs {} bytes of remote CQ data ({} here); counting by the receiver does not fit: {}",
         super::signals::CQ_DATA_BYTES,
         a.cq_data_size,
-        if a.rx_cq_data { ", consuming receives" } else { "" },
         no.join("; ")
     ))
 }
@@ -311,199 +357,180 @@ pub(super) fn signal_way(a: &Attrs, plan: &Plan) -> Result<SignalWay, String> {
 mod tests {
     use super::*;
     use crate::transport::net::fabric::{strdup, InfoList};
-
-    /// An fi_info as a provider fills it in, by field.
-    struct Fixture {
-        prov: &'static str,
-        caps: u64,
-        mode: u64,
-        rx_mode: u64,
-        msg_order: u64,
-        op_flags: u64,
-        inject_size: usize,
-        max_order_waw_size: usize,
-        cq_data_size: usize,
-        mr_mode: u32,
-    }
+    use crate::transport::net::profile::{Profile, Size, PROFILES};
 
     const RMA: u64 = fi::FI_RMA as u64 | fi::FI_WRITE as u64 | fi::FI_REMOTE_WRITE as u64;
-    const DC: u64 = fi::FI_DELIVERY_COMPLETE as u64;
-    const TC: u64 = fi::FI_TRANSMIT_COMPLETE as u64;
-    const FENCE: u64 = fi::FI_FENCE as u64;
     const WAW_SET: u64 = fi::FI_ORDER_WAW as u64 | fi::FI_ORDER_RMA_WAW | fi::FI_ORDER_ATOMIC_WAW;
     const SAS: u64 = fi::FI_ORDER_SAS as u64;
+    /// What a device-sized bound or message reads as in these fixtures (the port's
+    /// `max_msg_sz` of an InfiniBand HCA: 1 GiB).
+    const DEVICE: u64 = 1 << 30;
 
-    impl Fixture {
-        /// The fixture as an fi_info, read back the way the endpoint reads the chosen one.
-        fn attrs(&self, asked: Asked) -> Attrs {
-            let mut l = InfoList::alloc().unwrap();
-            let i = l.head_mut();
-            i.caps = self.caps;
-            i.mode = self.mode;
-            // SAFETY: an fi_allocinfo'd info: every attribute struct is allocated; the
-            // provider name is a malloc'd string that fi_freeinfo frees.
-            unsafe {
-                (*i.fabric_attr).prov_name = strdup(self.prov).unwrap();
-                (*i.tx_attr).msg_order = self.msg_order;
-                (*i.tx_attr).op_flags = self.op_flags;
-                (*i.tx_attr).inject_size = self.inject_size;
-                (*i.rx_attr).mode = self.rx_mode;
-                (*i.ep_attr).max_order_waw_size = self.max_order_waw_size;
-                (*i.domain_attr).cq_data_size = self.cq_data_size;
-                (*i.domain_attr).mr_mode = self.mr_mode as i32;
-            }
-            Attrs::from_info(l.first().unwrap(), asked)
+    fn bytes(s: Size) -> u64 {
+        match s {
+            Size::Any => u64::MAX,
+            Size::Device => DEVICE,
+            Size::Bytes(n) => n,
         }
     }
 
-    /// What `select::choose` asks first, and what each provider below grants to it.
+    /// The fi_info a provider returns to our hints, as its profile says (`profile.rs`), read
+    /// back the way the endpoint reads the chosen one, with `with` applied to it first.
+    fn attrs_with(p: &Profile, asked: Asked, with: impl FnOnce(&mut fi::fi_info)) -> Attrs {
+        let a = &p.advertised;
+        let mut l = InfoList::alloc().unwrap();
+        let i = l.head_mut();
+        i.caps = RMA | if a.fence { fi::FI_FENCE as u64 } else { 0 };
+        i.mode = if a.rx_cq_data { fi::FI_RX_CQ_DATA } else { 0 };
+        // SAFETY: an fi_allocinfo'd info: every attribute struct is allocated; the names are
+        // malloc'd strings that fi_freeinfo frees.
+        unsafe {
+            (*i.fabric_attr).prov_name = strdup(p.prov).unwrap();
+            (*i.fabric_attr).name = strdup(p.fabric.unwrap_or("fabric")).unwrap();
+            (*i.tx_attr).msg_order = SAS
+                | if a.waw {
+                    WAW_SET
+                } else {
+                    fi::FI_ORDER_ATOMIC_WAW
+                };
+            (*i.tx_attr).op_flags = fi::FI_TRANSMIT_COMPLETE as u64
+                | if a.dc {
+                    fi::FI_DELIVERY_COMPLETE as u64
+                } else {
+                    0
+                };
+            (*i.tx_attr).inject_size = bytes(a.inject) as usize;
+            (*i.ep_attr).max_order_waw_size = bytes(a.max_order_waw) as usize;
+            (*i.ep_attr).max_msg_size = bytes(a.max_msg) as usize;
+            (*i.domain_attr).cq_data_size = a.cq_data as usize;
+            (*i.domain_attr).mr_mode = a.mr_mode as i32;
+        }
+        with(i);
+        let mut at = Attrs::from_info(l.first().unwrap(), asked);
+        at.amend();
+        at
+    }
+
+    fn attrs(p: &Profile, asked: Asked) -> Attrs {
+        attrs_with(p, asked, |_| {})
+    }
+
+    fn prof(name: &str) -> &'static Profile {
+        profile::named(name).unwrap()
+    }
+
+    /// What `select::choose` asks first (a provider that refuses a part is asked again with
+    /// less; the fixtures grant what the profile advertises).
     const ASK_ALL: Asked = Asked {
         order: true,
         fence: true,
         dc: true,
-        recv: true,
     };
 
-    /// prov/cxi/src/cxip_info.c: WAW of any size, FI_FENCE, delivery complete, 8 bytes of CQ
-    /// data, FI_MR_ENDPOINT.
-    fn cxi() -> Fixture {
-        Fixture {
-            prov: "cxi",
-            caps: RMA | FENCE | fi::FI_HMEM,
-            mode: 0,
-            rx_mode: 0,
-            msg_order: SAS | WAW_SET | fi::FI_ORDER_RMA_RAR,
-            op_flags: TC | DC | FENCE,
-            inject_size: 192,
-            max_order_waw_size: usize::MAX,
-            cq_data_size: 8,
-            mr_mode: fi::FI_MR_ENDPOINT | fi::FI_MR_PROV_KEY | fi::FI_MR_ALLOCATED,
-        }
-    }
-
-    /// prov/psm3/src/psmx3{.h,_attr.c}: WAW in msg_order, but PSMX3_RMA_ORDER_SIZE (4096) as
-    /// the data bound; no fence; delivery complete; CQ data 8 bytes on the RMA info.
-    fn psm3() -> Fixture {
-        Fixture {
-            prov: "psm3",
-            caps: RMA,
-            mode: fi::FI_CONTEXT,
-            rx_mode: 0,
-            msg_order: SAS | WAW_SET,
-            op_flags: TC | DC,
-            inject_size: 64,
-            max_order_waw_size: 4096,
-            cq_data_size: 8,
-            mr_mode: 0,
-        }
-    }
-
-    /// prov/efa/src/efa_prov_info.c, RDM endpoint: msg_order without any RMA bit (its
-    /// max_order_waw_size is set for emulated atomics and must not count), no fence, delivery
-    /// complete, 4 bytes of CQ data that consume posted receives.
-    fn efa_rdm() -> Fixture {
-        Fixture {
-            prov: "efa",
-            caps: RMA | RECV_CAPS,
-            mode: 0,
-            rx_mode: fi::FI_RX_CQ_DATA,
-            msg_order: SAS | fi::FI_ORDER_ATOMIC_WAW,
-            op_flags: TC | DC,
-            inject_size: 4096,
-            max_order_waw_size: 8 << 10,
-            cq_data_size: 4,
-            mr_mode: fi::FI_MR_ALLOCATED | fi::FI_MR_PROV_KEY | fi::FI_MR_VIRT_ADDR,
-        }
-    }
-
-    /// efa-direct (libfabric 2.x): the device's own RDMA: nothing ordered, transmit complete
-    /// only, FI_MR_LOCAL, CQ data that needs posted receives.
-    fn efa_direct() -> Fixture {
-        Fixture {
-            prov: "efa",
-            caps: RMA,
-            mode: 0,
-            rx_mode: fi::FI_RX_CQ_DATA,
-            msg_order: 0,
-            op_flags: TC,
-            inject_size: 32,
-            max_order_waw_size: 0,
-            cq_data_size: 4,
-            mr_mode: fi::FI_MR_LOCAL
-                | fi::FI_MR_ALLOCATED
-                | fi::FI_MR_PROV_KEY
-                | fi::FI_MR_VIRT_ADDR,
-        }
-    }
-
-    /// prov/shm/src/smr_attr.c: WAW of any size advertised, inject size 4096, delivery
-    /// complete, no fence.
-    fn shm() -> Fixture {
-        Fixture {
-            prov: "shm",
-            caps: RMA,
-            mode: 0,
-            rx_mode: 0,
-            msg_order: SAS | WAW_SET,
-            op_flags: TC | DC,
-            inject_size: 4096,
-            max_order_waw_size: usize::MAX,
-            cq_data_size: 8,
-            mr_mode: fi::FI_MR_VIRT_ADDR,
-        }
-    }
-
-    /// prov/rxm over tcp (as fi_info -v prints it here): WAW of any size, delivery complete.
-    fn tcp_rxm() -> Fixture {
-        Fixture {
-            prov: "tcp;ofi_rxm",
-            caps: RMA,
-            mode: 0,
-            rx_mode: 0,
-            msg_order: SAS | WAW_SET,
-            op_flags: TC | DC,
-            inject_size: 64,
-            max_order_waw_size: usize::MAX,
-            cq_data_size: 8,
-            mr_mode: 0,
-        }
-    }
-
-    /// verbs RC through rxm (prov/verbs/src/verbs_info.c): WAW up to the port's max_msg_sz,
-    /// FI_MR_LOCAL, CQ data (the immediate) consuming posted receives.
-    fn verbs_rc() -> Fixture {
-        Fixture {
-            prov: "verbs;ofi_rxm",
-            caps: RMA,
-            mode: 0,
-            rx_mode: fi::FI_RX_CQ_DATA,
-            msg_order: SAS | WAW_SET,
-            op_flags: TC | DC,
-            inject_size: 64,
-            max_order_waw_size: 1 << 30,
-            cq_data_size: 4,
-            mr_mode: fi::FI_MR_LOCAL | fi::FI_MR_VIRT_ADDR | fi::FI_MR_ALLOCATED,
-        }
-    }
-
-    fn plan(f: &Fixture) -> Plan {
-        decide(&f.attrs(ASK_ALL)).unwrap_or_else(|e| panic!("{}: {e}", f.prov))
+    fn plan(p: &Profile) -> Plan {
+        decide(&attrs(p, ASK_ALL)).unwrap_or_else(|e| panic!("{}: {e}", p.name))
     }
 
     use FlagOrder::{Drain, Fence, Plain};
 
+    /// Every provider of the table, planned from its own fi_info and source: how a flag
+    /// follows data, and how a put's signal travels (None: a flag of its own).
     #[test]
-    fn cxi_orders_every_size_and_never_fences() {
-        let p = plan(&cxi());
-        for n in [8, 4096, 1 << 30, u64::MAX] {
-            assert_eq!(p.after(n), Plain, "{n}");
-            assert!(!p.needs_dc(n));
+    fn each_provider_gets_the_plan_its_source_supports() {
+        /// A provider, its plan (how far writes are ordered, and after that), its signal way.
+        type Want = (&'static str, Option<(u64, FlagOrder)>, Option<SignalWay>);
+        let want: &[Want] = &[
+            ("tcp", Some((u64::MAX, Plain)), Some(SignalWay::Ride)),
+            ("shm", Some((u64::MAX, Plain)), Some(SignalWay::Ride)),
+            ("cxi", Some((u64::MAX, Plain)), None),
+            ("efa (efa-rdm)", Some((0, Drain)), Some(SignalWay::Counted)),
+            ("efa-direct", None, None),
+            ("verbs;ofi_rxm", Some((DEVICE - 1, Drain)), None),
+            ("psm3", Some((4095, Drain)), Some(SignalWay::Ride)),
+            ("opx", None, None),
+        ];
+        assert_eq!(
+            want.len(),
+            PROFILES.len(),
+            "a provider of the table is not checked here"
+        );
+        for (name, how, way) in want {
+            let p = prof(name);
+            let a = attrs(p, ASK_ALL);
+            match (decide(&a), how) {
+                (Ok(plan), Some((upto, beyond))) => {
+                    assert_eq!((plan.ordered_upto, plan.beyond), (*upto, *beyond), "{name}");
+                    assert_eq!(signal_way(&a, &plan).ok(), *way, "{name}");
+                }
+                (Err(e), None) => assert!(
+                    e.contains("neither FI_FENCE nor FI_DELIVERY_COMPLETE"),
+                    "{name}: {e}"
+                ),
+                (got, _) => panic!("{name}: {got:?}"),
+            }
+            assert_eq!(
+                p.does.unusable.is_some(),
+                how.is_none(),
+                "{name}: the table agrees"
+            );
         }
+    }
+
+    /// Finding 1 of issue 40: cxi advertises 8 bytes of CQ data, for messages; its
+    /// fi_writemsg refuses FI_REMOTE_CQ_DATA. Its fi_info alone would make signals ride.
+    #[test]
+    fn cxi_never_rides_whatever_its_fi_info_says() {
+        let p = prof("cxi");
+        let a = attrs(p, ASK_ALL);
+        assert_eq!((a.cq_data_size, a.write_cq_data), (8, false));
+        let plan = decide(&a).unwrap();
+        let e = signal_way(&a, &plan).unwrap_err();
+        assert!(e.contains("does not carry remote CQ data"), "{e}");
+        // Unamended, the fi_info would have it ride (what the library did before).
+        let raw = Attrs {
+            write_cq_data: true,
+            ..a
+        };
+        assert_eq!(signal_way(&raw, &plan), Ok(SignalWay::Ride));
+        // Every size ordered, never fenced (the fence is asked only where the order is bounded).
+        for n in [8, 4096, 1 << 30, u64::MAX] {
+            assert_eq!(plan.after(n), Plain, "{n}");
+            assert!(!plan.needs_dc(n));
+        }
+    }
+
+    /// Finding 2: efa-rdm's CQ data needs no receive, and its device writes repeat it per
+    /// segment; efa-direct ignores FI_DELIVERY_COMPLETE and so cannot be planned at all.
+    #[test]
+    fn efa_rdm_counts_without_receives_and_efa_direct_is_refused() {
+        let a = attrs(prof("efa (efa-rdm)"), ASK_ALL);
+        assert!(!a.rx_cq_data && a.cq_data_size == 4 && a.mr_local);
+        assert_eq!(a.split_with_data, Some(profile::EFA_WRITE_SEGMENT));
+        let p = decide(&a).unwrap();
+        assert_eq!(p.ordered_upto, 0);
+        for n in [1, 8, 64, 4096, 1 << 20] {
+            assert_eq!(p.after(n), Drain, "{n}");
+            assert!(p.needs_dc(n));
+        }
+        assert_eq!(p.after(0), Plain, "nothing written since the last drain");
+        assert_eq!(signal_way(&a, &p), Ok(SignalWay::Counted));
+        let d = attrs(prof("efa-direct"), ASK_ALL);
+        assert!(!d.delivery_complete, "advertised, ignored on writes");
+        let e = decide(&d).unwrap_err();
+        assert!(
+            e.contains("efa") && e.contains("FI_DELIVERY_COMPLETE"),
+            "{e}"
+        );
+        // Were its FI_RX_CQ_DATA granted, signals would still not ride or count on receives.
+        let rx = attrs_with(prof("efa (efa-rdm)"), ASK_ALL, |i| {
+            i.mode = fi::FI_RX_CQ_DATA
+        });
+        assert!(signal_way(&rx, &p).unwrap_err().contains("receives"));
     }
 
     #[test]
     fn psm3_orders_below_4k_and_drains_above() {
-        let p = plan(&psm3());
+        let p = plan(prof("psm3"));
         assert_eq!(p.ordered_upto, 4095);
         assert_eq!(p.after(8), Plain);
         assert_eq!(p.after(4095), Plain);
@@ -514,69 +541,8 @@ mod tests {
     }
 
     #[test]
-    fn efa_rdm_orders_nothing_and_drains_every_write_to_delivery() {
-        let a = efa_rdm().attrs(ASK_ALL);
-        assert!(a.rx_cq_data && a.cq_data_size == 4 && !a.mr_local);
-        let p = decide(&a).unwrap();
-        assert_eq!(p.ordered_upto, 0);
-        // max_order_waw_size is set, but the message order has no RMA bit: it orders nothing.
-        for n in [1, 8, 64, 4096, 1 << 20] {
-            assert_eq!(p.after(n), Drain, "{n}");
-            assert!(p.needs_dc(n));
-        }
-        assert_eq!(p.after(0), Plain, "nothing written since the last drain");
-        assert!(p.why.contains("posted receive"), "{}", p.why);
-    }
-
-    /// Signals ride where 8 bytes of CQ data come without posted receives; on EFA's RDM
-    /// endpoint (4 bytes, receives, nothing ordered) the receiver counts, given receives;
-    /// elsewhere they are flags of their own.
-    #[test]
-    fn the_way_signals_travel_per_provider() {
-        let way = |f: &Fixture, asked: Asked| {
-            let a = f.attrs(asked);
-            decide(&a).and_then(|p| signal_way(&a, &p))
-        };
-        for f in [tcp_rxm(), shm(), cxi(), psm3()] {
-            assert_eq!(way(&f, ASK_ALL), Ok(SignalWay::Ride), "{}", f.prov);
-        }
-        assert_eq!(way(&efa_rdm(), ASK_ALL), Ok(SignalWay::Counted));
-        let e = way(
-            &efa_rdm(),
-            Asked {
-                recv: false,
-                ..ASK_ALL
-            },
-        )
-        .unwrap_err();
-        assert!(e.contains("FI_MSG/FI_RECV"), "{e}");
-        let e = way(
-            &Fixture {
-                caps: RMA,
-                ..efa_rdm()
-            },
-            ASK_ALL,
-        )
-        .unwrap_err();
-        assert!(e.contains("FI_MSG"), "{e}");
-        let e = way(&verbs_rc(), ASK_ALL).unwrap_err();
-        assert!(e.contains("orders writes") && e.contains("4 bytes"), "{e}");
-    }
-
-    #[test]
-    fn efa_direct_is_refused() {
-        let a = efa_direct().attrs(ASK_ALL);
-        assert!(a.mr_local && a.rx_cq_data);
-        let e = decide(&a).unwrap_err();
-        assert!(
-            e.contains("efa") && e.contains("FI_DELIVERY_COMPLETE") && e.contains("FI_FENCE"),
-            "{e}"
-        );
-    }
-
-    #[test]
     fn shm_orders_every_size_but_not_with_hmem() {
-        let p = plan(&shm());
+        let p = plan(prof("shm"));
         assert_eq!(p.ordered_upto, u64::MAX);
         assert_eq!(p.after(u64::MAX), Plain);
         assert!(!p.needs_dc(64 << 20));
@@ -584,22 +550,15 @@ mod tests {
         assert!(p.why.contains("SAR protocol holds back"), "{}", p.why);
         // shm's FI_HMEM entry (FI_HMEM in its caps, an inject size of 0): nothing is ordered,
         // whichever of the two says so.
-        for hmem_entry in [
-            Fixture {
-                caps: RMA | fi::FI_HMEM,
-                inject_size: 0,
-                ..shm()
-            },
-            Fixture {
-                caps: RMA | fi::FI_HMEM,
-                ..shm()
-            },
-            Fixture {
-                inject_size: 0,
-                ..shm()
-            },
-        ] {
-            let p = decide(&hmem_entry.attrs(ASK_ALL)).unwrap();
+        for (hmem, inject) in [(true, 0), (true, 4096), (false, 0)] {
+            let a = attrs_with(prof("shm"), ASK_ALL, |i| {
+                if hmem {
+                    i.caps |= fi::FI_HMEM;
+                }
+                // SAFETY: an allocated tx_attr.
+                unsafe { (*i.tx_attr).inject_size = inject };
+            });
+            let p = decide(&a).unwrap();
             assert_eq!((p.ordered_upto, p.after(8)), (0, Drain));
             assert!(
                 p.why.contains("FI_HMEM") && !p.why.contains("SAR"),
@@ -610,61 +569,55 @@ mod tests {
     }
 
     #[test]
-    fn tcp_rxm_orders_every_size() {
-        let p = plan(&tcp_rxm());
+    fn tcp_orders_every_size() {
+        let p = plan(prof("tcp"));
         assert_eq!(p.ordered_upto, u64::MAX);
         assert_eq!(p.after(u64::MAX), Plain);
         assert!(p.describe().starts_with("plain after writes of any size"));
     }
 
     #[test]
-    fn verbs_rc_orders_up_to_its_bound_then_drains() {
-        let a = verbs_rc().attrs(ASK_ALL);
-        assert!(a.mr_local && a.rx_cq_data);
+    fn verbs_orders_below_its_bound_then_drains() {
+        let a = attrs(prof("verbs;ofi_rxm"), ASK_ALL);
+        assert!(a.mr_local && !a.rx_cq_data && a.cq_data_size == 4);
         let p = decide(&a).unwrap();
-        assert_eq!(p.after(1 << 29), Plain);
-        assert_eq!(p.after(1 << 30), Drain);
+        assert_eq!(p.after(DEVICE - 1), Plain);
+        assert_eq!(p.after(DEVICE), Drain);
+        let e = signal_way(&a, &p).unwrap_err();
+        assert!(e.contains("orders writes") && e.contains("4 here"), "{e}");
     }
 
     #[test]
     fn a_bounded_provider_with_fence_fences_beyond_its_bound() {
-        let p = plan(&Fixture {
-            caps: RMA | FENCE,
-            ..psm3()
-        });
+        let a = attrs_with(prof("psm3"), ASK_ALL, |i| i.caps |= fi::FI_FENCE as u64);
+        let p = decide(&a).unwrap();
         assert_eq!((p.after(4095), p.after(4096)), (Plain, Fence));
         assert!(!p.needs_dc(1 << 20), "a fence needs no delivery completion");
     }
 
     #[test]
     fn a_bound_below_a_record_orders_nothing() {
-        let p = plan(&Fixture {
-            max_order_waw_size: 64,
-            ..psm3()
+        let a = attrs_with(prof("psm3"), ASK_ALL, |i| {
+            // SAFETY: an allocated ep_attr.
+            unsafe { (*i.ep_attr).max_order_waw_size = 64 };
         });
+        let p = decide(&a).unwrap();
         assert_eq!((p.ordered_upto, p.after(8)), (0, Drain));
     }
 
-    /// Finding 9: without delivery-complete a drain orders nothing, so it is never chosen.
+    /// Finding 9 (2026-11-25): without delivery-complete a drain orders nothing, so it is never
+    /// chosen.
     #[test]
     fn drain_is_never_chosen_without_delivery_complete() {
         let no_dc = Asked {
             dc: false,
             ..ASK_ALL
         };
-        for f in [
-            cxi(),
-            psm3(),
-            efa_rdm(),
-            efa_direct(),
-            shm(),
-            tcp_rxm(),
-            verbs_rc(),
-        ] {
-            match decide(&f.attrs(no_dc)) {
-                Ok(p) => {
-                    assert_ne!(p.beyond, Drain, "{}: {p:?}", f.prov);
-                    assert!(!p.describe().contains("drain"), "{}", f.prov);
+        for p in PROFILES {
+            match decide(&attrs(p, no_dc)) {
+                Ok(plan) => {
+                    assert_ne!(plan.beyond, Drain, "{}: {plan:?}", p.name);
+                    assert!(!plan.describe().contains("drain"), "{}", p.name);
                 }
                 Err(e) => assert!(
                     e.contains("neither FI_FENCE nor FI_DELIVERY_COMPLETE"),
@@ -673,31 +626,28 @@ mod tests {
             }
         }
         // Those that order every size keep working; the rest are refused.
-        assert!(decide(&tcp_rxm().attrs(no_dc)).is_ok());
-        assert!(decide(&cxi().attrs(no_dc)).is_ok());
-        assert!(decide(&shm().attrs(no_dc)).is_ok());
-        assert!(decide(&psm3().attrs(no_dc)).is_err());
-        assert!(decide(&efa_rdm().attrs(no_dc)).is_err());
+        for name in ["tcp", "cxi", "shm"] {
+            assert!(decide(&attrs(prof(name), no_dc)).is_ok(), "{name}");
+        }
+        for name in ["psm3", "efa (efa-rdm)", "verbs;ofi_rxm"] {
+            assert!(decide(&attrs(prof(name), no_dc)).is_err(), "{name}");
+        }
     }
 
     /// Grants that were not asked for do not count: shm takes an unordered fast path for RMA
     /// when ordering was not requested.
     #[test]
     fn only_requested_grants_count() {
-        let a = tcp_rxm().attrs(Asked {
-            order: false,
-            fence: true,
-            dc: true,
-            ..ASK_ALL
-        });
+        let a = attrs(
+            prof("tcp"),
+            Asked {
+                order: false,
+                ..ASK_ALL
+            },
+        );
         assert_eq!(a.msg_order, 0);
         assert_eq!(decide(&a).unwrap().after(8), Drain);
-        let a = cxi().attrs(Asked {
-            order: false,
-            fence: false,
-            dc: false,
-            ..ASK_ALL
-        });
+        let a = attrs(prof("cxi"), Asked::default());
         assert!(!a.fence && !a.delivery_complete);
         assert!(decide(&a).is_err());
     }

@@ -49,11 +49,13 @@ pub(super) struct Peer {
     done_ahead: BTreeSet<u64>,
     /// Flags waiting for the writes before them, oldest first (`defer_flag`).
     pub deferred: VecDeque<Deferred>,
-    /// Our staging channel for this rank (index into `Staging::chans`), once `address_for` made
+    /// Our staging channel for this peer (index into `Staging::chans`), once `link_for` made
     /// it.
     pub chan: Option<usize>,
-    /// The staging channel the peer keeps for us (from its address).
+    /// The staging channel the peer keeps for us (from its link, `link_to`).
     pub remote_chan: Option<ChanBlob>,
+    /// The peer's link arrived (`link_to`).
+    pub linked: bool,
     /// The last user write to the peer was a staging record: once the peer acknowledges it,
     /// every earlier write has arrived (no delivery marker needed).
     pub last_was_record: bool,
@@ -82,9 +84,8 @@ pub(super) struct Peers {
     /// The address blob of this endpoint (`Endpoint::address`).
     pub me: AddrBlob,
     list: Vec<Peer>,
-    /// By stream number (`stream_for`): the rank, and the counts of its writes to us. Kept by
-    /// stream, not by peer: a peer's first writes may arrive before we add it.
-    streams: Vec<(usize, super::counted::Counts)>,
+    /// By stream number (`stream_for`): the peer, and the counts of its writes to us.
+    streams: Vec<(PeerId, super::counted::Counts)>,
 }
 
 impl Index<PeerId> for Peers {
@@ -122,29 +123,60 @@ impl Peers {
     }
 
     /// The peer of rank `rank`, if added.
+    #[cfg(test)]
     pub fn of_rank(&self, rank: usize) -> Option<PeerId> {
         self.list.iter().position(|p| p.rank == rank)
     }
 
-    /// Our stream number for `rank` (made on first call, for the address we make for it):
-    /// the peer's writes name it in their tags (`counted.rs`). None once `counted::STREAMS`
-    /// ranks have one.
-    pub fn stream_for(&mut self, rank: usize) -> Option<u8> {
-        if let Some(s) = self.streams.iter().position(|x| x.0 == rank) {
+    /// Our stream number for `peer` (made on first call, for the link we make for it): the
+    /// peer's writes name it in their tags (`counted.rs`). None once `counted::STREAMS` peers
+    /// have one.
+    pub fn stream_for(&mut self, peer: PeerId) -> Option<u8> {
+        if let Some(s) = self.streams.iter().position(|x| x.0 == peer) {
             return Some(s as u8);
         }
         if self.streams.len() == super::counted::STREAMS {
             return None;
         }
-        self.streams.push((rank, Default::default()));
+        self.streams.push((peer, Default::default()));
         Some((self.streams.len() - 1) as u8)
     }
 
-    /// The rank whose writes name stream `s`, and the counts of its writes.
+    /// The rank of the peer whose writes name stream `s`, and the counts of its writes.
     pub fn stream_counts(&mut self, s: u8) -> Option<(usize, &mut super::counted::Counts)> {
-        self.streams
-            .get_mut(usize::from(s))
-            .map(|x| (x.0, &mut x.1))
+        let (p, counts) = self.streams.get_mut(usize::from(s))?;
+        Some((self.list[*p].rank, counts))
+    }
+
+    /// Takes `peer`'s link (`blob::LinkBlob`): the channel it keeps for us and the stream our
+    /// tags name there. Once only, before anything was written to the peer; the same link again
+    /// (a second connection between the same two endpoints) changes nothing.
+    pub fn link_to(
+        &mut self,
+        peer: PeerId,
+        chan: Option<ChanBlob>,
+        stream: Option<u8>,
+    ) -> Result<()> {
+        let p = &mut self.list[peer];
+        if p.linked {
+            if p.remote_chan != chan || p.epochs.stream != stream {
+                return Err(Error::remote(format!(
+                    "rank {}: a second, different link from the same endpoint",
+                    p.rank
+                )));
+            }
+            return Ok(());
+        }
+        if p.next_seq != 0 {
+            return Err(Error::internal(format!(
+                "rank {}: its link arrived after writes to it",
+                p.rank
+            )));
+        }
+        p.remote_chan = chan;
+        p.epochs = super::counted::Epochs::new(stream);
+        p.linked = true;
+        Ok(())
     }
 
     /// The peer's scratch word (flush markers; lone counted signals, `counted.rs`).
@@ -160,8 +192,9 @@ impl Peers {
     }
 
     /// `Endpoint::add_peer`: validates the peer's address against ours and inserts it into the
-    /// address vector of `ops`. `chan` is our staging channel for the rank, if made. Returns the
-    /// peer and whether it is new (an address seen before returns the same peer).
+    /// address vector of `objs`. A peer is an endpoint, not a rank: a rank whose two endpoints
+    /// talk to us is two peers, each with its own address vector entry, link and counts.
+    /// Returns the peer and whether it is new (an address seen before returns the same peer).
     pub fn add(
         &mut self,
         objs: &Objects,
@@ -169,7 +202,6 @@ impl Peers {
         policy: &mr::Policy,
         remote_rank: usize,
         address: &[u8],
-        chan: Option<usize>,
     ) -> Result<(PeerId, bool)> {
         let a = AddrBlob::decode(address, policy.virt_addr, policy.key_size)
             .map_err(|e| Error::remote(format!("rank {remote_rank}: {e}")))?;
@@ -209,17 +241,15 @@ impl Peers {
                 if here_lo { "loopback" } else { "non-loopback" },
             )));
         }
-        if let Some(i) = self.list.iter().position(|p| p.rank == remote_rank) {
-            if self.list[i].raw == raw {
-                // Several connections to one rank: each address carries the same channel.
-                if self.list[i].remote_chan.is_none() {
-                    self.list[i].remote_chan = a.chan;
-                }
-                return Ok((i, false));
+        if let Some(i) = self.list.iter().position(|p| p.raw == raw) {
+            if self.list[i].rank != remote_rank {
+                return Err(Error::remote(format!(
+                    "rank {remote_rank} gave the address of rank {}'s endpoint",
+                    self.list[i].rank
+                )));
             }
-            return Err(Error::invalid_arg(format!(
-                "rank {remote_rank} was already added with a different address"
-            )));
+            // Several connections between the same two endpoints: one peer.
+            return Ok((i, false));
         }
         let mut addr: fi::fi_addr_t = fi::FI_ADDR_NOTAVAIL;
         // SAFETY: av is open; raw holds one address of this provider's format (checked above);
@@ -253,10 +283,11 @@ impl Peers {
             done_upto: 0,
             done_ahead: BTreeSet::new(),
             deferred: VecDeque::new(),
-            chan,
-            remote_chan: a.chan,
+            chan: None,
+            remote_chan: None,
+            linked: false,
             last_was_record: false,
-            epochs: super::counted::Epochs::new(a.stream),
+            epochs: super::counted::Epochs::new(None),
         });
         Ok((self.list.len() - 1, true))
     }

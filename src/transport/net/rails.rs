@@ -452,15 +452,6 @@ impl Endpoint for Rails {
         rails_blob(&parts)
     }
 
-    /// Rail 0 carries the staging channel for the rank (staged memory goes on rail 0 only).
-    fn address_for(&mut self, remote_rank: usize) -> Result<Vec<u8>> {
-        let mut parts = vec![self.rails[0].ep.address_for(remote_rank)?];
-        for r in &self.rails[1..] {
-            parts.push(r.ep.address()?);
-        }
-        rails_blob(&parts)
-    }
-
     fn add_peer(&mut self, remote_rank: usize, address: &[u8]) -> Result<PeerId> {
         let parts = blob::decode_rails(address)
             .map_err(|e| Error::remote(format!("rank {remote_rank}: {e}")))?;
@@ -473,13 +464,10 @@ impl Endpoint for Rails {
                 .map_err(|e| e.within(&self.label(r)))?;
             ids.push(id);
         }
-        if let Some(i) = self.peers.iter().position(|p| p.rank == remote_rank) {
-            if self.peers[i].ids == ids {
-                return Ok(i);
-            }
-            return Err(Error::invalid_arg(format!(
-                "rank {remote_rank} was already added with a different address"
-            )));
+        // The same endpoint again (several connections between the two): the same peer. A
+        // rank's other endpoint is another peer (its addresses differ on rail 0 at least).
+        if let Some(i) = self.peers.iter().position(|p| p.ids == ids) {
+            return Ok(i);
         }
         if k < self.rails.len() {
             crate::info!(
@@ -494,6 +482,18 @@ impl Endpoint for Rails {
             ids,
         });
         Ok(self.peers.len() - 1)
+    }
+
+    /// Rail 0 carries the staging channel and the counting stream (staged memory and values go
+    /// on rail 0 only).
+    fn link_for(&mut self, peer: PeerId) -> Result<Vec<u8>> {
+        let id = self.peer(peer)?.ids[0];
+        self.rails[0].ep.link_for(id)
+    }
+
+    fn link_to(&mut self, peer: PeerId, link: &[u8]) -> Result<()> {
+        let id = self.peer(peer)?.ids[0];
+        self.rails[0].ep.link_to(id, link)
     }
 
     /// Registers on rail 0, and on every other rail where rail 0 registered the memory itself

@@ -38,6 +38,9 @@ pub(super) struct LocalRegion {
     pub blob: Vec<u8>,
     /// Registered by `register_source`: released after its call, never exported.
     source: bool,
+    /// Writes from it are copied out through the bounce slots first (staged GPU memory; host
+    /// memory under `MSCCLPP_TEST_FORCE_STAGING=source`), whatever its backing.
+    pub staged_source: bool,
 }
 
 struct Remote {
@@ -64,6 +67,11 @@ pub(super) struct Regions {
     /// this CUDA device (values to them are relayed after a GPUDirect flush), so that the
     /// relay and its flush run without a GPU (`tests.rs`).
     pub host_as_hmem: Option<i32>,
+    /// Keys requested from a counter of this endpoint's, from 1, instead of the process's
+    /// (`mr::next_key`): unique per domain only, as a provider keeps its keys (the cxi-like
+    /// test layer; `unordered::Profile::provider_keys`). A write that names another
+    /// endpoint's key may then land in one of ours.
+    pub endpoint_keys: Option<u64>,
 }
 
 impl Index<MrId> for Regions {
@@ -83,6 +91,9 @@ impl Index<MrId> for Regions {
 pub(super) struct Stage<'a> {
     pub device: Option<i32>,
     pub force: bool,
+    /// `MSCCLPP_TEST_FORCE_STAGING=source`: host regions registered, but written from through
+    /// the bounce slots (`LocalRegion::staged_source`).
+    pub force_source: bool,
     pub copier: &'a mut dyn FnMut() -> Result<()>,
 }
 
@@ -96,6 +107,7 @@ impl Regions {
             region_ids: HashMap::new(),
             remotes: Vec::new(),
             host_as_hmem: None,
+            endpoint_keys: None,
         }
     }
 
@@ -156,12 +168,16 @@ impl Regions {
         self.mrs.insert(m)
     }
 
-    pub fn request_key(&self) -> Result<u64> {
+    /// The key to request for the next registration (ignored under FI_MR_PROV_KEY).
+    pub fn request_key(&mut self) -> Result<u64> {
         if self.policy.prov_key {
-            Ok(0)
-        } else {
-            mr::next_key(self.policy.key_size)
+            return Ok(0);
         }
+        if let Some(k) = self.endpoint_keys.as_mut() {
+            *k += 1;
+            return Ok(*k - 1);
+        }
+        mr::next_key(self.policy.key_size)
     }
 
     /// `Endpoint::register`: host memory is registered, device memory registered with FI_HMEM
@@ -176,12 +192,14 @@ impl Regions {
         if let Some(&id) = self.region_ids.get(&region) {
             return Ok((id, self[id].blob.clone()));
         }
+        let staged_source = staging.force_source;
         let (backing, staged_why) = self.back(ops, staging, region)?;
         let id = self.hold(LocalRegion {
             region,
             backing,
             blob: Vec::new(),
             source: false,
+            staged_source: staged_source || backing == Backing::Staged,
         });
         let virt = self.policy.virt_addr;
         let blob = match backing {
@@ -220,6 +238,7 @@ impl Regions {
         // Which path the region's bytes take, and why: the one place a user can see whether
         // GPU memory goes by FI_HMEM or is staged.
         let path = match (backing, region.kind) {
+            (Backing::Mr(_), _) if staged_source => "host memory, registered with the provider; writes from it staged through bounce slots (MSCCLPP_TEST_FORCE_STAGING=source)".to_string(),
             (Backing::Mr(_), _) => "host memory, registered with the provider".to_string(),
             (Backing::Hmem(..), MemKind::Device(d)) => format!(
                 "CUDA device {d} memory, registered with FI_HMEM: the NIC writes it directly; signal values are relayed by this proxy after a GPUDirect RDMA flush"
@@ -253,12 +272,14 @@ impl Regions {
         region: Region,
     ) -> Result<MrId> {
         check_region(region)?;
+        let staged_source = staging.force_source;
         let (backing, _) = self.back(ops, staging, region)?;
         let id = self.hold(LocalRegion {
             region,
             backing,
             blob: Vec::new(),
             source: true,
+            staged_source: staged_source || backing == Backing::Staged,
         });
         crate::trace!(
             "net: {} source {id} {:#x}+{}: {backing:?}",

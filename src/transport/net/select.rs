@@ -55,9 +55,6 @@ struct Wanted {
     dc: bool,
     fence: bool,
     hmem: bool,
-    /// FI_MSG | FI_RECV: receives for remote CQ data to consume, for signals counted by the
-    /// receiver (`counted.rs`).
-    recv: bool,
 }
 
 fn hints(req: &Request<'_>, w: &Wanted) -> Result<InfoList> {
@@ -69,9 +66,6 @@ fn hints(req: &Request<'_>, w: &Wanted) -> Result<InfoList> {
     }
     if w.hmem {
         i.caps |= fi::FI_HMEM;
-    }
-    if w.recv {
-        i.caps |= order::RECV_CAPS;
     }
     // Every operation gets a context that starts with an fi_context2 and lives until its
     // completion (see `OpSlot`), which satisfies both modes.
@@ -179,6 +173,13 @@ fn rank(
         }
     };
     let domain = v.domain_name();
+    // A provider this transport cannot plan for (docs/PROVIDERS.md, "not used") only when its
+    // fabric is named: opening it then fails with the reason (`order::decide`).
+    if let Some(p) = super::profile::of(first, &v.fabric_name()) {
+        if p.does.unusable.is_some() && req.domain != Some(v.fabric_name().as_str()) {
+            return None;
+        }
+    }
     if let Some(d) = req.domain {
         if d != domain && d != v.fabric_name() {
             return None;
@@ -279,6 +280,26 @@ fn nearest_nic(
     Some((k, choice.nics))
 }
 
+/// "; not used unless named: efa-direct (why)" for the fabrics `all` lists that this
+/// transport passes over (`rank`), or nothing.
+fn unusable_here(all: &InfoList) -> String {
+    let mut seen: Vec<String> = Vec::new();
+    for i in all.iter() {
+        let v = InfoView(i);
+        let p = super::profile::of(core_provider(&v.prov_name()), &v.fabric_name());
+        if let Some(why) = p.and_then(|p| p.does.unusable) {
+            let s = format!("fabric {} ({why})", v.fabric_name());
+            if !seen.contains(&s) {
+                seen.push(s);
+            }
+        }
+    }
+    match seen.is_empty() {
+        true => String::new(),
+        false => format!("; not used unless named as ibDev: {}", seen.join(", ")),
+    }
+}
+
 /// "prov: domain (fabric, fabric), domain (fabric); prov: ..." for error messages.
 fn list_domains(all: &InfoList) -> String {
     /// A domain and its fabrics.
@@ -335,7 +356,6 @@ pub(super) fn choose(req: &Request<'_>, env: &NetConfig) -> Result<Choice> {
         dc: false,
         fence: false,
         hmem,
-        recv: false,
     };
     // The best-ranked candidate of one query, by index; among equally ranked ones on
     // several NICs, the one nearest to this rank's GPU or CPU.
@@ -387,8 +407,9 @@ pub(super) fn choose(req: &Request<'_>, env: &NetConfig) -> Result<Choice> {
             what += &format!(" at address {n} (MSCCLPP_NET_ADDR)");
         }
         return Err(Error::invalid_arg(format!(
-            "{what}; domains with RDM endpoints and RMA writes here: {}",
-            list_domains(&all)
+            "{what}; domains with RDM endpoints and RMA writes here: {}{}",
+            list_domains(&all),
+            unusable_here(&all)
         )));
     };
 
@@ -414,17 +435,15 @@ pub(super) fn choose(req: &Request<'_>, env: &NetConfig) -> Result<Choice> {
             order: w.order,
             fence: w.fence,
             dc: w.dc,
-            recv: w.recv,
         };
         Ok(Some((InfoList::dup(i)?, Attrs::from_info(i, asked))))
     };
     for (order, dc, fence) in tries {
-        let mut w = Wanted {
+        let w = Wanted {
             order,
             dc,
             fence,
             hmem,
-            recv: false,
         };
         let Some((mut info, mut attrs)) = query(w)? else {
             continue;
@@ -433,16 +452,6 @@ pub(super) fn choose(req: &Request<'_>, env: &NetConfig) -> Result<Choice> {
         if order && bounded {
             if let Some((i, a)) = query(Wanted { fence: true, ..w })? {
                 if a.fence {
-                    (info, attrs) = (i, a);
-                    w.fence = true;
-                }
-            }
-        }
-        // Where remote CQ data consumes posted receives, the receives that counting signals
-        // at the receiver needs, if granted (`order::signal_way`).
-        if env.cq_signals && attrs.rx_cq_data {
-            if let Some((i, a)) = query(Wanted { recv: true, ..w })? {
-                if a.recv {
                     (info, attrs) = (i, a);
                 }
             }

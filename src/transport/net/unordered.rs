@@ -1,29 +1,35 @@
 //! A test layer between `Ops` and the real provider (`MSCCLPP_TEST_UNORDERED`): over tcp and
-//! shm, which place every write in order, it behaves as a provider with weaker ordering may, so
-//! that CI runs the code paths of such providers and a flag that overtakes its data fails a
-//! test (docs/DESIGN.md 3.6).
+//! shm, which place every write in order, it plays a provider with weaker ordering and other
+//! rules by that provider's profile (`profile.rs`, docs/PROVIDERS.md), so that CI runs the
+//! code paths of cxi, efa-rdm, psm3 and verbs, and a flag that overtakes its data, or a call
+//! such a provider refuses, fails a test (docs/DESIGN.md 3.6).
 //!
 //! What it does to the writes of one endpoint:
 //! - holds each posted write back and releases the held ones to the provider in a random
-//!   order, a few per call, as far as the profile allows: a write within the profile's ordered
-//!   size is never overtaken by a later write to the same peer (psm3-like: below 4 KiB;
-//!   EFA-like: none is);
-//! - cuts a write larger than `SPLIT_ABOVE` into pieces released independently, so that a
-//!   later write can land between them (a flag before the tail of its data);
+//!   order, a few per call, as far as the profile allows: two writes to one peer keep their
+//!   order only where both are within the profile's ordered size ("both smaller than the
+//!   size", fi_endpoint(3)): cxi-like, any size; psm3-like, below 4 KiB; verbs-like, below its
+//!   largest message (small here); EFA-like, none;
+//! - cuts a write larger than `SPLIT_ABOVE` into pieces released independently (packets), so
+//!   that a later write can land between them; remote CQ data goes with the piece released
+//!   last, so that its completion at the target still means the write is in place;
+//! - where the profile splits writes into segments (EFA-like: efa-rdm's device writes, at a
+//!   segment made small here, `SEGMENT`), cuts a write above it into segments, each carrying
+//!   the write's remote CQ data, as efa-rdm does: the target reads it once per segment;
 //! - reports a plain write (no FI_DELIVERY_COMPLETE) complete, sometimes, before it is even
 //!   released, from a copy of its source: local completion is not arrival;
 //! - returns completions in a random order, some a few polls late.
 //!
-//! And what it refuses (the profile's rules, each refusal logged at WARN): FI_FENCE (neither
-//! profile grants it), a local buffer without its descriptor (FI_MR_LOCAL, EFA-like), and
-//! remote CQ data wider than the profile carries (EFA-like: 4 bytes). Where the profile's
-//! CQ data consumes a receive the target posted (FI_RX_CQ_DATA, EFA-like), the layer holds
-//! the receives the endpoint posts (`recv`), and a peer's write with CQ data completes only
-//! once one is there, with that receive's context, as EFA retries such a write until the
-//! target posts one: an endpoint that stops posting receives stops hearing its peers. Remote
-//! CQ data goes with the piece of its write that is released last, so its completion at the
-//! target still means the whole write is in place; the peers' CQ-data completions are
-//! returned in the order the provider gives them.
+//! And what it refuses (the profile's rules, each refusal logged at WARN): FI_FENCE where the
+//! profile grants none; a local buffer without its descriptor (FI_MR_LOCAL: EFA-, verbs-like);
+//! remote CQ data wider than the profile carries (EFA-, verbs-like: 4 bytes); remote CQ data on
+//! a write at all (cxi-like: -FI_EBADFLAGS, as `cxip_rma_writemsg` answers, although the
+//! profile's fi_info advertises 8 bytes of it, for messages: the endpoint must find out by
+//! trying, `probe.rs`). The cxi-like profile also keeps memory keys as a provider does, unique
+//! per endpoint only (small numbers from 1, `Profile::provider_keys`), with offset addressing
+//! and the FI_MR_ENDPOINT sequence: a write that names another endpoint's key may land in an
+//! unrelated buffer instead of failing. The peers' CQ-data completions are returned as the
+//! provider gives them.
 //!
 //! Lifecycle of a write: (1) `write` takes it into `writes` and its pieces into `held`, maybe
 //! reporting it complete at once (`early`, from `Write::copy`); (2) `step` posts pieces to the
@@ -33,8 +39,9 @@
 //! write's slot is free. `busy` is true until every write has got there, which the endpoint's
 //! teardown waits for.
 
-use super::fabric::{EAGAIN, EAVAIL};
+use super::fabric::{EAGAIN, EAVAIL, EBADFLAGS};
 use super::order::Attrs;
+use super::profile;
 use crate::config::{Unordered, UnorderedProfile};
 use libfabric_sys as fi;
 use std::collections::VecDeque;
@@ -49,54 +56,135 @@ const MAX_COPIED: usize = 16 << 20;
 /// Writes larger than this may be cut into pieces (EFA's packets carry 8 KiB: a record or a
 /// flag is never torn).
 const SPLIT_ABOVE: u64 = 8192;
+/// The EFA-like profile's segment: a write above it is split into segments that each carry
+/// the write's CQ data (efa-rdm: 1 GiB, `profile::EFA_WRITE_SEGMENT`; small here, so that
+/// tests cross it).
+pub(super) const SEGMENT: u64 = 64 << 10;
+/// The verbs-like profile's largest ordered write (the port's `max_msg_sz` on hardware, 1 GiB
+/// or more; small here, so that tests cross it).
+pub(super) const VERBS_ORDER_SIZE: u64 = 16 << 10;
 const EINVAL: i64 = -(fi::FI_EINVAL as i64);
 
-/// What the layer imitates.
+/// What the layer plays (module doc): a provider of `profile.rs`, with the sizes tests cross.
 #[derive(Clone, Debug)]
 pub(super) struct Profile {
     pub name: &'static str,
-    /// Writes of at most this many bytes are never overtaken by a later one to the same peer.
+    /// The provider's entry in `profile.rs`.
+    pub table: &'static profile::Profile,
+    /// Two writes of at most this many bytes each keep their order (None: none do).
     ordered_upto: Option<u64>,
+    fence: bool,
     mr_local: bool,
-    rx_cq_data: bool,
+    /// Remote CQ data on a write is refused with -FI_EBADFLAGS.
+    refuses_write_data: bool,
     cq_data_size: u64,
+    /// A write above this many bytes goes as segments, each with the write's CQ data.
+    segment: Option<u64>,
+    /// Keys as a provider picks them (unique per endpoint only), offset addressing, and the
+    /// FI_MR_ENDPOINT registration sequence.
+    pub provider_keys: bool,
 }
 
 impl Profile {
     pub fn of(p: UnorderedProfile) -> Profile {
+        let t = |n: &str| profile::named(n).expect("a profile of the table");
         match p {
+            UnorderedProfile::Cxi => Profile {
+                name: "cxi-like",
+                table: t("cxi"),
+                ordered_upto: Some(u64::MAX),
+                fence: true,
+                mr_local: false,
+                refuses_write_data: true,
+                cq_data_size: 8,
+                segment: None,
+                provider_keys: true,
+            },
             UnorderedProfile::Efa => Profile {
                 name: "EFA-like",
+                table: t("efa (efa-rdm)"),
                 ordered_upto: None,
+                fence: false,
                 mr_local: true,
-                rx_cq_data: true,
+                refuses_write_data: false,
                 cq_data_size: 4,
+                segment: Some(SEGMENT),
+                provider_keys: false,
             },
             UnorderedProfile::Psm3 => Profile {
                 name: "psm3-like",
+                table: t("psm3"),
                 ordered_upto: Some(4095),
+                fence: false,
                 mr_local: false,
-                rx_cq_data: false,
+                refuses_write_data: false,
                 cq_data_size: 8,
+                segment: None,
+                provider_keys: false,
+            },
+            UnorderedProfile::Verbs => Profile {
+                name: "verbs-like",
+                table: t("verbs;ofi_rxm"),
+                ordered_upto: Some(VERBS_ORDER_SIZE - 1),
+                fence: false,
+                mr_local: true,
+                refuses_write_data: false,
+                cq_data_size: 4,
+                segment: None,
+                provider_keys: false,
             },
         }
     }
 
-    /// What the real provider granted, weakened to what this profile grants: what the
-    /// ordering decision (`order::decide`) must plan for.
+    /// What the real provider granted, turned into what the played provider's fi_info grants,
+    /// and what of its source rules cannot be tried at run time (the segment; `Attrs::amend`
+    /// does the same for the real provider). What can be tried is left for the endpoint to
+    /// find out (`probe.rs`): a cxi-like layer still advertises its 8 bytes of CQ data.
     pub fn restrict(&self, mut a: Attrs) -> Attrs {
         match self.ordered_upto {
             None => a.msg_order = 0,
+            Some(u64::MAX) => {}
             // "Both smaller than the size" (`order::decide`).
             Some(n) => a.max_order_waw_size = a.max_order_waw_size.min(n + 1),
         }
-        a.fence = false;
+        a.fence &= self.fence;
         a.mr_local |= self.mr_local;
-        a.rx_cq_data |= self.rx_cq_data;
-        // The layer takes the receives such CQ data consumes (`Layer::recv`).
-        a.recv |= self.rx_cq_data;
         a.cq_data_size = a.cq_data_size.min(self.cq_data_size);
+        if self.segment.is_some() {
+            a.split_with_data = self.segment;
+        }
         a
+    }
+
+    /// One line of what this profile plays, for test logs and the suite's summary.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} (plays {} by docs/PROVIDERS.md): writes ordered {}; {}; remote CQ data on writes {}{}{}",
+            self.name,
+            self.table.name,
+            match self.ordered_upto {
+                None => "never".to_string(),
+                Some(u64::MAX) => "at any size".to_string(),
+                Some(n) => format!("when both are below {} bytes", n + 1),
+            },
+            if self.fence { "FI_FENCE" } else { "no FI_FENCE" },
+            if self.refuses_write_data {
+                "refused (-FI_EBADFLAGS)".to_string()
+            } else {
+                format!("{} bytes", self.cq_data_size)
+            },
+            match self.segment {
+                Some(n) => format!(", repeated on every {n}-byte segment"),
+                None => String::new(),
+            },
+            if self.provider_keys {
+                "; provider keys, offsets, FI_MR_ENDPOINT"
+            } else if self.mr_local {
+                "; FI_MR_LOCAL"
+            } else {
+                ""
+            }
+        )
     }
 }
 
@@ -125,7 +213,11 @@ struct Held {
     flags: u64,
     /// Remote CQ data (with FI_REMOTE_CQ_DATA in `flags`).
     data: u64,
-    /// Within the profile's ordered size: no later write to `peer` may be released first.
+    /// The segment of its write it belongs to (0 where the profile has none): the CQ data rides
+    /// the piece of each segment released last.
+    segment: u64,
+    /// Its write is within the profile's ordered size: a later write to `peer` also within it
+    /// may not be released first ("both smaller than the size").
     ordered: bool,
     age: u32,
 }
@@ -151,8 +243,10 @@ pub(super) struct LayerStats {
     pub split: u64,
     /// Completions returned after a later-posted write's.
     pub late_completions: u64,
-    /// Reads in which a peer's write with CQ data found no receive posted (it waited).
-    pub no_recv: u64,
+    /// Writes cut into segments that each carried the write's remote CQ data.
+    pub segmented: u64,
+    /// Writes refused by the profile's rules (each also at WARN).
+    pub refused: u64,
 }
 
 /// The layer of one endpoint (module doc).
@@ -171,9 +265,6 @@ pub(super) struct Layer {
     ready: Vec<(*mut c_void, u64, u32)>,
     /// Peers' writes that carried remote CQ data, to return as they came.
     remote: VecDeque<fi::fi_cq_data_entry>,
-    /// Receives the endpoint posted (`recv`), which such writes consume where the profile's
-    /// CQ data needs them: their contexts, oldest first.
-    recvs: VecDeque<*mut c_void>,
     errors: VecDeque<fi::fi_cq_err_entry>,
     copied: usize,
     posted: u64,
@@ -184,15 +275,15 @@ pub(super) struct Layer {
 }
 
 impl Layer {
-    /// For an endpoint of `depth` op slots; `u.seed`, or one from the clock and pid.
-    pub fn new(u: Unordered, depth: usize, real_mr_local: bool) -> Layer {
+    /// For an endpoint of `depth` op slots (`sized`); `u.seed`, or one from the clock and
+    /// pid.
+    pub fn new(u: Unordered, real_mr_local: bool) -> Layer {
         let seed = u.seed.unwrap_or_else(|| {
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64);
             t ^ u64::from(std::process::id()) << 32
         });
-        let n = depth * 4;
         Layer {
             profile: Profile::of(u.profile),
             seed,
@@ -201,11 +292,10 @@ impl Layer {
             writes: Vec::new(),
             free_writes: Vec::new(),
             held: VecDeque::new(),
-            pieces: (0..n).map(|_| PieceSlot::default()).collect(),
-            free_pieces: (0..n).rev().collect(),
+            pieces: Box::new([]),
+            free_pieces: Vec::new(),
             ready: Vec::new(),
             remote: VecDeque::new(),
-            recvs: VecDeque::new(),
             errors: VecDeque::new(),
             copied: 0,
             posted: 0,
@@ -213,6 +303,14 @@ impl Layer {
             last_returned: 0,
             stats: LayerStats::default(),
         }
+    }
+
+    /// Room for the pieces of an endpoint of `depth` op slots.
+    pub fn sized(mut self, depth: usize) -> Layer {
+        let n = depth * 4;
+        self.pieces = (0..n).map(|_| PieceSlot::default()).collect();
+        self.free_pieces = (0..n).rev().collect();
+        self
     }
 
     /// xorshift64*: a number below `n` (> 0).
@@ -231,12 +329,20 @@ impl Layer {
     /// `fi_writemsg` as the profile allows (module doc): 0, or a negative libfabric code.
     pub fn write(&mut self, ep: *mut fi::fid_ep, msg: &fi::fi_msg_rma, flags: u64) -> i64 {
         let p = self.profile.name;
-        if flags & fi::FI_FENCE as u64 != 0 {
+        if flags & fi::FI_FENCE as u64 != 0 && !self.profile.fence {
             crate::warn!("net: unordered test layer ({p}): FI_FENCE on a write, which this profile does not grant");
+            self.stats.refused += 1;
             return EINVAL;
+        }
+        if flags & fi::FI_REMOTE_CQ_DATA as u64 != 0 && self.profile.refuses_write_data {
+            // As cxip_rma_writemsg answers a flag outside CXIP_WRITEMSG_ALLOWED_FLAGS.
+            crate::warn!("net: unordered test layer ({p}): FI_REMOTE_CQ_DATA on fi_writemsg: -FI_EBADFLAGS, as the provider it plays answers");
+            self.stats.refused += 1;
+            return EBADFLAGS;
         }
         if msg.iov_count != 1 || msg.rma_iov_count != 1 {
             crate::warn!("net: unordered test layer ({p}): only single-iovec writes are modelled");
+            self.stats.refused += 1;
             return EINVAL;
         }
         // SAFETY: `Ops::post` passes one iovec, one descriptor and one rma_iov that live until
@@ -244,6 +350,7 @@ impl Layer {
         let (iov, desc, rma) = unsafe { (*msg.msg_iov, *msg.desc, *msg.rma_iov) };
         if self.profile.mr_local && desc.is_null() {
             crate::warn!("net: unordered test layer ({p}): a write without the descriptor of its local buffer (FI_MR_LOCAL)");
+            self.stats.refused += 1;
             return EINVAL;
         }
         let cq_data = flags & fi::FI_REMOTE_CQ_DATA as u64 != 0;
@@ -256,6 +363,7 @@ impl Layer {
                 msg.data,
                 self.profile.cq_data_size
             );
+            self.stats.refused += 1;
             return EINVAL;
         }
         let len = iov.iov_len as u64;
@@ -274,16 +382,43 @@ impl Layer {
             Some(c) => (c.as_ptr() as u64, std::ptr::null_mut()),
             None => (iov.iov_base as u64, desc),
         };
-        // Pieces: one, or up to four cut at random 8-byte boundaries. Remote CQ data goes with
-        // the piece released last (`release`): the provider places pieces in the order they
-        // are posted, so its completion at the target still means the whole write is in place.
-        let mut cuts = vec![0, len];
-        if len > SPLIT_ABOVE {
-            for _ in 0..1 + self.below(3) {
-                cuts.push(self.below(len / 8) * 8);
+        // Segments (where the profile cuts writes into them, each carrying the CQ data), and
+        // within each, pieces: one, or up to four cut at random 8-byte boundaries. Remote CQ
+        // data goes with the piece of its segment released last (`release`): the provider
+        // places pieces in the order they are posted, so its completion at the target still
+        // means the segment is in place.
+        let seg = match self.profile.segment {
+            Some(n) if len > n => {
+                self.stats.segmented += 1;
+                n
             }
-            cuts.sort_unstable();
-            cuts.dedup();
+            _ => len.max(1),
+        };
+        let mut cuts = vec![(0, 0)];
+        let mut split = false;
+        for (k, start) in (0..len).step_by(seg as usize).enumerate() {
+            let end = (start + seg).min(len);
+            let mut inner = Vec::new();
+            if end - start > SPLIT_ABOVE {
+                for _ in 0..1 + self.below(3) {
+                    inner.push(start + self.below((end - start) / 8) * 8);
+                }
+                split = true;
+            }
+            inner.push(end);
+            inner.sort_unstable();
+            inner.dedup();
+            cuts.extend(
+                inner
+                    .into_iter()
+                    .filter(|&c| c > start)
+                    .map(|c| (c, k as u64)),
+            );
+        }
+        if len == 0 {
+            cuts.push((0, 0));
+        }
+        if split {
             self.stats.split += 1;
         }
         let w = Write {
@@ -309,16 +444,18 @@ impl Layer {
         self.stats.writes += 1;
         let ordered = self.profile.ordered_upto.is_some_and(|n| len <= n);
         for c in cuts.windows(2) {
+            let ((from, _), (to, segment)) = (c[0], c[1]);
             self.held.push_back(Held {
                 write: wi,
-                local: base + c[0],
+                local: base + from,
                 desc,
-                len: c[1] - c[0],
+                len: to - from,
                 peer: msg.addr,
-                raddr: rma.addr + c[0],
+                raddr: rma.addr + from,
                 key: rma.key,
                 flags,
                 data: msg.data,
+                segment,
                 ordered,
                 age: 0,
             });
@@ -347,13 +484,15 @@ impl Layer {
             let k = if old || surplus > 0 {
                 0
             } else {
+                // Piece i may go first unless an earlier one to its peer is held and both are
+                // within the ordered size.
                 let eligible: Vec<usize> = (0..self.held.len())
                     .filter(|&i| {
-                        let peer = self.held[i].peer;
+                        let (peer, ordered) = (self.held[i].peer, self.held[i].ordered);
                         self.held
                             .iter()
                             .take(i)
-                            .all(|e| e.peer != peer || !e.ordered)
+                            .all(|e| e.peer != peer || !(e.ordered && ordered))
                     })
                     .collect();
                 eligible[self.below(eligible.len() as u64) as usize]
@@ -382,13 +521,13 @@ impl Layer {
         };
         self.pieces[slot].write = h.write;
         self.pieces[slot].busy = true;
-        // Remote CQ data rides the last piece of its write to be released (`write`).
+        // Remote CQ data rides the last piece of its segment to be released (`write`).
         let mut flags = h.flags | fi::FI_COMPLETION as u64;
         let more = self
             .held
             .iter()
             .enumerate()
-            .any(|(i, e)| i != k && e.write == h.write);
+            .any(|(i, e)| i != k && e.write == h.write && e.segment == h.segment);
         if more {
             flags &= !(fi::FI_REMOTE_CQ_DATA as u64);
         }
@@ -477,23 +616,7 @@ impl Layer {
         }
     }
 
-    /// Forgets the receives posted so far (a test of the rule that CQ data needs them).
-    #[cfg(test)]
-    pub fn forget_receives(&mut self) {
-        self.recvs.clear();
-    }
-
-    /// `fi_recv` of a receive that remote CQ data consumes (its buffer is never written):
-    /// kept until a peer's write with CQ data takes it.
-    pub fn recv(&mut self, ctx: *mut c_void) -> i64 {
-        self.recvs.push_back(ctx);
-        0
-    }
-
-    /// `fi_cq_read` as the profile allows (module doc); releases held pieces first. A peer's
-    /// write with CQ data, where the profile's CQ data consumes a receive, waits until one is
-    /// posted (EFA retries such a write until the target posts one) and completes with its
-    /// context.
+    /// `fi_cq_read` as the profile allows (module doc); releases held pieces first.
     pub fn read(
         &mut self,
         ep: *mut fi::fid_ep,
@@ -542,18 +665,12 @@ impl Layer {
             return EAVAIL;
         }
         // Peers' writes that carried CQ data: returned first, in the provider's order.
-        while n < out.len() && !self.remote.is_empty() {
-            let mut ctx = std::ptr::null_mut();
-            if self.profile.rx_cq_data {
-                let Some(r) = self.recvs.pop_front() else {
-                    self.stats.no_recv += 1;
-                    break;
-                };
-                ctx = r;
-            }
-            let e = self.remote.pop_front().expect("checked above");
+        while n < out.len() {
+            let Some(e) = self.remote.pop_front() else {
+                break;
+            };
             out[n] = fi::fi_cq_data_entry {
-                op_context: ctx,
+                op_context: std::ptr::null_mut(),
                 ..e
             };
             n += 1;
@@ -610,8 +727,8 @@ impl Layer {
     pub fn summary(&self) -> String {
         let s = &self.stats;
         format!(
-            "unordered test layer {} (seed {}): {} writes, {} pieces released ahead of an earlier write to the same peer, {} writes reported complete before they were sent, {} cut into pieces, {} completions returned after a later write's, {} reads in which a peer's write waited for a receive",
-            self.profile.name, self.seed, s.writes, s.overtook, s.early, s.split, s.late_completions, s.no_recv
+            "unordered test layer {} (seed {}): {} writes, {} pieces released ahead of an earlier write to the same peer, {} writes reported complete before they were sent, {} cut into pieces, {} into segments each carrying the CQ data, {} completions returned after a later write's, {} writes refused by the profile's rules",
+            self.profile.name, self.seed, s.writes, s.overtook, s.early, s.split, s.segmented, s.late_completions, s.refused
         )
     }
 }

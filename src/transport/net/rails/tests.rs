@@ -4,7 +4,7 @@
 //! `tests/net_rails_netns.rs`.
 
 use super::*;
-use crate::transport::net::tests::{region, word};
+use crate::transport::net::tests::{connect, region, word};
 use std::sync::atomic::{AtomicBool, Ordering as AtOrd};
 use std::time::{Duration, Instant};
 
@@ -26,13 +26,6 @@ fn pair() -> (Rails, Rails) {
 
 fn pattern(round: u64, i: usize) -> u64 {
     round.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i as u64
-}
-
-/// Connects `a` (rank 0) and `b` (rank 1); returns a's peer id for b.
-fn connect(a: &mut dyn Endpoint, b: &mut dyn Endpoint) -> PeerId {
-    let pa = a.add_peer(1, &b.address_for(0).unwrap()).unwrap();
-    b.add_peer(0, &a.address_for(1).unwrap()).unwrap();
-    pa
 }
 
 /// What a put lands in: `words` words and a flag word registered by the target, imported

@@ -47,7 +47,7 @@ impl Staging {
     /// staged source one bounce slot.
     pub fn source_chunk(&mut self, net: &mut Net<'_>, src: MrId, limit: u64) -> Result<u64> {
         let mut c = limit.min(net.ops.max_chunk);
-        if net.regions[src].backing == Backing::Staged {
+        if net.regions[src].staged_source {
             c = c.min(self.bounce(net)?.slot_len);
         }
         Ok(c.max(1))
@@ -64,18 +64,18 @@ impl Staging {
         off: u64,
         n: u64,
     ) -> Result<Source> {
-        let (addr, backing) = {
+        let (addr, backing, staged) = {
             let r = &net.regions[src];
-            (r.region.addr + off, r.backing)
+            (r.region.addr + off, r.backing, r.staged_source)
         };
         match backing {
-            Backing::Mr(i) | Backing::Hmem(i, _) => Ok(Source {
+            Backing::Mr(i) | Backing::Hmem(i, _) if !staged => Ok(Source {
                 local: addr,
                 len: n,
                 desc: net.regions.mrs[i].desc,
                 bounce: None,
             }),
-            Backing::Staged => {
+            _ => {
                 let slot = self.bounce_slot(net)?;
                 let b = self.bounce(net)?;
                 let (mr, slot_len) = (b.mr, b.slot_len);

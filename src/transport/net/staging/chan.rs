@@ -102,11 +102,12 @@ impl Incoming {
     }
 }
 
-/// Everything this endpoint keeps for one peer rank.
+/// Everything this endpoint keeps for one peer endpoint.
 pub(crate) struct Chan {
+    /// The peer's rank (for messages).
     pub rank: usize,
-    /// The peer, once `add_peer` has seen it (acknowledgements need it).
-    pub peer: Option<PeerId>,
+    /// The peer it is kept for, whose records it takes and to whom it acknowledges them.
+    pub peer: PeerId,
     /// Our acknowledgement count from the peer; written by the peer only.
     pub(super) credit: HostBlock,
     pub blob: ChanBlob,

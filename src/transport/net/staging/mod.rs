@@ -64,7 +64,7 @@ use crate::mem::HostBlock;
 use crate::transport::staging::{Copier, CudaCopier, HostCopier};
 use crate::transport::PeerId;
 use libfabric_sys as fi;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 /// Defaults and bounds of the channel sizes (`NetConfig::staging_bytes` / `staging_slots`).
 const DEFAULT_RING: u64 = 8 << 20;
@@ -117,12 +117,13 @@ pub(super) struct Staging {
     /// The CUDA device whose memory this endpoint serves (None: host memory).
     pub device: Option<i32>,
     pub force_staging: bool,
+    /// `MSCCLPP_TEST_FORCE_STAGING=source` (`regions::Stage::force_source`).
+    pub force_staged_source: bool,
     sizes: Sizes,
     /// Copies for staging, made on first use; drained before the rings are freed.
     copier: Option<Box<dyn Copier>>,
-    /// Staging channels, one per peer rank (`chan_ids`).
+    /// Staging channels, one per peer endpoint (`chan_for`, indexed by `Peer::chan`).
     pub chans: Vec<Chan>,
-    chan_ids: HashMap<usize, usize>,
     bounce: Option<Bounce>,
     /// Makes the NIC's writes into a CUDA device's memory visible to its kernels
     /// (`cuFlushGPUDirectRDMAWrites`); a unit test puts a model of such a NIC here.
@@ -138,6 +139,7 @@ impl Staging {
         Staging {
             device,
             force_staging: cfg.force_staging,
+            force_staged_source: cfg.force_staged_source,
             sizes: Sizes {
                 ring: cfg
                     .staging_bytes
@@ -155,7 +157,6 @@ impl Staging {
             },
             copier: None,
             chans: Vec::new(),
-            chan_ids: HashMap::new(),
             bounce: None,
             gdr_flush: Box::new(crate::cuda::flush_gpudirect_rdma_writes),
         }
@@ -194,9 +195,10 @@ impl Staging {
         self.device.is_some() || self.force_staging
     }
 
-    /// The channel for `rank` (made on first call): its blob goes into `address_for(rank)`.
-    pub fn chan_for(&mut self, net: &mut Net<'_>, rank: usize) -> Result<ChanBlob> {
-        if let Some(&ci) = self.chan_ids.get(&rank) {
+    /// The channel for `peer` (made on first call): its blob goes into the link made for it
+    /// (`Endpoint::link_for`).
+    pub fn chan_for(&mut self, net: &mut Net<'_>, peer: PeerId) -> Result<ChanBlob> {
+        if let Some(ci) = net.peers[peer].chan {
             return Ok(self.chans[ci].blob);
         }
         let credit = HostBlock::zeroed(8, 64)?;
@@ -225,26 +227,16 @@ impl Staging {
             credit: credit_blob,
             incoming: in_blob,
         };
-        let peer = net.peers.of_rank(rank);
         self.chans.push(Chan {
-            rank,
+            rank: net.peers[peer].rank,
             peer,
             credit,
             blob,
             incoming,
             out: Outgoing::default(),
         });
-        let ci = self.chans.len() - 1;
-        self.chan_ids.insert(rank, ci);
-        if let Some(p) = peer {
-            net.peers[p].chan = Some(ci);
-        }
+        net.peers[peer].chan = Some(self.chans.len() - 1);
         Ok(blob)
-    }
-
-    /// Our channel for `rank`, if `chan_for` made one.
-    pub fn chan_of(&self, rank: usize) -> Option<usize> {
-        self.chan_ids.get(&rank).copied()
     }
 
     /// Waits for the copier's queued work (teardown: the rings are freed after this).

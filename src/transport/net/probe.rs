@@ -1,0 +1,257 @@
+//! A plan tried, not assumed (docs/PROVIDERS.md): when an endpoint opens, each primitive its
+//! plan relies on that can be tried without a peer is tried once, on 8-byte writes from the
+//! endpoint to itself (its own address in its address vector, its scratch word as the
+//! target): a write carrying remote CQ data (where signals ride or are counted), a fenced write
+//! (where flags are fenced), a delivery-complete write (where flags drain, and for flush
+//! markers). A refusal (an error at the post or in the completion, or CQ data that does not
+//! arrive as sent) takes that primitive out of the attributes, and the endpoint plans again
+//! with what is left, with one WARN line naming the refusal. Every libfabric provider this
+//! library names accepts writes to its own address (cited in docs/PROVIDERS.md: cxi's and
+//! psm3's own tests do it, rxm and tcp make a loopback connection, shm maps its own region,
+//! efa-rdm goes through shm); where even a plain write to itself fails, nothing can be tried,
+//! the plan stands untried and a WARN says so.
+//!
+//! Runs before any peer is added, on the endpoint's own completion queue, through the unordered
+//! test layer where there is one (which plays a provider's refusals).
+
+use super::fabric::{fab_err, strerror, EAGAIN, EAVAIL};
+use super::ops::Ops;
+use crate::error::Result;
+use libfabric_sys as fi;
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+/// The longest one try waits for its completions (a tcp endpoint first connects to itself).
+const BOUND: Duration = Duration::from_secs(2);
+
+/// The remote CQ data a try sends: 8 bytes where 8 are carried (a provider that cut it, as
+/// verbs cuts its immediate to 32 bits, would not pass), else 4.
+pub(super) fn probe_data(cq_data_size: u64) -> u64 {
+    if cq_data_size >= 8 {
+        0x4d53_5052_4f42_4531 // "MSPROBE1"
+    } else {
+        0x4d53_0001
+    }
+}
+
+/// What a try asks the provider for (`try_write`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Primitive {
+    Plain,
+    /// Remote CQ data, the value.
+    CqData(u64),
+    Fence,
+    DeliveryComplete,
+}
+
+impl Primitive {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Primitive::Plain => "a plain write",
+            Primitive::CqData(_) => "a write carrying remote CQ data",
+            Primitive::Fence => "a fenced write (FI_FENCE)",
+            Primitive::DeliveryComplete => "a delivery-complete write (FI_DELIVERY_COMPLETE)",
+        }
+    }
+
+    fn flags(self) -> u64 {
+        fi::FI_COMPLETION as u64
+            | match self {
+                Primitive::Plain => 0,
+                Primitive::CqData(_) => fi::FI_REMOTE_CQ_DATA as u64,
+                Primitive::Fence => fi::FI_FENCE as u64,
+                Primitive::DeliveryComplete => fi::FI_DELIVERY_COMPLETE as u64,
+            }
+    }
+}
+
+/// The endpoint's own address in its address vector, and its scratch word (address and key
+/// as a peer would write it): what every try writes to.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SelfTarget {
+    addr: fi::fi_addr_t,
+    raddr: u64,
+    key: u64,
+}
+
+impl SelfTarget {
+    /// Inserts `raw`, the endpoint's own name, into its address vector.
+    pub fn new(ops: &Ops, raw: &[u8], (raddr, key): (u64, u64)) -> Result<SelfTarget> {
+        let mut addr: fi::fi_addr_t = fi::FI_ADDR_NOTAVAIL;
+        // SAFETY: av is open; raw is this endpoint's own fi_getname; addr receives the handle.
+        // Synchronous insert (no flags, no context).
+        let rc = unsafe {
+            fi::fi_av_insert(
+                ops.objs.av,
+                raw.as_ptr().cast(),
+                1,
+                &mut addr,
+                0,
+                std::ptr::null_mut(),
+            )
+        } as i64;
+        if rc != 1 {
+            return Err(fab_err(
+                "fi_av_insert of the endpoint's own address",
+                if rc < 0 { rc } else { -(fi::FI_EINVAL as i64) },
+            ));
+        }
+        Ok(SelfTarget { addr, raddr, key })
+    }
+}
+
+/// What came of one try.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Answer {
+    Done,
+    /// The provider refused it: why.
+    Refused(String),
+    /// Nothing came back within the bound.
+    Silent,
+}
+
+/// Writes 8 bytes from the endpoint's inline area to itself as `what` asks, and waits (at most
+/// `BOUND`) for its completion and, for remote CQ data, for that data to arrive as sent. Must
+/// run while nothing else is in flight on the endpoint (before any peer is added).
+pub(super) fn try_write(ops: &mut Ops, me: SelfTarget, what: Primitive) -> Answer {
+    // The context lives until the write's completion; one abandoned in flight is leaked, so
+    // that a late completion never names freed memory.
+    let ctx: &mut fi::fi_context2 = Box::leak(Box::default());
+    let ctx_ptr: *mut c_void = (ctx as *mut fi::fi_context2).cast();
+    let answer = post_and_wait(ops, me, what, ctx_ptr);
+    if answer != Answer::Silent {
+        // SAFETY: leaked above, and its write has completed (or was never posted): nothing
+        // refers to it any more.
+        drop(unsafe { Box::from_raw(ctx_ptr.cast::<fi::fi_context2>()) });
+    }
+    answer
+}
+
+fn post_and_wait(ops: &mut Ops, me: SelfTarget, what: Primitive, ctx: *mut c_void) -> Answer {
+    let value = 0x4d53_5052_4f42_4530u64.to_ne_bytes(); // "MSPROBE0"
+                                                        // SAFETY: the inline area holds at least INLINE_BYTES (>= 8) per slot, and nothing is in
+                                                        // flight on the endpoint, so slot 0's area is ours until this write completes.
+    unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), ops.inline.ptr(), 8) };
+    let iov = libc::iovec {
+        iov_base: ops.inline.ptr().cast(),
+        iov_len: 8,
+    };
+    let mut desc = ops.inline_desc;
+    let rma = fi::fi_rma_iov {
+        addr: me.raddr,
+        len: 8,
+        key: me.key,
+    };
+    let data = match what {
+        Primitive::CqData(d) => d,
+        _ => 0,
+    };
+    let msg = fi::fi_msg_rma {
+        msg_iov: (&iov as *const libc::iovec).cast(),
+        desc: &mut desc,
+        iov_count: 1,
+        addr: me.addr,
+        rma_iov: &rma,
+        rma_iov_count: 1,
+        context: ctx,
+        data,
+    };
+    let t0 = Instant::now();
+    // Ends when posted, refused, or at the bound (a connection to itself may take a while:
+    // -FI_EAGAIN until then, each poll driving it).
+    loop {
+        let rc = match ops.layer.as_mut() {
+            Some(l) => l.write(ops.objs.ep, &msg, what.flags()),
+            // SAFETY: ep is open; msg and what it points to live until the call returns; the
+            // source is registered (inline_desc) and stays untouched until the completion;
+            // the context is leaked until then (`try_write`).
+            None => unsafe { fi::fi_writemsg(ops.objs.ep, &msg, what.flags()) as i64 },
+        };
+        if rc == 0 {
+            break;
+        }
+        if rc != EAGAIN {
+            return Answer::Refused(format!("fi_writemsg: {} ({rc})", strerror(rc)));
+        }
+        if let Err(why) = read(ops, ctx, &mut false, &mut None) {
+            return Answer::Refused(why);
+        }
+        if t0.elapsed() > BOUND {
+            return Answer::Silent;
+        }
+        std::thread::yield_now();
+    }
+    let (mut done, mut arrived) = (false, None);
+    let want_data = matches!(what, Primitive::CqData(_));
+    // Ends when the write completed (and its data arrived, if it carried any), at an error,
+    // or at the bound.
+    loop {
+        if let Err(why) = read(ops, ctx, &mut done, &mut arrived) {
+            return Answer::Refused(why);
+        }
+        if done && (!want_data || arrived.is_some()) {
+            return match arrived {
+                Some(got) if got != data => Answer::Refused(format!(
+                    "its remote CQ data arrived as {got:#x}, sent as {data:#x}"
+                )),
+                _ => Answer::Done,
+            };
+        }
+        if t0.elapsed() > BOUND {
+            return match (done, want_data) {
+                (true, true) => Answer::Refused(format!(
+                    "the write completed, but its remote CQ data did not arrive within {BOUND:?}"
+                )),
+                _ => Answer::Silent,
+            };
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Reads the completion queue once: the try's own completion sets `done`, remote CQ data sets
+/// `arrived`; an error completion of the try is its refusal.
+fn read(
+    ops: &mut Ops,
+    ctx: *mut c_void,
+    done: &mut bool,
+    arrived: &mut Option<u64>,
+) -> std::result::Result<(), String> {
+    let mut ents = [fi::fi_cq_data_entry::default(); 8];
+    let rc = match ops.layer.as_mut() {
+        Some(l) => l.read(ops.objs.ep, ops.objs.cq, &mut ents),
+        // SAFETY: cq is open with FI_CQ_FORMAT_DATA; ents has room for its length.
+        None => unsafe { fi::fi_cq_read(ops.objs.cq, ents.as_mut_ptr().cast(), ents.len()) as i64 },
+    };
+    if rc > 0 {
+        for e in &ents[..rc as usize] {
+            if e.flags & fi::FI_REMOTE_CQ_DATA as u64 != 0 {
+                *arrived = Some(e.data);
+            } else if e.op_context == ctx {
+                *done = true;
+            }
+        }
+        return Ok(());
+    }
+    if rc == EAGAIN {
+        return Ok(());
+    }
+    if rc == EAVAIL {
+        let mut e = fi::fi_cq_err_entry::default();
+        let r = match ops.layer.as_mut() {
+            Some(l) => l.readerr(&mut e),
+            // SAFETY: cq is open; e is a zeroed error entry (no error data buffer).
+            None => unsafe { fi::fi_cq_readerr(ops.objs.cq, &mut e, 0) as i64 },
+        };
+        if r < 0 {
+            return Err(format!("fi_cq_readerr: {} ({r})", strerror(r)));
+        }
+        *done = true;
+        return Err(format!(
+            "its completion: {} ({})",
+            strerror(-(e.err as i64)),
+            -(e.err as i64)
+        ));
+    }
+    Err(format!("fi_cq_read: {} ({rc})", strerror(rc)))
+}
