@@ -371,6 +371,86 @@ fn two_endpoints_one_peer_staged_tcp() {
     );
 }
 
+// ---- a peer that stops first (issue 40, finding 6) ----------------------------------------
+
+/// The wait timeout of `peer_stopped_first`: what a flush waiting for a stopped peer would
+/// take, and far above what it must take.
+const STOPPED_FIRST_TIMEOUT_S: &str = "10";
+
+/// Rank 1 takes rank 0's `putWithSignal` and stops its proxies at once, with no barrier before
+/// (a 2023 program may: its flush was local). Rank 0 then flushes (which waits for delivery
+/// here) and stops. Both return at once, well within the wait timeout: after its stop, rank 1's
+/// endpoints are still progressed (`proxy::Keeper`) until its next launch or destroy. Before,
+/// rank 0's flush waited out the timeout and failed.
+fn peer_stopped_first(e: Env) {
+    const N: usize = 64 << 10;
+    let c = init(&e.root, e.rank, e.n);
+    let mut buf = vec![0u8; N];
+    ok(connect(c, 1 - e.rank, 0, &mut buf));
+    ok(mscclppConnectionSetup(c));
+    ok(mscclppProxyLaunch(c));
+    let d = &mut dev_conns(c)[0];
+    if e.rank == 0 {
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = pattern(9, i);
+        }
+        put_signal(d, 0, 0, N as u64);
+        // Rank 1 has stopped once it reaches this barrier.
+        ok(mscclppBootstrapBarrier(c));
+        let (r, el) = timed(|| {
+            let r = mscclppDevConnFlush(d);
+            if r != mscclppSuccess {
+                return r;
+            }
+            mscclppProxyStop(c)
+        });
+        assert_eq!(
+            r,
+            mscclppSuccess,
+            "flush and stop after the peer's stop: {}",
+            last_error()
+        );
+        assert!(
+            el < Duration::from_secs(3),
+            "flush and stop after the peer's stop took {el:?}"
+        );
+    } else {
+        wait(d);
+        for (i, b) in buf.iter().enumerate() {
+            assert_eq!(*b, pattern(9, i), "byte {i}");
+        }
+        ok(mscclppProxyStop(c));
+        ok(mscclppBootstrapBarrier(c));
+    }
+    // Rank 1 destroys only once rank 0 is done.
+    ok(mscclppBootstrapBarrier(c));
+    ok(mscclppCommDestroy(c));
+}
+
+#[test]
+fn peer_stopped_first_tcp() {
+    let t = STOPPED_FIRST_TIMEOUT_S;
+    ranks_env(
+        "peer_stopped_first_tcp",
+        2,
+        "tcp",
+        &[("MSCCLPP_WAIT_TIMEOUT", t)],
+        peer_stopped_first,
+    );
+}
+
+#[test]
+fn peer_stopped_first_shm() {
+    let t = STOPPED_FIRST_TIMEOUT_S;
+    ranks_env(
+        "peer_stopped_first_shm",
+        2,
+        "shm",
+        &[("MSCCLPP_WAIT_TIMEOUT", t)],
+        peer_stopped_first,
+    );
+}
+
 // ---- many puts, one signal ----------------------------------------------------------------
 
 const PIECES: usize = 64;

@@ -95,6 +95,9 @@ pub struct Comm {
     sticky: Arc<Sticky>,
     registered: Vec<Registered>,
     proxies_running: bool,
+    /// Between a stop and the next launch (or destroy): the thread that keeps the network
+    /// endpoints progressing for peers still flushing to us (`proxy::Keeper`).
+    keeper: Option<proxy::Keeper>,
     /// What this rank's hang report is read from, once connections are set up.
     hang: Option<Arc<hang::Source>>,
 }
@@ -137,6 +140,7 @@ impl Comm {
             slots: Vec::new(),
             registered: Vec::new(),
             proxies_running: false,
+            keeper: None,
             hang: None,
         }
     }
@@ -258,6 +262,7 @@ impl Comm {
                 "mscclppProxyLaunch: proxies are already running",
             ));
         }
+        self.end_keeper();
         // After a stop: what its FIFOs still hold was pushed after its drain ended (by a kernel
         // it then released), and is not executed; then the abort words are cleared.
         for s in &self.slots {
@@ -292,6 +297,44 @@ impl Comm {
             ));
         }
         self.stop_all(false);
-        self.check_sticky()
+        self.check_sticky()?;
+        self.start_keeper();
+        Ok(())
+    }
+
+    /// After a clean stop: a thread keeps the endpoints that linger (network ones: `Caps`)
+    /// progressing until the next launch or destroy (`proxy::Keeper` says why). None where
+    /// nothing lingers.
+    fn start_keeper(&mut self) {
+        let skip = self.untouchable();
+        let eps: Vec<(usize, proxy::SharedEndpoint)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| s.caps.linger && !skip[*i])
+            .map(|(i, s)| (i, s.ep.clone()))
+            .collect();
+        if eps.is_empty() {
+            return;
+        }
+        match proxy::keep_serving(format!("mscclpp-keeper-{}", self.rank()), eps) {
+            Ok(k) => self.keeper = Some(k),
+            Err(e) => crate::warn!(
+                "rank {}: cannot start the thread that progresses the endpoints after the stop ({e}): peers that flush to this rank now wait for its next launch or destroy",
+                self.rank()
+            ),
+        }
+    }
+
+    /// Ends the keeper (bounded); an endpoint it is stuck inside is abandoned with its slot.
+    fn end_keeper(&mut self) {
+        if let Some(k) = self.keeper.take() {
+            if let Some(slot) = k.quit(KEEPER_QUIT) {
+                self.slots[slot].abandoned = true;
+            }
+        }
     }
 }
+
+/// How long ending the keeper may take: one round of progress calls and a nap.
+const KEEPER_QUIT: std::time::Duration = std::time::Duration::from_secs(1);

@@ -198,6 +198,7 @@ impl Drop for Comm {
         // proxies execute nothing pushed from now on. No error: peers see our goodbye.
         self.sticky.closing();
         self.sticky.release(false);
+        self.end_keeper();
         self.stop_all(true);
         self.close_inboxes();
         self.linger();

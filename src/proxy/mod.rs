@@ -17,6 +17,7 @@ mod assist;
 mod conn;
 mod device_wait;
 mod hang;
+mod keeper;
 mod pending;
 #[cfg(test)]
 mod tests;
@@ -25,6 +26,7 @@ mod work;
 
 pub use conn::{DirectEpoch, ProxyConn, WAIT_FOR_ROOM_ABOVE};
 pub use hang::{request_hang_report, set_reporter_wake, take_hang_requests, wake_reporter};
+pub use keeper::{keep_serving, Keeper};
 pub use pending::{PendingWait, WaitOp};
 pub use thread::{launch, Running};
 pub use work::{ProxyWork, SharedEndpoint, SharedWork};
