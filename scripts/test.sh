@@ -6,8 +6,9 @@
 # Steps, by their names in the summary: deps (system packages, rustfmt, clippy); fmt; clippy;
 # doc (no warnings: links that do not resolve); cargo test (workspace), but the tests over the
 # unordered fabric layer, which run as their own step next; unordered fabric (every test named
-# `unordered`: the EFA-like and psm3-like profiles over tcp and shm, the planted-bug test, the
-# all-to-all over it); header (regeneration check); abi (ctest) (layout checks); header compile
+# `unordered`: the layer playing cxi, efa-rdm, psm3 and verbs over tcp and shm, with rails and
+# staged sources, the planted-bug tests, the all-to-all and the two-endpoint test over it);
+# header (regeneration check); abi (ctest) (layout checks); header compile
 # (gcc/clang, C11..C++20, nvcc if any); cmake install; exports (the installed library's
 # symbols); ctest (C/C++) (header tests); c_examples build (find_package); pkg-config build;
 # c_examples run (bootstrap_demo and allgather_host with 3 local ranks, shared and static
@@ -91,6 +92,17 @@ unordered_fabric() {
   ok=$(grep -oE '^test [^ ]*unordered[^ ]* \.\.\. ok$' "$logs/unordered.out" | sort -u | wc -l)
   failed=$(grep -oE '^test [^ ]*unordered[^ ]* \.\.\. FAILED$' "$logs/unordered.out" | sort -u | wc -l)
   echo "unordered fabric layer: $ok tests passed, $failed failed" | tee -a "$logs/summary"
+  # Per provider the layer plays (docs/PROVIDERS.md), and the planted bugs: each such test
+  # passes only when the layer catches the defense it takes out.
+  local p line=""
+  for p in cxi efa psm3 verbs; do
+    line+=" $p $(grep -oE "^test [^ ]*unordered_${p}[^ ]* \.\.\. ok\$" "$logs/unordered.out" | sort -u | wc -l),"
+  done
+  echo "  passed per profile played:${line%,}" | tee -a "$logs/summary"
+  local planted
+  planted=$(grep -oE '^test [^ ]*unordered_planted_[a-z_0-9]* \.\.\. (ok|FAILED)$' "$logs/unordered.out" |
+    sort -u | sed -E 's/^test ([^ ]*::)?unordered_planted_([a-z_0-9]*) \.\.\. (.*)$/\2 (\3)/' | paste -sd, - | sed 's/,/, /g')
+  echo "  planted bugs caught: ${planted:-none ran}" | tee -a "$logs/summary"
   return "$rc"
 }
 

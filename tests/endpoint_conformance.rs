@@ -143,8 +143,11 @@ mod openers {
         }
     }
 
-    /// The unordered test layer (`MSCCLPP_TEST_UNORDERED`) over a real provider: `profile`
-    /// is `efa` (nothing ordered) or `psm3` (ordered below 4 KiB).
+    /// The unordered test layer (`MSCCLPP_TEST_UNORDERED`) over a real provider: `layer` is
+    /// `cxi` (every write ordered; remote CQ data on writes refused, which the endpoint must
+    /// find out by trying: its log names the refusal), `efa` (nothing ordered), `psm3`
+    /// (ordered below 4 KiB) or `verbs` (ordered below 16 KiB), as docs/PROVIDERS.md reads
+    /// them.
     fn unordered(
         env: &'static [(&'static str, &'static str)],
         open: fn() -> mscclpp::error::Result<Box<dyn Endpoint>>,
@@ -152,8 +155,22 @@ mod openers {
         layer: &'static str,
     ) -> Opener {
         let proof: &'static [&'static str] = match (real, layer) {
+            (TCP, "cxi") => &[
+                TCP,
+                UNORDERED_CXI,
+                "plain after writes of any size",
+                CXI_REFUSED,
+            ],
+            (_, "cxi") => &[
+                SHM,
+                UNORDERED_CXI,
+                "plain after writes of any size",
+                CXI_REFUSED,
+            ],
             (TCP, "efa") => &[TCP, UNORDERED_EFA, "after every write: posted once"],
             (_, "efa") => &[SHM, UNORDERED_EFA, "after every write: posted once"],
+            (TCP, "verbs") => &[TCP, UNORDERED_VERBS, VERBS_BOUND],
+            (_, "verbs") => &[SHM, UNORDERED_VERBS, VERBS_BOUND],
             (TCP, _) => &[
                 TCP,
                 UNORDERED_PSM3,
@@ -167,8 +184,119 @@ mod openers {
         };
         direct(env, open, proof)
     }
+    const UNORDERED_CXI: &str = "unordered test layer cxi-like";
     const UNORDERED_EFA: &str = "unordered test layer EFA-like";
     const UNORDERED_PSM3: &str = "unordered test layer psm3-like";
+    const UNORDERED_VERBS: &str = "unordered test layer verbs-like";
+    const CXI_REFUSED: &str =
+        "the provider refused a write carrying remote CQ data to the endpoint itself";
+    const VERBS_BOUND: &str = "plain after writes of up to 16383 bytes";
+
+    pub fn unordered_cxi_tcp() -> Opener {
+        unordered(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "cxi"),
+                ("MSCCLPP_NET_PROVIDER", "tcp"),
+                ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+            ],
+            open_lo,
+            TCP,
+            "cxi",
+        )
+    }
+
+    pub fn unordered_cxi_shm() -> Opener {
+        unordered(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "cxi"),
+                ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+            ],
+            open_shm,
+            SHM,
+            "cxi",
+        )
+    }
+
+    pub fn unordered_verbs_tcp() -> Opener {
+        unordered(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "verbs"),
+                ("MSCCLPP_NET_PROVIDER", "tcp"),
+                ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+            ],
+            open_lo,
+            TCP,
+            "verbs",
+        )
+    }
+
+    pub fn unordered_verbs_shm() -> Opener {
+        unordered(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "verbs"),
+                ("MSCCLPP_NET_MAX_CHUNK", CHUNK),
+            ],
+            open_shm,
+            SHM,
+            "verbs",
+        )
+    }
+
+    /// A staged source (host memory copied out through 16 KiB bounce slots, as GPU memory
+    /// without FI_HMEM is) into the peer's host memory, under a bounded provider's layer: a
+    /// signal rides only where every chunk really written, and the riding one, are ordered.
+    pub fn unordered_psm3_staged_source_tcp() -> Opener {
+        direct(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "psm3"),
+                ("MSCCLPP_NET_PROVIDER", "tcp"),
+                ("MSCCLPP_TEST_FORCE_STAGING", "source"),
+                ("MSCCLPP_NET_STAGING_CHUNK", "16384"),
+            ],
+            open_lo,
+            &[TCP, UNORDERED_PSM3, STAGED_SOURCE],
+        )
+    }
+
+    pub fn unordered_verbs_staged_source_shm() -> Opener {
+        direct(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "verbs"),
+                ("MSCCLPP_TEST_FORCE_STAGING", "source"),
+                ("MSCCLPP_NET_STAGING_CHUNK", "16384"),
+            ],
+            open_shm,
+            &[SHM, UNORDERED_VERBS, STAGED_SOURCE],
+        )
+    }
+    const STAGED_SOURCE: &str = "writes from it staged through bounce slots";
+
+    /// Two rails over loopback under the EFA-like layer: puts above 16 KiB striped over both,
+    /// each rail unordered, a value on rail 0 only after the other rail's data is delivered.
+    pub fn unordered_efa_rails_tcp() -> Opener {
+        direct(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "efa"),
+                ("MSCCLPP_NET_PROVIDER", "tcp"),
+                ("MSCCLPP_NET_STRIPE_CHUNK", "16384"),
+            ],
+            || transport::net::open(Some("lo+lo"), false, None),
+            &[TCP, UNORDERED_EFA, "over its 2 rails"],
+        )
+    }
+
+    /// Two rails under the psm3-like layer (values riding on rail 0 where ordered).
+    pub fn unordered_psm3_rails_tcp() -> Opener {
+        direct(
+            &[
+                ("MSCCLPP_TEST_UNORDERED", "psm3"),
+                ("MSCCLPP_NET_PROVIDER", "tcp"),
+                ("MSCCLPP_NET_STRIPE_CHUNK", "16384"),
+            ],
+            || transport::net::open(Some("lo+lo"), false, None),
+            &[TCP, UNORDERED_PSM3, "over its 2 rails"],
+        )
+    }
 
     pub fn unordered_efa_tcp() -> Opener {
         unordered(
@@ -363,11 +491,19 @@ suite!(
     shm_sar,
     staged_tcp,
     staged_shm,
+    unordered_cxi_tcp,
+    unordered_cxi_shm,
     unordered_efa_tcp,
     unordered_efa_shm,
     unordered_psm3_tcp,
     unordered_psm3_shm,
+    unordered_verbs_tcp,
+    unordered_verbs_shm,
     unordered_efa_staged_tcp,
+    unordered_psm3_staged_source_tcp,
+    unordered_verbs_staged_source_shm,
+    unordered_efa_rails_tcp,
+    unordered_psm3_rails_tcp,
     mr_endpoint_tcp,
     mr_endpoint_shm,
     p2p,

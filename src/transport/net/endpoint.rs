@@ -32,9 +32,13 @@ pub(super) struct Planted {
     pub no_probe: bool,
     /// Leave writes that carry CQ data uncut where the provider repeats it per segment.
     pub no_split_cap: bool,
-    /// Let a signal ride whatever the size of its own write and of a staged source's chunks
-    /// (the ride test before issue 40: the earlier writes and `max_chunk` only).
-    pub ride_ignores_chunks: bool,
+    /// Let a signal ride whatever the chunks a staged source is really cut into (bounce
+    /// slots): the ride test counts chunks of `max_chunk` (before issue 40, finding 3 of the
+    /// review).
+    pub ride_ignores_source_chunks: bool,
+    /// Let a signal ride a write larger than the ordered size (before issue 40: only the
+    /// writes before it were counted; finding 6 of the review).
+    pub ride_ignores_own_size: bool,
 }
 
 #[cfg(test)]
@@ -920,17 +924,22 @@ impl Endpoint for NetEndpoint {
         // The writes this put goes as (`staging::write_chunks`): chunks of the provider's
         // largest write, or of a bounce slot for a staged source, the last carrying the
         // signal. Riding needs every earlier write to the peer and every chunk of this put,
-        // the riding one too, placed before it ("both smaller than the size").
-        let chunks = if planted().ride_ignores_chunks {
-            if size > self.ops.max_chunk {
-                self.ops.max_chunk
-            } else {
-                0
-            }
-        } else {
+        // the riding one too, within the ordered size ("both smaller than the size").
+        let chunk = {
             let (st, mut net) = self.parts();
-            size.min(st.source_chunk(&mut net, src, u64::MAX)?)
+            st.source_chunk(&mut net, src, u64::MAX)?
         };
+        let before = match planted().ride_ignores_source_chunks {
+            true if size > self.ops.max_chunk => self.ops.max_chunk,
+            true => 0,
+            false if size > chunk => chunk,
+            false => 0,
+        };
+        let riding = match (planted().ride_ignores_own_size, size) {
+            (true, _) | (_, 0) => 0,
+            (false, n) => (n - 1) % chunk + 1,
+        };
+        let chunks = before.max(riding);
         let counted = self.counts_to(peer) && size > 0 && remote.mode == Mode::Direct;
         if counted && v.cq_values {
             self.counted_after_queued(peer)?;

@@ -539,7 +539,7 @@ fn unordered_cfg(profile: crate::config::UnorderedProfile, seed: u64) -> NetConf
 /// receiver storing a signal as soon as it reads it (`Counts::eager`) instead of once its
 /// epoch's writes have all been read.
 #[test]
-fn unordered_layer_catches_a_flag_posted_plain() {
+fn unordered_planted_plain_flag_and_eager_count() {
     use crate::config::UnorderedProfile::Efa;
     for kind in [Kind::Tcp, Kind::Shm] {
         for (counting, planted) in [(false, true), (false, false), (true, true), (true, false)] {
@@ -735,7 +735,7 @@ fn until_signal_or_error(
 /// reaches the receiver once per segment, and its counts fail the endpoint ("k writes read,
 /// its closer says n") or a signal lands before its data.
 #[test]
-fn counted_signals_survive_segments_that_repeat_their_tag() {
+fn unordered_planted_segment_cut() {
     use crate::config::UnorderedProfile::Efa;
     for kind in [Kind::Tcp, Kind::Shm] {
         for plant in [false, true] {
@@ -799,6 +799,185 @@ fn counted_signals_survive_segments_that_repeat_their_tag() {
                 );
             } else {
                 assert_eq!((segmented, early, failed), (0, 0, None), "{what}");
+            }
+        }
+    }
+}
+
+/// cxi refuses remote CQ data on fi_writemsg although its fi_info advertises 8 bytes (for
+/// messages). The cxi-like layer advertises them too and refuses: the endpoint finds out by
+/// trying (`probe.rs`), plans signals as flags of their own with one WARN, and every put lands
+/// with its signal. The planted bug (issue 40, finding 1): the plan trusted untried. Then the
+/// first signal rides, the write is refused with -FI_EBADFLAGS, and the put fails.
+#[test]
+fn unordered_planted_cxi_ride_untried() {
+    use crate::config::UnorderedProfile::Cxi;
+    for kind in [Kind::Tcp, Kind::Shm] {
+        for plant in [false, true] {
+            let what = format!("{kind:?}, planted {plant}");
+            let cfg = unordered_cfg(Cxi, 43);
+            let (mut a, mut b) = planted(
+                Planted {
+                    no_probe: plant,
+                    ..Planted::default()
+                },
+                || (open(kind, &cfg), open(kind, &cfg)),
+            );
+            let pa = connect(&mut a, &mut b);
+            assert_eq!(a.ops.cq_signals, plant, "{what}: signals ride only untried");
+            let src = vec![6u64; 1024];
+            let (dst, flag) = (vec![0u64; 1024], vec![0u64; 2]);
+            let d = a.import(pa, &b.register(region(&dst)).unwrap().1).unwrap();
+            let f = a.import(pa, &b.register(region(&flag)).unwrap().1).unwrap();
+            let s = a.register(region(&src)).unwrap().0;
+            let r = a.write_then_value(pa, s, 0, d, 0, 8192, (f, 8, 1));
+            if plant {
+                let e = r.unwrap_err().to_string();
+                assert!(e.contains("Flags not supported"), "{what}: {e}");
+                assert!(a.ops.layer.as_ref().unwrap().stats.refused > 0, "{what}");
+            } else {
+                r.unwrap();
+                progress_both_until(&mut a, &mut b, &what, |_| word(&flag, 1) == 1);
+                assert!((0..1024).all(|i| word(&dst, i) == 6), "{what}");
+            }
+            progress_both_until(&mut a, &mut b, &what, |a| !in_flight(a));
+            drop(a);
+        }
+    }
+}
+
+/// "Both smaller than the size" (fi_endpoint(3)): on a provider that orders writes below a
+/// bound (psm3; verbs carries 4 bytes of CQ data, so its signals never ride), a later write
+/// above it may land before an earlier small one. A signal
+/// rides only a write within the bound; otherwise it is a flag queued behind both. Each round
+/// writes 2 KiB into one region, then puts 64 KiB into another with a signal, and checks the
+/// 2 KiB right after the signal. The planted bug (finding 6): the riding write's own size not
+/// counted. Then the signal rides the 64 KiB write and is seen before the 2 KiB landed.
+#[test]
+fn unordered_planted_ride_over_a_larger_write() {
+    use crate::config::UnorderedProfile::Psm3;
+    for (kind, profile) in [(Kind::Tcp, Psm3), (Kind::Shm, Psm3)] {
+        for plant in [false, true] {
+            let what = format!("{kind:?} {profile:?}, planted {plant}");
+            let cfg = unordered_cfg(profile, 47);
+            // (The switch is read at every put: the whole run goes under it.)
+            let p = Planted {
+                ride_ignores_own_size: plant,
+                ..Planted::default()
+            };
+            let (mut a, mut b) = (open(kind, &cfg), open(kind, &cfg));
+            let pa = connect(&mut a, &mut b);
+            let (small, big) = (256usize, 8usize << 10); // words: 2 KiB, 64 KiB
+            let mut src = vec![0u64; big];
+            let (first, second, flag) = (vec![0u64; small], vec![0u64; big], vec![0u64; 2]);
+            let mut early = 0;
+            let (a, _b) = planted(p, || {
+                with_target_progressed(a, b, pa, |a, b, pa| {
+                    let d1 = import_from(a, b, pa, &first);
+                    let d2 = import_from(a, b, pa, &second);
+                    let f = import_from(a, b, pa, &flag);
+                    let s = a.register(region(&src)).unwrap().0;
+                    // Whether a round shows the overtaking depends on how far the held writes get
+                    // while the target is checked: the planted case goes on until one does.
+                    let rounds = if plant { 800 } else { 100 };
+                    for r in 1..=rounds {
+                        fill_round(&mut src, r);
+                        a.write(pa, s, 0, d1, 0, (small * 8) as u64).unwrap();
+                        a.write_then_value(pa, s, 0, d2, 0, (big * 8) as u64, (f, 8, r))
+                            .unwrap();
+                        progress_until_word(a, &flag, 1, r);
+                        // Only this thread moves the layer's held writes: what is missing now was
+                        // released after the signal.
+                        if (0..small).any(|i| word(&first, i) != round_word(r, i)) {
+                            early += 1;
+                        }
+                        a.flush(pa).unwrap();
+                        if plant && early > 0 {
+                            break;
+                        }
+                    }
+                })
+            });
+            assert_eq!(
+                a.ops.stats.signals_with_data > 0,
+                plant,
+                "{what}: signals ride only with the bug"
+            );
+            if plant {
+                assert!(
+                    early > 0,
+                    "{what}: the signal never overtook the small write"
+                );
+            } else {
+                assert_eq!(early, 0, "{what}: signals before the small write");
+            }
+        }
+    }
+}
+
+/// A staged source (GPU memory without FI_HMEM; host memory here, `force_staged_source`) is
+/// written in bounce-slot chunks, not in the provider's largest writes: a put of 16 KiB and
+/// 64 bytes is a 16 KiB chunk, then a 64-byte one the signal would ride. On a bounded
+/// provider (psm3, 4 KiB) the 16 KiB chunk is not ordered before it, so the signal is a flag
+/// queued behind both. The planted bug (finding 3 of the review): the ride test counting
+/// chunks of the provider's largest write (here: one). Then the signal rides the 64-byte
+/// chunk and is seen before the 16 KiB landed.
+#[test]
+fn unordered_planted_ride_over_staged_source_chunks() {
+    use crate::config::UnorderedProfile::Psm3;
+    for kind in [Kind::Tcp, Kind::Shm] {
+        for plant in [false, true] {
+            let what = format!("{kind:?}, planted {plant}");
+            let cfg = NetConfig {
+                force_staged_source: true,
+                staging_chunk: Some(16 << 10),
+                ..unordered_cfg(Psm3, 53)
+            };
+            // (The switch is read at every put: the whole run goes under it.)
+            let p = Planted {
+                ride_ignores_source_chunks: plant,
+                ..Planted::default()
+            };
+            let (mut a, mut b) = (open(kind, &cfg), open(kind, &cfg));
+            let pa = connect(&mut a, &mut b);
+            let n = (16 << 10) / 8 + 8; // words: a 16 KiB chunk and a 64-byte one
+            let mut src = vec![0u64; n];
+            let (dst, flag) = (vec![0u64; n], vec![0u64; 2]);
+            let mut early = 0;
+            let (a, _b) = planted(p, || {
+                with_target_progressed(a, b, pa, |a, b, pa| {
+                    let d = import_from(a, b, pa, &dst);
+                    let f = import_from(a, b, pa, &flag);
+                    let s = a.register(region(&src)).unwrap().0;
+                    assert!(a.regions[s].staged_source, "{what}");
+                    let rounds = if plant { 800 } else { 100 };
+                    for r in 1..=rounds {
+                        fill_round(&mut src, r);
+                        a.write_then_value(pa, s, 0, d, 0, (n * 8) as u64, (f, 8, r))
+                            .unwrap();
+                        progress_until_word(a, &flag, 1, r);
+                        if (0..n).any(|i| word(&dst, i) != round_word(r, i)) {
+                            early += 1;
+                        }
+                        a.flush(pa).unwrap();
+                        if plant && early > 0 {
+                            break;
+                        }
+                    }
+                })
+            });
+            assert_eq!(
+                a.ops.stats.signals_with_data > 0,
+                plant,
+                "{what}: signals ride only with the bug"
+            );
+            if plant {
+                assert!(
+                    early > 0,
+                    "{what}: the signal never overtook the first chunk"
+                );
+            } else {
+                assert_eq!(early, 0, "{what}: signals before the first chunk");
             }
         }
     }
