@@ -446,12 +446,16 @@ impl NetEndpoint {
                 notes.push(format!("tried on itself and accepted: {}", ok.join(", ")));
             }
         }
-        let way = match way {
-            Ok(w) => Some(w),
-            Err(why) => {
-                notes.push(format!("signals are writes of their own: {why}"));
-                None
-            }
+        let (way, way_text) = match way {
+            Ok(order::SignalWay::Counted) => (
+                Some(order::SignalWay::Counted),
+                "signals counted by the receiver: every write carries a 4-byte tag in its remote CQ data, a put's signal into host memory is its last write's tag, and the receiver stores it once every write before it has arrived".to_string(),
+            ),
+            Ok(order::SignalWay::Ride) => (
+                Some(order::SignalWay::Ride),
+                "signals ride: a put's signal into host memory rides as remote CQ data on the put's last write where that write and every one before it are ordered, and the receiver stores it once the write is in place".to_string(),
+            ),
+            Err(why) => (None, format!("signals are flags of their own: {why}")),
         };
         let ops = &mut self.ops;
         ops.plan = plan;
@@ -472,16 +476,9 @@ impl NetEndpoint {
             }
         }
         crate::info!(
-            "net: {} plan: {}; {}{}{}",
+            "net: {} plan: {}; {way_text}{}{}",
             self.describe(),
             self.ops.plan.describe(),
-            if self.ops.counted {
-                "signals counted by the receiver: every write carries a 4-byte tag in its remote CQ data, a put's signal into host memory is its last write's tag, and the receiver stores it once every write before it has arrived"
-            } else if self.ops.cq_signals {
-                "signals ride: a put's signal into host memory rides as remote CQ data on the put's last write where that write is ordered as a flag would be, and the receiver stores it once the write is in place"
-            } else {
-                "signals are flags of their own"
-            },
             if notes.is_empty() { "" } else { "; " },
             notes.join("; ")
         );

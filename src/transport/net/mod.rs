@@ -20,11 +20,16 @@
 //!   per-peer queue (`Peers::defer_flag`, posted by `post_ready` from progress, the next write
 //!   or a flush), so the proxy is not held up; queued flags into one word that are ready
 //!   together go as one, the newest count. A provider with none of these is refused when the
-//!   endpoint opens.
+//!   endpoint opens. What a provider grants is read from its fi_info and amended by what its
+//!   source does beyond it (`profile.rs`, docs/PROVIDERS.md); what the plan relies on is
+//!   tried on the endpoint itself when it opens (`probe.rs`).
 //! - A `write_then_value` into host memory of a peer that takes them is one write carrying the
 //!   value as remote CQ data, stored by the peer's endpoint when it reads that write's
-//!   completion (`signals.rs`), where the plan would post a flag after the earlier writes
-//!   plain; a flush writes the newest such value of each word again, so it covers them.
+//!   completion (`signals.rs`), where the plan orders every earlier write and every chunk of
+//!   this one, the riding chunk too; a flush writes the newest such value of each word again,
+//!   so it covers them. On efa-rdm, signals are counted by the receiver instead (`counted.rs`).
+//! - A peer is an endpoint, not a rank: what we keep for it (staging channel, counting stream)
+//!   is its link (`blob::LinkBlob`), exchanged after both sides added each other.
 //! - flush = "arrived": tcp;ofi_rxm and net complete a plain write locally before the data is
 //!   at the target, so flush needs `FI_DELIVERY_COMPLETE`. Putting it on every write costs a
 //!   target acknowledgement per write (measured, 8 B put + flag half round trip: tcp 7.5 us
@@ -38,8 +43,9 @@
 //!   themselves; the flush waits for all of them. Where the provider refuses it, flush only
 //!   means "locally complete" (INFO, once).
 //! - A peer must keep progressing its endpoint until its peers' flushes are done (the marker
-//!   needs the target's progress): a destroyed communicator lingers (`comm::LINGER`) before it
-//!   closes its endpoints; raw `Endpoint` users progress until the peer is done.
+//!   needs the target's progress): a stopped communicator's endpoints are progressed until its
+//!   next launch or destroy (`proxy::Keeper`), and a destroyed one lingers (`comm::LINGER`)
+//!   before it closes its endpoints; raw `Endpoint` users progress until the peer is done.
 //! - shm drops a write with a bad key or range at the target without an error completion; only
 //!   validated blobs reach the data path, so this needs a peer bug, but it goes unreported.
 //! - Source buffers stay untouched until completion; the flag's 8-byte value sits in a

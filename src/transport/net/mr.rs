@@ -290,7 +290,11 @@ impl FabricOps for RealOps<'_> {
 
 #[cfg(test)]
 pub(super) mod mock {
-    //! A fabric that enforces cxi's FI_MR_ENDPOINT rules.
+    //! A fabric that enforces cxi's FI_MR_ENDPOINT rules, as its source has them (v2.5.0,
+    //! `prov/cxi/src/cxip_mr.c`): an MR is enabled only once bound (`cxip_mr_control`,
+    //! 1607-1611), its provider key is FI_KEY_NOTAVAIL until enabled (1659), and no I/O goes
+    //! through it before; binding needs an enabled endpoint (`cxip_mr_bind`, 1560), which
+    //! `fabric::Objects::open` gives every MR by enabling the endpoint first.
     use super::*;
 
     #[derive(Debug, Default)]
