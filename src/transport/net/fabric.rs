@@ -314,6 +314,31 @@ impl Objects {
         Ok(o)
     }
 
+    /// Inserts one address of this provider's format (`raw`: a peer's, or the endpoint's own
+    /// name) into the address vector; `who` names it in the error.
+    pub fn av_insert(&self, raw: &[u8], who: &str) -> Result<fi::fi_addr_t> {
+        let mut addr: fi::fi_addr_t = fi::FI_ADDR_NOTAVAIL;
+        // SAFETY: av is open; the caller checked that raw holds one address of this provider's
+        // format; addr receives the handle. Synchronous insert (no flags, no context).
+        let rc = unsafe {
+            fi::fi_av_insert(
+                self.av,
+                raw.as_ptr().cast(),
+                1,
+                &mut addr,
+                0,
+                ptr::null_mut(),
+            )
+        } as i64;
+        if rc != 1 {
+            return Err(fab_err(
+                format!("fi_av_insert for {who}"),
+                if rc < 0 { rc } else { -(fi::FI_EINVAL as i64) },
+            ));
+        }
+        Ok(addr)
+    }
+
     /// The endpoint's own address (`fi_getname`).
     pub fn name(&self) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; 128];

@@ -3,7 +3,7 @@
 //! queued flags). A table: what is posted from it lives in `flush.rs`.
 
 use super::blob::{AddrBlob, ChanBlob, MrBlob};
-use super::fabric::{fab_err, Objects};
+use super::fabric::Objects;
 use super::mr;
 use super::select;
 use crate::error::{Error, Result};
@@ -251,25 +251,7 @@ impl Peers {
             // Several connections between the same two endpoints: one peer.
             return Ok((i, false));
         }
-        let mut addr: fi::fi_addr_t = fi::FI_ADDR_NOTAVAIL;
-        // SAFETY: av is open; raw holds one address of this provider's format (checked above);
-        // addr receives the handle. Synchronous insert (no flags, no context).
-        let rc = unsafe {
-            fi::fi_av_insert(
-                objs.av,
-                raw.as_ptr().cast(),
-                1,
-                &mut addr,
-                0,
-                std::ptr::null_mut(),
-            )
-        } as i64;
-        if rc != 1 {
-            return Err(fab_err(
-                format!("fi_av_insert for rank {remote_rank}"),
-                if rc < 0 { rc } else { -(fi::FI_EINVAL as i64) },
-            ));
-        }
+        let addr = objs.av_insert(&raw, &format!("rank {remote_rank}"))?;
         self.list.push(Peer {
             rank: remote_rank,
             addr,

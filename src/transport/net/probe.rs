@@ -14,7 +14,7 @@
 //! Runs before any peer is added, on the endpoint's own completion queue, through the unordered
 //! test layer where there is one (which plays a provider's refusals).
 
-use super::fabric::{fab_err, strerror, EAGAIN, EAVAIL};
+use super::fabric::{strerror, EAGAIN, EAVAIL};
 use super::ops::Ops;
 use crate::error::Result;
 use libfabric_sys as fi;
@@ -77,25 +77,7 @@ pub(super) struct SelfTarget {
 impl SelfTarget {
     /// Inserts `raw`, the endpoint's own name, into its address vector.
     pub fn new(ops: &Ops, raw: &[u8], (raddr, key): (u64, u64)) -> Result<SelfTarget> {
-        let mut addr: fi::fi_addr_t = fi::FI_ADDR_NOTAVAIL;
-        // SAFETY: av is open; raw is this endpoint's own fi_getname; addr receives the handle.
-        // Synchronous insert (no flags, no context).
-        let rc = unsafe {
-            fi::fi_av_insert(
-                ops.objs.av,
-                raw.as_ptr().cast(),
-                1,
-                &mut addr,
-                0,
-                std::ptr::null_mut(),
-            )
-        } as i64;
-        if rc != 1 {
-            return Err(fab_err(
-                "fi_av_insert of the endpoint's own address",
-                if rc < 0 { rc } else { -(fi::FI_EINVAL as i64) },
-            ));
-        }
+        let addr = ops.objs.av_insert(raw, "the endpoint's own address")?;
         Ok(SelfTarget { addr, raddr, key })
     }
 }

@@ -848,69 +848,42 @@ fn unordered_planted_cxi_ride_untried() {
 
 /// "Both smaller than the size" (fi_endpoint(3)): on a provider that orders writes below a
 /// bound (psm3; verbs carries 4 bytes of CQ data, so its signals never ride), a later write
-/// above it may land before an earlier small one. A signal
-/// rides only a write within the bound; otherwise it is a flag queued behind both. Each round
-/// writes 2 KiB into one region, then puts 64 KiB into another with a signal, and checks the
-/// 2 KiB right after the signal. The planted bug (finding 6): the riding write's own size not
-/// counted. Then the signal rides the 64 KiB write and is seen before the 2 KiB landed.
+/// above it may land before an earlier small one. A signal rides only a write within the
+/// bound; otherwise it is a flag queued behind both. Each round writes 2 KiB into one region,
+/// then puts 64 KiB into another with a signal, and checks the 2 KiB right after the signal.
+/// The planted bug (finding 6): the riding write's own size not counted. Then the signal
+/// rides the 64 KiB write and is seen before the 2 KiB landed.
 #[test]
 fn unordered_planted_ride_over_a_larger_write() {
     use crate::config::UnorderedProfile::Psm3;
-    for (kind, profile) in [(Kind::Tcp, Psm3), (Kind::Shm, Psm3)] {
+    for kind in [Kind::Tcp, Kind::Shm] {
         for plant in [false, true] {
-            let what = format!("{kind:?} {profile:?}, planted {plant}");
-            let cfg = unordered_cfg(profile, 47);
-            // (The switch is read at every put: the whole run goes under it.)
             let p = Planted {
                 ride_ignores_own_size: plant,
                 ..Planted::default()
             };
-            let (mut a, mut b) = (open(kind, &cfg), open(kind, &cfg));
-            let pa = connect(&mut a, &mut b);
             let (small, big) = (256usize, 8usize << 10); // words: 2 KiB, 64 KiB
             let mut src = vec![0u64; big];
-            let (first, second, flag) = (vec![0u64; small], vec![0u64; big], vec![0u64; 2]);
-            let mut early = 0;
-            let (a, _b) = planted(p, || {
-                with_target_progressed(a, b, pa, |a, b, pa| {
-                    let d1 = import_from(a, b, pa, &first);
-                    let d2 = import_from(a, b, pa, &second);
-                    let f = import_from(a, b, pa, &flag);
-                    let s = a.register(region(&src)).unwrap().0;
-                    // Whether a round shows the overtaking depends on how far the held writes get
-                    // while the target is checked: the planted case goes on until one does.
-                    let rounds = if plant { 800 } else { 100 };
-                    for r in 1..=rounds {
-                        fill_round(&mut src, r);
-                        a.write(pa, s, 0, d1, 0, (small * 8) as u64).unwrap();
-                        a.write_then_value(pa, s, 0, d2, 0, (big * 8) as u64, (f, 8, r))
-                            .unwrap();
-                        progress_until_word(a, &flag, 1, r);
-                        // Only this thread moves the layer's held writes: what is missing now was
-                        // released after the signal.
-                        if (0..small).any(|i| word(&first, i) != round_word(r, i)) {
-                            early += 1;
-                        }
-                        a.flush(pa).unwrap();
-                        if plant && early > 0 {
-                            break;
-                        }
-                    }
-                })
-            });
-            assert_eq!(
-                a.ops.stats.signals_with_data > 0,
-                plant,
-                "{what}: signals ride only with the bug"
+            let src_region = region(&src);
+            let (first, second) = (vec![0u64; small], vec![0u64; big]);
+            ride_rounds(
+                (kind, &unordered_cfg(Psm3, 47), p, "the small write"),
+                |a, b, pa| {
+                    let s = a.register(src_region).unwrap().0;
+                    (
+                        s,
+                        import_from(a, b, pa, &first),
+                        import_from(a, b, pa, &second),
+                    )
+                },
+                |a, pa, &(s, d1, d2), f, r| {
+                    fill_round(&mut src, r);
+                    a.write(pa, s, 0, d1, 0, (small * 8) as u64).unwrap();
+                    a.write_then_value(pa, s, 0, d2, 0, (big * 8) as u64, (f, 8, r))
+                        .unwrap();
+                },
+                |r| (0..small).all(|i| word(&first, i) == round_word(r, i)),
             );
-            if plant {
-                assert!(
-                    early > 0,
-                    "{what}: the signal never overtook the small write"
-                );
-            } else {
-                assert_eq!(early, 0, "{what}: signals before the small write");
-            }
         }
     }
 }
@@ -927,59 +900,86 @@ fn unordered_planted_ride_over_staged_source_chunks() {
     use crate::config::UnorderedProfile::Psm3;
     for kind in [Kind::Tcp, Kind::Shm] {
         for plant in [false, true] {
-            let what = format!("{kind:?}, planted {plant}");
+            let p = Planted {
+                ride_ignores_source_chunks: plant,
+                ..Planted::default()
+            };
             let cfg = NetConfig {
                 force_staged_source: true,
                 staging_chunk: Some(16 << 10),
                 ..unordered_cfg(Psm3, 53)
             };
-            // (The switch is read at every put: the whole run goes under it.)
-            let p = Planted {
-                ride_ignores_source_chunks: plant,
-                ..Planted::default()
-            };
-            let (mut a, mut b) = (open(kind, &cfg), open(kind, &cfg));
-            let pa = connect(&mut a, &mut b);
             let n = (16 << 10) / 8 + 8; // words: a 16 KiB chunk and a 64-byte one
             let mut src = vec![0u64; n];
-            let (dst, flag) = (vec![0u64; n], vec![0u64; 2]);
-            let mut early = 0;
-            let (a, _b) = planted(p, || {
-                with_target_progressed(a, b, pa, |a, b, pa| {
-                    let d = import_from(a, b, pa, &dst);
-                    let f = import_from(a, b, pa, &flag);
-                    let s = a.register(region(&src)).unwrap().0;
-                    assert!(a.regions[s].staged_source, "{what}");
-                    let rounds = if plant { 800 } else { 100 };
-                    for r in 1..=rounds {
-                        fill_round(&mut src, r);
-                        a.write_then_value(pa, s, 0, d, 0, (n * 8) as u64, (f, 8, r))
-                            .unwrap();
-                        progress_until_word(a, &flag, 1, r);
-                        if (0..n).any(|i| word(&dst, i) != round_word(r, i)) {
-                            early += 1;
-                        }
-                        a.flush(pa).unwrap();
-                        if plant && early > 0 {
-                            break;
-                        }
-                    }
-                })
-            });
-            assert_eq!(
-                a.ops.stats.signals_with_data > 0,
-                plant,
-                "{what}: signals ride only with the bug"
+            let src_region = region(&src);
+            let dst = vec![0u64; n];
+            ride_rounds(
+                (kind, &cfg, p, "the first chunk"),
+                |a, b, pa| {
+                    let s = a.register(src_region).unwrap().0;
+                    assert!(a.regions[s].staged_source);
+                    (s, import_from(a, b, pa, &dst))
+                },
+                |a, pa, &(s, d), f, r| {
+                    fill_round(&mut src, r);
+                    a.write_then_value(pa, s, 0, d, 0, (n * 8) as u64, (f, 8, r))
+                        .unwrap();
+                },
+                |r| (0..n).all(|i| word(&dst, i) == round_word(r, i)),
             );
-            if plant {
-                assert!(
-                    early > 0,
-                    "{what}: the signal never overtook the first chunk"
-                );
-            } else {
-                assert_eq!(early, 0, "{what}: signals before the first chunk");
-            }
         }
+    }
+}
+
+/// The frame of the planted ride tests: endpoints of `kind` under `cfg`, the target progressed
+/// by a thread; `setup` registers what the rounds need, `put` writes round `r` with its signal
+/// into word 1 of region `f`, and `landed(r)`, right after the signal was seen, says whether
+/// the bytes before it had all landed. The defense `p` takes out (a ride switch, or none) is
+/// out for the whole run: it is read at every put. Rounds go on until one sees the signal
+/// before `what` (at most 800) where a defense is out, for 100 otherwise; then asserts that
+/// signals rode only with the defense out, and overtook `what` exactly then.
+fn ride_rounds<S>(
+    (kind, cfg, p, what): (Kind, &NetConfig, Planted, &str),
+    setup: impl FnOnce(&mut NetEndpoint, &Mutex<NetEndpoint>, PeerId) -> S,
+    mut put: impl FnMut(&mut NetEndpoint, PeerId, &S, RemoteId, u64),
+    landed: impl Fn(u64) -> bool,
+) {
+    let plant = p.ride_ignores_own_size || p.ride_ignores_source_chunks;
+    let what = format!("{kind:?}, planted {plant}: {what}");
+    let (mut a, mut b) = (open(kind, cfg), open(kind, cfg));
+    let pa = connect(&mut a, &mut b);
+    let flag = vec![0u64; 2];
+    let mut early = 0;
+    let (a, _b) = planted(p, || {
+        with_target_progressed(a, b, pa, |a, b, pa| {
+            let ids = setup(a, b, pa);
+            let f = import_from(a, b, pa, &flag);
+            // Whether a round shows the overtaking depends on how far the held writes get
+            // while the target is checked: with the bug, rounds go on until one does.
+            for r in 1..=if plant { 800 } else { 100 } {
+                put(a, pa, &ids, f, r);
+                progress_until_word(a, &flag, 1, r);
+                // Only this thread moves the layer's held writes: what is missing now was
+                // released after the signal.
+                if !landed(r) {
+                    early += 1;
+                }
+                a.flush(pa).unwrap();
+                if plant && early > 0 {
+                    break;
+                }
+            }
+        })
+    });
+    assert_eq!(
+        a.ops.stats.signals_with_data > 0,
+        plant,
+        "{what}: signals ride only with the bug"
+    );
+    if plant {
+        assert!(early > 0, "{what}: the signal never overtook it");
+    } else {
+        assert_eq!(early, 0, "{what}: signals before it");
     }
 }
 
