@@ -352,6 +352,7 @@ impl NetEndpoint {
             }
         };
         let mut tried: Vec<(probe::Primitive, probe::Answer)> = Vec::new();
+        let t0 = std::time::Instant::now();
         let mut untried = me.is_none() || planted().no_probe;
         // Ends when every primitive the plan relies on was accepted (or cannot be tried): each
         // refusal removes one of at most three from `attrs`, so at most four rounds.
@@ -443,7 +444,11 @@ impl NetEndpoint {
                 .map(|t| t.0.describe())
                 .collect();
             if !ok.is_empty() {
-                notes.push(format!("tried on itself and accepted: {}", ok.join(", ")));
+                notes.push(format!(
+                    "tried on itself and accepted ({:.1} ms): {}",
+                    t0.elapsed().as_secs_f64() * 1e3,
+                    ok.join(", ")
+                ));
             }
         }
         let (way, way_text) = match way {
