@@ -379,11 +379,13 @@ const STOPPED_FIRST_TIMEOUT_S: &str = "10";
 
 /// Rank 1 takes rank 0's `putWithSignal` and stops its proxies at once, with no barrier before
 /// (a 2023 program may: its flush was local). Rank 0 then flushes (which waits for delivery
-/// here) and stops. Both return at once, well within the wait timeout: after its stop, rank 1's
-/// endpoints are still progressed (`proxy::Keeper`) until its next launch or destroy. Before,
-/// rank 0's flush waited out the timeout and failed.
+/// here) and stops, after one more small put (inline over SHM). All return at once, well within
+/// the wait timeout, and the put arrives: after its stop, rank 1's endpoints are still
+/// progressed, and its inline-put rings applied (`proxy::Keeper`), until its next launch or
+/// destroy. Before, rank 0's flush waited out the timeout and failed.
 fn peer_stopped_first(e: Env) {
     const N: usize = 64 << 10;
+    const SMALL: usize = 1024;
     let c = init(&e.root, e.rank, e.n);
     let mut buf = vec![0u8; N];
     ok(connect(c, 1 - e.rank, 0, &mut buf));
@@ -397,7 +399,21 @@ fn peer_stopped_first(e: Env) {
         put_signal(d, 0, 0, N as u64);
         // Rank 1 has stopped once it reaches this barrier.
         ok(mscclppBootstrapBarrier(c));
+        // The flush of the put before (through the endpoint), then one more put, small: over
+        // SHM it goes inline, through rank 1's ring, which rank 1 must still apply for the
+        // second flush to end; then the stop.
+        for (i, b) in buf[..SMALL].iter_mut().enumerate() {
+            *b = pattern(11, i);
+        }
         let (r, el) = timed(|| {
+            let r = mscclppDevConnFlush(d);
+            if r != mscclppSuccess {
+                return r;
+            }
+            let r = mscclppDevConnPut(d, 0, 0, SMALL as u64);
+            if r != mscclppSuccess {
+                return r;
+            }
             let r = mscclppDevConnFlush(d);
             if r != mscclppSuccess {
                 return r;
@@ -422,8 +438,16 @@ fn peer_stopped_first(e: Env) {
         ok(mscclppProxyStop(c));
         ok(mscclppBootstrapBarrier(c));
     }
-    // Rank 1 destroys only once rank 0 is done.
+    // Rank 1 destroys only once rank 0 is done; rank 0's last put has arrived by then.
     ok(mscclppBootstrapBarrier(c));
+    if e.rank == 1 {
+        for (i, b) in buf[..SMALL].iter().enumerate() {
+            // Volatile: rank 0 wrote these bytes behind the compiler's back.
+            // SAFETY: within buf.
+            let b = unsafe { (b as *const u8).read_volatile() };
+            assert_eq!(b, pattern(11, i), "byte {i} of the put after the stop");
+        }
+    }
     ok(mscclppCommDestroy(c));
 }
 

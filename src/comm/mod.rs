@@ -303,8 +303,8 @@ impl Comm {
     }
 
     /// After a clean stop: a thread keeps the endpoints that linger (network ones: `Caps`)
-    /// progressing until the next launch or destroy (`proxy::Keeper` says why). None where
-    /// nothing lingers.
+    /// progressing, and the inline-put rings applied, until the next launch or destroy
+    /// (`proxy::Keeper` says why). None where there is neither.
     fn start_keeper(&mut self) {
         let skip = self.untouchable();
         let eps: Vec<(usize, proxy::SharedEndpoint)> = self
@@ -314,10 +314,16 @@ impl Comm {
             .filter(|(i, s)| s.caps.linger && !skip[*i])
             .map(|(i, s)| (i, s.ep.clone()))
             .collect();
-        if eps.is_empty() {
+        let inboxes: Vec<_> = self
+            .conns
+            .iter()
+            .filter(|c| !skip[c.slot])
+            .filter_map(|c| c.inbox.clone())
+            .collect();
+        if eps.is_empty() && inboxes.is_empty() {
             return;
         }
-        match proxy::keep_serving(format!("mscclpp-keeper-{}", self.rank()), eps) {
+        match proxy::keep_serving(format!("mscclpp-keeper-{}", self.rank()), eps, inboxes) {
             Ok(k) => self.keeper = Some(k),
             Err(e) => crate::warn!(
                 "rank {}: cannot start the thread that progresses the endpoints after the stop ({e}): peers that flush to this rank now wait for its next launch or destroy",

@@ -6,7 +6,9 @@
 //! library flushed to local completion and never needed this; a 2023 program that stops its
 //! proxies without a barrier must still run (issue 40, finding 6).
 //!
-//! It serves nothing of the FIFOs: it only calls `progress` and `poll_incoming`. It takes each
+//! It serves nothing of the FIFOs: it calls `progress` and `poll_incoming`, and applies the
+//! inline puts SHM peers write into our rings (`transport::inbox`: a peer's flush waits until
+//! they are applied). It takes each
 //! endpoint's lock with `try_lock` (a host call holding it is left alone), naps between rounds
 //! longer the longer nothing arrives (at most `NAP_MAX`: a peer's flush is then that much
 //! later), and stops serving an endpoint at its first error (the peer left). Quitting is
@@ -14,6 +16,7 @@
 //! abandoned with the endpoint it was in, which the caller must then not touch again.
 
 use super::work::SharedEndpoint;
+use crate::transport::inbox::Inbox;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -32,14 +35,19 @@ pub struct Keeper {
     handle: JoinHandle<()>,
 }
 
-/// Starts a thread progressing `eps` (the caller's slot index, the endpoint) until `quit`.
-pub fn keep_serving(name: String, eps: Vec<(usize, SharedEndpoint)>) -> std::io::Result<Keeper> {
+/// Starts a thread progressing `eps` (the caller's slot index, the endpoint) and applying
+/// `inboxes` until `quit`.
+pub fn keep_serving(
+    name: String,
+    eps: Vec<(usize, SharedEndpoint)>,
+    inboxes: Vec<Arc<Inbox>>,
+) -> std::io::Result<Keeper> {
     let quit = Arc::new(AtomicBool::new(false));
     let current = Arc::new(AtomicUsize::new(IDLE));
     let (q, cur) = (quit.clone(), current.clone());
     let handle = std::thread::Builder::new()
         .name(name)
-        .spawn(move || serve(&eps, &q, &cur))?;
+        .spawn(move || serve(&eps, &inboxes, &q, &cur))?;
     Ok(Keeper {
         quit,
         current,
@@ -47,13 +55,37 @@ pub fn keep_serving(name: String, eps: Vec<(usize, SharedEndpoint)>) -> std::io:
     })
 }
 
-fn serve(eps: &[(usize, SharedEndpoint)], quit: &AtomicBool, current: &AtomicUsize) {
+fn serve(
+    eps: &[(usize, SharedEndpoint)],
+    inboxes: &[Arc<Inbox>],
+    quit: &AtomicBool,
+    current: &AtomicUsize,
+) {
     let mut live: Vec<bool> = vec![true; eps.len()];
+    let mut live_inboxes: Vec<bool> = vec![true; inboxes.len()];
     let mut quiet_since = Instant::now();
     // Ends when asked to quit (Acquire pairs with the Release in `quit`), or when every
-    // endpoint has failed.
-    while !quit.load(Ordering::Acquire) && live.iter().any(|l| *l) {
+    // endpoint and ring has failed.
+    while !quit.load(Ordering::Acquire)
+        && (live.iter().any(|l| *l) || live_inboxes.iter().any(|l| *l))
+    {
         let mut took = false;
+        for (inbox, live) in inboxes.iter().zip(live_inboxes.iter_mut()) {
+            if !*live {
+                continue;
+            }
+            // What a peer put inline since (a waiter of ours applying it too leaves it to
+            // that waiter: `drain_if_free`).
+            match inbox.drain_if_free() {
+                Ok(applied) => took |= applied,
+                Err(e) => {
+                    crate::info!(
+                        "an inline-put ring is no longer applied after the proxies' stop: {e}"
+                    );
+                    *live = false;
+                }
+            }
+        }
         for ((slot, ep), live) in eps.iter().zip(live.iter_mut()) {
             if !*live {
                 continue;
