@@ -344,16 +344,10 @@ impl NetEndpoint {
     ) -> Result<()> {
         let (provider, domain) = (self.ops.provider.clone(), self.ops.domain.clone());
         let sc = self.peers.me.scratch;
-        let me = match probe::SelfTarget::new(&self.ops, raw, (sc.base, sc.key)) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                crate::warn!("net: {}: the plan stands untried: {e}", self.describe());
-                None
-            }
+        let mut tries = match planted().no_probe {
+            true => probe::Tries::none("a planted bug: the plan trusted untried"),
+            false => probe::Tries::new(&self.ops, raw, (sc.base, sc.key)),
         };
-        let mut tried: Vec<(probe::Primitive, probe::Answer)> = Vec::new();
-        let t0 = std::time::Instant::now();
-        let mut untried = me.is_none() || planted().no_probe;
         // Ends when every primitive the plan relies on was accepted (or cannot be tried): each
         // refusal removes one of at most three from `attrs`, so at most four rounds.
         let (plan, way) = loop {
@@ -373,48 +367,17 @@ impl NetEndpoint {
             if attrs.delivery_complete {
                 relies.push(probe::Primitive::DeliveryComplete);
             }
-            let mut refused = None;
-            for want in relies {
-                if untried {
-                    break;
-                }
-                let me = me.expect("tried only with a target");
-                // A plain write first: where it fails, nothing can be tried.
-                for p in [probe::Primitive::Plain, want] {
-                    if tried.iter().all(|t| t.0 != p) {
-                        let a = probe::try_write(&mut self.ops, me, p);
-                        tried.push((p, a));
+            let refusal = relies
+                .into_iter()
+                .find_map(|p| match tries.answer(&mut self.ops, p) {
+                    None | Some(probe::Answer::Done) => None,
+                    Some(probe::Answer::Refused(why)) => Some((p, why)),
+                    Some(probe::Answer::Silent) => {
+                        Some((p, "no completion within the bound".to_string()))
                     }
-                }
-                let plain = &tried
-                    .iter()
-                    .find(|t| t.0 == probe::Primitive::Plain)
-                    .unwrap()
-                    .1;
-                if *plain != probe::Answer::Done {
-                    crate::warn!(
-                        "net: {}: the plan stands untried: a plain write of the endpoint to itself {}",
-                        self.describe(),
-                        match plain {
-                            probe::Answer::Refused(why) => format!("failed: {why}"),
-                            _ => "did not complete within the bound".to_string(),
-                        }
-                    );
-                    untried = true;
-                    break;
-                }
-                let a = &tried.iter().find(|t| t.0 == want).unwrap().1;
-                if *a != probe::Answer::Done {
-                    refused = Some((want, a.clone()));
-                    break;
-                }
-            }
-            let Some((p, a)) = refused else {
+                });
+            let Some((p, why)) = refusal else {
                 break (plan, way);
-            };
-            let why = match a {
-                probe::Answer::Refused(why) => why,
-                _ => "no completion within the bound".to_string(),
             };
             let then = match p {
                 probe::Primitive::CqData(_) => {
@@ -437,19 +400,12 @@ impl NetEndpoint {
             );
             notes.push(format!("{} refused when tried", p.describe()));
         };
-        if !tried.is_empty() && !untried {
-            let ok: Vec<&str> = tried
-                .iter()
-                .filter(|t| t.0 != probe::Primitive::Plain && t.1 == probe::Answer::Done)
-                .map(|t| t.0.describe())
-                .collect();
-            if !ok.is_empty() {
-                notes.push(format!(
-                    "tried on itself and accepted ({:.1} ms): {}",
-                    t0.elapsed().as_secs_f64() * 1e3,
-                    ok.join(", ")
-                ));
+        match (&tries.untried, tries.accepted()) {
+            (Some(why), _) if !planted().no_probe => {
+                crate::warn!("net: {}: the plan stands untried: {why}", self.describe())
             }
+            (_, Some(ok)) => notes.push(ok),
+            _ => {}
         }
         let (way, way_text) = match way {
             Ok(order::SignalWay::Counted) => (

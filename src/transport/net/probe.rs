@@ -68,7 +68,7 @@ impl Primitive {
 /// The endpoint's own address in its address vector, and its scratch word (address and key
 /// as a peer would write it): what every try writes to.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct SelfTarget {
+struct SelfTarget {
     addr: fi::fi_addr_t,
     raddr: u64,
     key: u64,
@@ -79,6 +79,86 @@ impl SelfTarget {
     pub fn new(ops: &Ops, raw: &[u8], (raddr, key): (u64, u64)) -> Result<SelfTarget> {
         let addr = ops.objs.av_insert(raw, "the endpoint's own address")?;
         Ok(SelfTarget { addr, raddr, key })
+    }
+}
+
+/// One endpoint's tries (module doc): each primitive tried once, a plain write before the first,
+/// and why nothing could be tried where nothing could.
+pub(super) struct Tries {
+    me: Option<SelfTarget>,
+    done: Vec<(Primitive, Answer)>,
+    /// Why nothing can be tried (the endpoint's own address refused by its address vector,
+    /// or a plain write to itself failed), once known.
+    pub untried: Option<String>,
+    started: Instant,
+}
+
+impl Tries {
+    /// Tries on `ops`'s endpoint, whose own name is `raw` and scratch word `target`.
+    pub fn new(ops: &Ops, raw: &[u8], target: (u64, u64)) -> Tries {
+        let (me, untried) = match SelfTarget::new(ops, raw, target) {
+            Ok(m) => (Some(m), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        Tries {
+            me,
+            done: Vec::new(),
+            untried,
+            started: Instant::now(),
+        }
+    }
+
+    /// The same, trying nothing (a unit test's planted bug: the plan trusted untried).
+    pub fn none(why: &str) -> Tries {
+        Tries {
+            me: None,
+            done: Vec::new(),
+            untried: Some(why.to_string()),
+            started: Instant::now(),
+        }
+    }
+
+    /// The provider's answer to `p`, tried once (a plain write first); None where nothing can
+    /// be tried (`untried` says why).
+    pub fn answer(&mut self, ops: &mut Ops, p: Primitive) -> Option<Answer> {
+        let me = self.me.filter(|_| self.untried.is_none())?;
+        for q in [Primitive::Plain, p] {
+            if self.done.iter().all(|t| t.0 != q) {
+                let a = try_write(ops, me, q);
+                self.done.push((q, a));
+            }
+        }
+        let of = |q: Primitive| self.done.iter().find(|t| t.0 == q).map(|t| t.1.clone());
+        match of(Primitive::Plain)? {
+            Answer::Done => of(p),
+            a => {
+                self.untried = Some(format!(
+                    "a plain write of the endpoint to itself {}",
+                    match a {
+                        Answer::Refused(why) => format!("failed: {why}"),
+                        _ => "did not complete within the bound".to_string(),
+                    }
+                ));
+                None
+            }
+        }
+    }
+
+    /// "tried on itself and accepted (T ms): ..." for the endpoint's INFO line, where any was.
+    pub fn accepted(&self) -> Option<String> {
+        let ok: Vec<&str> = self
+            .done
+            .iter()
+            .filter(|t| t.0 != Primitive::Plain && t.1 == Answer::Done)
+            .map(|t| t.0.describe())
+            .collect();
+        (!ok.is_empty() && self.untried.is_none()).then(|| {
+            format!(
+                "tried on itself and accepted ({:.1} ms): {}",
+                self.started.elapsed().as_secs_f64() * 1e3,
+                ok.join(", ")
+            )
+        })
     }
 }
 
@@ -95,7 +175,7 @@ pub(super) enum Answer {
 /// Writes 8 bytes from the endpoint's inline area to itself as `what` asks, and waits (at most
 /// `BOUND`) for its completion and, for remote CQ data, for that data to arrive as sent. Must
 /// run while nothing else is in flight on the endpoint (before any peer is added).
-pub(super) fn try_write(ops: &mut Ops, me: SelfTarget, what: Primitive) -> Answer {
+fn try_write(ops: &mut Ops, me: SelfTarget, what: Primitive) -> Answer {
     // The context lives until the write's completion; one abandoned in flight is leaked, so
     // that a late completion never names freed memory.
     let ctx: &mut fi::fi_context2 = Box::leak(Box::default());
