@@ -231,10 +231,13 @@ struct Sweep {
     ep: Box<dyn Endpoint>,
     addr: Vec<u8>,
     region: Vec<u8>,
+    /// The link `other` made for `ep` (its staging channel; `Endpoint::link_for`).
+    link: Vec<u8>,
     peer: usize,
     next_rank: usize,
-    accepted: (usize, usize),
+    accepted: (usize, usize, usize),
     _mem: Vec<u64>,
+    _other: Box<dyn Endpoint>,
 }
 
 fn sweep(shm: bool) -> Sweep {
@@ -260,14 +263,18 @@ fn sweep(shm: bool) -> Sweep {
         .unwrap();
     let addr = other.address().unwrap();
     let peer = ep.add_peer(1, &addr).unwrap();
+    let to_ep = other.add_peer(0, &ep.address().unwrap()).unwrap();
+    let link = other.link_for(to_ep).unwrap();
     Sweep {
         ep,
         addr,
         region,
+        link,
         peer,
         next_rank: 2,
-        accepted: (0, 0),
+        accepted: (0, 0, 0),
         _mem: mem,
+        _other: other,
     }
 }
 
@@ -287,12 +294,20 @@ fn net_blobs(shm: bool) {
         proptest::option::of(any::<usize>()),
         proptest::collection::vec(any::<u8>(), 0..8),
         proptest::collection::vec(any::<u8>(), 0..120),
-        any::<bool>(),
+        0u8..3,
     );
     runner
-        .run(&strat, |(flips, cut, extra, raw, on_addr)| {
+        .run(&strat, |(flips, cut, extra, raw, which)| {
             with_sweep(shm, |s| {
-                if on_addr {
+                if which == 2 {
+                    // Links: decoded before the peer's first link is taken or compared.
+                    let m = mutate(s.link.clone(), &flips, cut.map(|c| c % 200), &extra);
+                    for b in [&m, &raw] {
+                        if s.ep.link_to(s.peer, b).is_ok() {
+                            s.accepted.2 += 1;
+                        }
+                    }
+                } else if which == 1 {
                     let m = mutate(s.addr.clone(), &flips, cut.map(|c| c % 200), &extra);
                     for b in [&m, &raw] {
                         let r = s.next_rank;
@@ -315,18 +330,19 @@ fn net_blobs(shm: bool) {
         .unwrap();
     with_sweep(shm, |s| {
         println!(
-            "{}: accepted {} mutated addresses and {} mutated region blobs",
+            "{}: accepted {} mutated addresses, {} mutated region blobs and {} mutated links",
             s.ep.describe(),
             s.accepted.0,
-            s.accepted.1
+            s.accepted.1,
+            s.accepted.2
         );
         // The unmutated blobs are still accepted (the endpoint is intact).
         s.ep.import(s.peer, &s.region.clone()).unwrap();
     });
 }
 
-/// The network transport's address and region blobs, mutated, through `add_peer` and
-/// `import` of a tcp endpoint.
+/// The network transport's address and region blobs and links, mutated, through `add_peer`,
+/// `import` and `link_to` of a tcp endpoint.
 #[test]
 fn net_blobs_through_a_tcp_endpoint() {
     net_blobs(false);

@@ -1,5 +1,6 @@
-//! The network transport's address and region blobs, through a real tcp endpoint's `add_peer`
-//! and `import` (the path a peer's bytes take). First input byte picks which.
+//! The network transport's address and region blobs and links, through a real tcp endpoint's
+//! `add_peer`, `import` and `link_to` (the path a peer's bytes take). First input byte picks
+//! which.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -45,12 +46,18 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let mut s = state().lock().unwrap_or_else(|e| e.into_inner());
-    if which & 1 == 0 {
-        let r = s.next_rank;
-        s.next_rank += 1;
-        let _ = s.ep.add_peer(r, blob);
-    } else {
-        let p = s.peer;
-        let _ = s.ep.import(p, blob);
+    let p = s.peer;
+    match which % 3 {
+        0 => {
+            let r = s.next_rank;
+            s.next_rank += 1;
+            let _ = s.ep.add_peer(r, blob);
+        }
+        1 => {
+            let _ = s.ep.import(p, blob);
+        }
+        _ => {
+            let _ = s.ep.link_to(p, blob);
+        }
     }
 });
