@@ -43,6 +43,36 @@ struct OpSlot {
     seq: u64,
 }
 
+/// A try's write that did not complete within its bound, and CQ data of a try that did not
+/// arrive within it (`probe.rs`): either may still come, and is then dropped, not taken for a
+/// peer's (which would fail the endpoint).
+#[derive(Default)]
+pub(super) struct Strays {
+    /// The contexts of the writes, kept until their completions come (or the endpoint drops).
+    /// Boxed: a context's address is the provider's handle on it, which must not move when the
+    /// vector grows.
+    #[allow(clippy::vec_box)]
+    pub ctxs: Vec<Box<fi::fi_context2>>,
+    pub data: Vec<u64>,
+}
+
+impl Strays {
+    /// Takes the write of context `ctx`, if it is a stray.
+    pub(super) fn take_ctx(&mut self, ctx: *mut c_void) -> bool {
+        let i = self
+            .ctxs
+            .iter()
+            .position(|c| std::ptr::eq(&**c, ctx.cast::<fi::fi_context2>()));
+        i.map(|i| self.ctxs.swap_remove(i)).is_some()
+    }
+
+    /// Takes one stray CQ datum equal to `data`, if there is one.
+    pub(super) fn take_data(&mut self, data: u64) -> bool {
+        let i = self.data.iter().position(|d| *d == data);
+        i.map(|i| self.data.swap_remove(i)).is_some()
+    }
+}
+
 /// One RMA write to post (see `Ops::post`).
 pub(super) struct Op<'a> {
     pub peer: PeerId,
@@ -167,6 +197,9 @@ pub(super) struct Ops {
     /// completion goes through it. After `objs`: its pieces' contexts and source copies must
     /// outlive the endpoint.
     pub layer: Option<Box<Layer>>,
+    /// What the endpoint's tries of its plan left behind (`probe.rs`): completions and CQ data
+    /// that may still come. After `objs`: the contexts must outlive the endpoint.
+    pub strays: Strays,
     pub provider: String,
     pub domain: String,
     /// How flags, staging records and markers are ordered after earlier writes, and which
@@ -232,6 +265,7 @@ impl Ops {
             objs,
             _info: info,
             layer: None,
+            strays: Strays::default(),
             provider,
             domain,
             plan,
@@ -378,10 +412,14 @@ impl Ops {
                 // provider this library uses gives one there: docs/PROVIDERS.md). The flag is
                 // read alone: shm 2.0-2.4 sets no FI_RMA or FI_REMOTE_WRITE with it.
                 if e.flags & fi::FI_REMOTE_CQ_DATA as u64 != 0 {
-                    self.take_remote(peers, e)?;
+                    if !self.strays.take_data(e.data) {
+                        self.take_remote(peers, e)?;
+                    }
                     continue;
                 }
-                self.retire(peers, e.op_context)?;
+                if !self.strays.take_ctx(e.op_context) {
+                    self.retire(peers, e.op_context)?;
+                }
             }
             return Ok(rc as usize);
         }
@@ -389,7 +427,10 @@ impl Ops {
             return Ok(0);
         }
         if rc == EAVAIL {
-            return Err(self.read_error(peers));
+            return match self.read_error(peers) {
+                Some(e) => Err(e),
+                None => Ok(0),
+            };
         }
         Err(fab_err(format!("fi_cq_read on {}", self.describe()), rc))
     }
@@ -421,8 +462,9 @@ impl Ops {
         r.map_err(|why| fail(self, format!("from rank {rank}: {why}")))
     }
 
-    /// Turns the error completion at the head of the CQ into an error naming the peer.
-    fn read_error(&mut self, peers: &mut Peers) -> Error {
+    /// Turns the error completion at the head of the CQ into an error naming the peer (None:
+    /// a stray try's, dropped).
+    fn read_error(&mut self, peers: &mut Peers) -> Option<Error> {
         let mut e = fi::fi_cq_err_entry::default();
         let rc = match self.layer.as_mut() {
             Some(l) => l.readerr(&mut e),
@@ -430,7 +472,10 @@ impl Ops {
             None => unsafe { fi::fi_cq_readerr(self.objs.cq, &mut e, 0) as i64 },
         };
         if rc < 0 {
-            return fab_err("fi_cq_readerr", rc);
+            return Some(fab_err("fi_cq_readerr", rc));
+        }
+        if self.strays.take_ctx(e.op_context) {
+            return None;
         }
         let mut buf = [0 as std::ffi::c_char; 256];
         // SAFETY: cq is open; err_data belongs to the provider and is valid until the next
@@ -449,11 +494,11 @@ impl Ops {
             Ok(p) => peers.name(p),
             Err(_) => "an unknown peer".into(),
         };
-        Error::Fabric {
+        Some(Error::Fabric {
             call: format!("RMA write to {who} over {} (completion)", self.describe()),
             code: -(e.err as i64),
             detail: format!("{}; provider: {prov}", strerror(e.err as i64)),
-        }
+        })
     }
 
     /// `Endpoint::progress`.

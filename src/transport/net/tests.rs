@@ -983,6 +983,87 @@ fn ride_rounds<S>(
     }
 }
 
+/// The CQ data a try sends, which the endpoint drops where the try gave up before it came
+/// (`Ops::strays`), is never what a peer sends: not a ride's, not activity, not a counted tag
+/// of any stream, epoch or word.
+#[test]
+fn the_tries_data_is_never_a_peers() {
+    let (eight, four) = (probe::probe_data(8), probe::probe_data(4));
+    for d in [eight, four] {
+        assert_eq!(signals::decode(d), None, "{d:#x}");
+        assert!(!signals::is_activity(d), "{d:#x}");
+    }
+    assert!(eight > u64::from(u32::MAX), "a counted tag is 4 bytes");
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    for stream in 0..=255u8 {
+        let mut e = counted::Epochs::new(Some(stream));
+        // 300 epochs: every epoch number of the tag's 7 bits, closers with and without values.
+        for seq in 0..1500 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let word = (rng % 5 == 0).then_some((rng >> 8) as u16 & 0xfff);
+            let t = e.tag(seq, word);
+            assert_ne!(u64::from(t), four, "stream {stream}, write {seq}");
+        }
+    }
+}
+
+/// A try that gives up before its write completed or its CQ data arrived (a slow provider:
+/// under valgrind tcp took more than 2 s to connect to itself) leaves them to come later, and
+/// the endpoint drops them when they do (`Ops::strays`) instead of failing on a completion it
+/// does not know, on CQ data no peer sent, or taking them for a later try's. The CQ-data try
+/// gives up as soon as it is posted: a delivery-complete try after it is not refused for the
+/// stray CQ data it reads. With the delivery-complete try giving up too, nothing reads the
+/// queue after the tries: the strays come during the traffic, and every put still lands with
+/// its signal.
+#[test]
+fn a_try_given_up_leaves_strays_that_are_dropped() {
+    use probe::Primitive::{CqData, DeliveryComplete};
+    for kind in [Kind::Tcp, Kind::Shm] {
+        let dc_alone = open(kind, &NetConfig::default()).ops.delivery_complete;
+        for last in [false, true] {
+            let what = format!("{kind:?}, the last try gives up too: {last}");
+            let mask = CqData(0).bit() | if last { DeliveryComplete.bit() } else { 0 };
+            probe::GIVE_UP_AFTER_POST.with(|g| g.set(mask));
+            let mut a = open(kind, &NetConfig::default());
+            probe::GIVE_UP_AFTER_POST.with(|g| g.set(0));
+            assert!(!a.ops.cq_signals, "{what}: the try gave up: flags");
+            if last {
+                assert!(!a.ops.strays.ctxs.is_empty(), "{what}: nothing left");
+            } else {
+                assert_eq!(a.ops.delivery_complete, dc_alone, "{what}");
+            }
+            let mut b = open(kind, &NetConfig::default());
+            let pa = connect(&mut a, &mut b);
+            let src = vec![3u64; 512];
+            let (dst, flag) = (vec![0u64; 512], vec![0u64; 2]);
+            let (a, _b) = with_target_progressed(a, b, pa, |a, b, pa| {
+                let d = import_from(a, b, pa, &dst);
+                let f = import_from(a, b, pa, &flag);
+                let s = a.register(region(&src)).unwrap().0;
+                for r in 1..=20 {
+                    a.write_then_value(pa, s, 0, d, 0, 4096, (f, 8, r)).unwrap();
+                    progress_until_word(a, &flag, 1, r);
+                }
+                let t0 = Instant::now();
+                // Ends when the strays came, or fails after 20 s.
+                while !a.ops.strays.ctxs.is_empty() || !a.ops.strays.data.is_empty() {
+                    a.progress().unwrap();
+                    assert!(
+                        t0.elapsed() < Duration::from_secs(20),
+                        "{what}: strays never came"
+                    );
+                    std::thread::yield_now();
+                }
+            });
+            assert!((0..512).all(|i| word(&dst, i) == 3), "{what}");
+            assert_eq!(word(&flag, 1), 20, "{what}");
+            drop(a);
+        }
+    }
+}
+
 /// Reads the count in word 1 of `flag` until `stop` is set: an error if it ever steps back or
 /// `check` fails for a count read; else how many times it saw the count change.
 fn watch_count(
