@@ -404,17 +404,89 @@ extern "C" fn own_handler(_: std::ffi::c_int) {
     OWN_HANDLER_RAN.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Installs `own_handler` for SIGUSR1 as a program that relies on it breaking a blocking call
+/// does (CPython does the same): no `SA_RESTART`; on the alternate stack (as the Go runtime
+/// requires); SIGUSR2 blocked while it runs.
+fn install_own_handler() {
+    // SAFETY: zeroed is a valid sigaction, completed here; the handler only stores to an
+    // atomic.
+    unsafe {
+        let mut a: libc::sigaction = std::mem::zeroed();
+        a.sa_sigaction = own_handler as *const () as usize;
+        a.sa_flags = libc::SA_ONSTACK;
+        libc::sigemptyset(&mut a.sa_mask);
+        libc::sigaddset(&mut a.sa_mask, libc::SIGUSR2);
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &a, std::ptr::null_mut()), 0);
+    }
+}
+
+/// With the report's handler in place of the program's, SIGUSR1 still does what the program
+/// installed it for: the action keeps its flags and mask, and a thread blocked in `read` is
+/// interrupted (`EINTR`) instead of resuming the call.
+fn own_handler_still_interrupts() {
+    // SAFETY: a query; `now` is written.
+    let now = unsafe {
+        let mut now: libc::sigaction = std::mem::zeroed();
+        assert_eq!(
+            libc::sigaction(libc::SIGUSR1, std::ptr::null(), &mut now),
+            0
+        );
+        now
+    };
+    assert_eq!(now.sa_flags & libc::SA_RESTART, 0, "SA_RESTART added");
+    assert_ne!(now.sa_flags & libc::SA_ONSTACK, 0, "SA_ONSTACK dropped");
+    // SAFETY: a mask read.
+    assert_eq!(
+        unsafe { libc::sigismember(&now.sa_mask, libc::SIGUSR2) },
+        1,
+        "mask lost"
+    );
+    let mut fds = [0; 2];
+    // SAFETY: fds has room for the two ends.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let reader = std::thread::spawn(move || {
+        let mut b = 0u8;
+        // SAFETY: reads one byte into `b` from the pipe's read end, open until joined.
+        let n = unsafe { libc::read(fds[0], (&mut b as *mut u8).cast(), 1) };
+        (n, std::io::Error::last_os_error().raw_os_error())
+    });
+    use std::os::unix::thread::JoinHandleExt;
+    let t = reader.as_pthread_t();
+    let t0 = Instant::now();
+    // Ends when the read returned (the signal may come before the thread blocks: sent again
+    // every 50 ms), or after 5 s, when a byte ends the read.
+    while !reader.is_finished() {
+        if t0.elapsed() > Duration::from_secs(5) {
+            // SAFETY: writes one byte to the pipe's write end.
+            unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) };
+            break;
+        }
+        // SAFETY: the thread is alive (not joined).
+        unsafe { libc::pthread_kill(t, libc::SIGUSR1) };
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (n, err) = reader.join().unwrap();
+    assert_eq!(
+        (n, err),
+        (-1, Some(libc::EINTR)),
+        "a read blocked when SIGUSR1 came was resumed, not interrupted"
+    );
+    // SAFETY: both ends are ours and unused now.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+}
+
 /// A ping-pong of checked round numbers; the parent sends SIGUSR1 to rank 0 (which installed
 /// a SIGUSR1 handler of its own first) once it runs. Rank 0 goes on until its log has the
-/// report, then 50 rounds more, then both finish: the signal disturbed nothing, and the
-/// program's own handler still ran.
+/// report, then 50 rounds more, then both finish: the signal disturbed nothing, the program's
+/// own handler still ran, and SIGUSR1 still interrupts a blocking call, as it did before.
 fn sigusr1(name: &str, provider: &str) {
     if is_rank(name) {
         let me = me();
         if me == 0 {
-            // SAFETY: installs a handler that only stores to an atomic.
-            let old = unsafe { libc::signal(libc::SIGUSR1, own_handler as *const () as usize) };
-            assert_ne!(old, libc::SIG_ERR);
+            install_own_handler();
         }
         capture_logs();
         let e = env();
@@ -474,6 +546,7 @@ fn sigusr1(name: &str, provider: &str) {
                 OWN_HANDLER_RAN.load(std::sync::atomic::Ordering::Relaxed),
                 "the program's own SIGUSR1 handler was not called"
             );
+            own_handler_still_interrupts();
         }
         finish(c);
         return;

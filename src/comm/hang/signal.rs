@@ -7,7 +7,8 @@
 //! finishes setup, unless `MSCCLPP_HANG_REPORT` is `timeout` or `off`, or the program ignores
 //! `SIGUSR1` (`SIG_IGN`: left alone). It is never removed: a handler the program installs later
 //! replaces it (then `SIGUSR1` no longer asks for reports). Where `SIGUSR1` had its default
-//! action (end the process), it no longer ends the process.
+//! action (end the process), it no longer ends the process. Where the program had a handler,
+//! ours keeps that handler's flags and mask (`action`).
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,16 +44,9 @@ pub(super) fn install() {
             return;
         }
         let _ = PREVIOUS.set(old);
-        // SAFETY: zeroed is a valid sigaction (empty mask, no flags), completed below.
-        let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
-        new.sa_sigaction = on_signal as *const () as usize;
-        // SA_RESTART: the program's system calls interrupted by the signal resume.
-        new.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-        // SAFETY: the mask is ours to fill; a valid handler; `old` is discarded (read above).
-        let rc = unsafe {
-            libc::sigemptyset(&mut new.sa_mask);
-            libc::sigaction(libc::SIGUSR1, &new, std::ptr::null_mut())
-        };
+        let new = action(&old);
+        // SAFETY: `new` is a complete action with a valid handler; `old` was read above.
+        let rc = unsafe { libc::sigaction(libc::SIGUSR1, &new, std::ptr::null_mut()) };
         if rc != 0 {
             crate::warn!(
                 "SIGUSR1: cannot install the hang report's handler ({})",
@@ -70,6 +64,29 @@ pub(super) fn install() {
             }
         );
     });
+}
+
+/// Our action in place of `old`. Where the program installed a handler, the signal keeps the
+/// behaviour the program chose for it: whether an interrupted system call resumes (a program
+/// without `SA_RESTART`, CPython among them, relies on `EINTR` to break a blocking call),
+/// whether it runs on the alternate stack (`SA_ONSTACK`: the Go runtime aborts on a handler
+/// without it), whether it may nest (`SA_NODEFER`), and which signals are blocked while it
+/// runs. Where `SIGUSR1` had its default action (nothing in the program waits for it), calls
+/// it interrupts resume (`SA_RESTART`), on the alternate stack where there is one.
+fn action(old: &libc::sigaction) -> libc::sigaction {
+    // SAFETY: zeroed is a valid sigaction (empty mask, no flags), completed below.
+    let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
+    new.sa_sigaction = on_signal as *const () as usize;
+    if old.sa_sigaction == libc::SIG_DFL {
+        new.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_ONSTACK;
+        // SAFETY: the mask is ours to fill.
+        unsafe { libc::sigemptyset(&mut new.sa_mask) };
+    } else {
+        let kept = libc::SA_RESTART | libc::SA_ONSTACK | libc::SA_NODEFER;
+        new.sa_flags = libc::SA_SIGINFO | (old.sa_flags & kept);
+        new.sa_mask = old.sa_mask;
+    }
+    new
 }
 
 /// The `SIGUSR1` handler: async-signal-safe work only (see the module's text).
