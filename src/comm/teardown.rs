@@ -206,21 +206,16 @@ impl Drop for Comm {
         self.dev_conns.clear();
         let skip = self.untouchable();
         let in_use = self.still_in_use(&skip, Instant::now() + RELEASED_LEAVE);
-        // CUDA IPC peers of healthy slots: they map our epoch blocks (`wait_for_unmaps`).
+        // CUDA IPC peers of slots not skipped: they map our epoch blocks (`wait_for_unmaps`).
         let ipc: Vec<bool> = self
             .slots
             .iter()
             .zip(&skip)
             .map(|(s, skip)| !skip && s.key.transport() == mscclppTransport_t::mscclppTransportP2P)
             .collect();
-        let mut ipc_peers: Vec<usize> = self
-            .conns
-            .iter()
-            .filter(|c| ipc[c.slot])
-            .map(|c| c.remote_rank)
-            .collect();
-        ipc_peers.sort_unstable();
-        ipc_peers.dedup();
+        let busy: Vec<bool> = in_use.iter().map(Option::is_some).collect();
+        let links = self.conns.iter().map(|c| (c.slot, c.remote_rank));
+        let (ipc_peers, withheld) = unmap_peers(&ipc, &busy, links);
         // No later abort (an abandoned proxy thread's) may touch a FIFO from here on.
         self.sticky.detach();
         let slots = std::mem::take(&mut self.slots);
@@ -267,7 +262,14 @@ impl Drop for Comm {
         // wait shares the stop's deadline (at least a second of it is left for it).
         let unmaps_by = (t0 + crate::config::wait_timeout().saturating_add(STOP_SLACK))
             .max(Instant::now() + Duration::from_secs(1));
-        let unanswered = self.wait_for_unmaps(&ipc_peers, unmaps_by);
+        if !withheld.is_empty() {
+            crate::warn!(
+                "rank {}: not telling ranks {withheld:?} that their memory is unmapped: an endpoint of ours that maps it is still in use (above); they keep it, and we keep the epoch blocks they map",
+                self.rank()
+            );
+        }
+        let mut unanswered = self.wait_for_unmaps(&ipc_peers, unmaps_by);
+        unanswered.extend(withheld);
         let (keep, conns): (Vec<Conn>, Vec<Conn>) = conns
             .into_iter()
             .partition(|c| ipc[c.slot] && unanswered.contains(&c.remote_rank));
@@ -279,6 +281,33 @@ impl Drop for Comm {
             t0.elapsed()
         );
     }
+}
+
+/// The CUDA IPC peers told that we unmapped their memory, and those withheld, from each slot's
+/// `ipc` (a P2P slot not skipped) and `busy` (still in use: its endpoint, with its mappings of
+/// the peer's memory, is leaked, not closed) and each connection's (slot, peer): a peer of a
+/// busy slot is withheld, whatever its other slots, since a kernel, engine or copy of ours may
+/// still store through the mapping (docs/RELIABILITY.md, who owns what). A withheld peer is
+/// not waited for either: it keeps its memory until its own deadline, and we keep the epoch
+/// blocks it maps (it was not asked to unmap them). Both sorted, without repeats.
+fn unmap_peers(
+    ipc: &[bool],
+    busy: &[bool],
+    links: impl Iterator<Item = (usize, usize)>,
+) -> (Vec<usize>, Vec<usize>) {
+    let (mut told, mut withheld) = (Vec::new(), Vec::new());
+    for (slot, peer) in links.filter(|l| ipc[l.0]) {
+        match busy[slot] {
+            true => withheld.push(peer),
+            false => told.push(peer),
+        }
+    }
+    for v in [&mut told, &mut withheld] {
+        v.sort_unstable();
+        v.dedup();
+    }
+    told.retain(|p| withheld.binary_search(p).is_err());
+    (told, withheld)
 }
 
 impl Comm {
@@ -318,7 +347,7 @@ impl Comm {
                 Ok(_) => {}
                 Err(e) => {
                     crate::warn!(
-                        "rank {}: leaking the GPU memory rank {p} maps through CUDA IPC (its epoch blocks): it did not close its mapping in time: {e}",
+                        "rank {}: leaking the GPU memory rank {p} maps through CUDA IPC (its epoch blocks): it did not close its mapping in time: {e}; rank {p} may also still write into the buffers this communicator connected: free them only once rank {p} has ended",
                         self.rank()
                     );
                     unanswered.push(p);
@@ -333,5 +362,24 @@ impl Comm {
             unanswered.len()
         );
         unanswered
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unmap_peers;
+
+    /// A peer is told we unmapped its memory only where no slot of ours still maps it: slot 0
+    /// (P2P, a kernel still running) to rank 1 withholds rank 1, though slot 2 to rank 1 is
+    /// idle; slot 1 to rank 2 is told; slot 3 (skipped: not IPC) to rank 3 is neither.
+    #[test]
+    fn a_busy_slot_withholds_its_peer() {
+        let ipc = [true, true, true, false];
+        let busy = [true, false, false, true];
+        let links = [(0, 1), (1, 2), (2, 1), (3, 3), (1, 2)];
+        let (told, withheld) = unmap_peers(&ipc, &busy, links.into_iter());
+        assert_eq!((told, withheld), (vec![2], vec![1]));
+        let (told, withheld) = unmap_peers(&ipc, &[false; 4], links.into_iter());
+        assert_eq!((told, withheld), (vec![1, 2], vec![]));
     }
 }
