@@ -155,6 +155,14 @@ extern "C" {
 #define MSCCLPP_REFUSED_ZERO_SIZE 4
 
 /**
+ * A put of more than one trigger whose source (`_SRC`) or destination (`_DST`) range does not
+ * fit the connection's buffer, found before its first trigger (value: where it would end).
+ */
+#define MSCCLPP_REFUSED_RANGE_SRC 5
+
+#define MSCCLPP_REFUSED_RANGE_DST 6
+
+/**
  * Words of a CUDA FIFO's device block (`triggerFifoHead[...]`) that bound device waits,
  * written when the FIFO is made and read by a kernel only once it has been waiting:
  * nanoseconds after which a wait publishes its record (`MSCCLPP_WAIT_TIMEOUT`), after which
@@ -168,6 +176,15 @@ extern "C" {
 #define MSCCLPP_FIFO_DEV_RECORD_OWNER 7
 
 /**
+ * Word of a CUDA FIFO's device block where a trigger with work that no connection method
+ * queued is recorded: 1 + the ticket of the last such trigger that `fifo.push()` or
+ * `fifo.pushPut()` called directly queued (atomicMax; 0: none). The direct path of every
+ * connection on the FIFO waits until the FIFO's done word has passed it
+ * (include/mscclpp/devconn_methods.inc, `directPath`): it cannot tell whose work it is.
+ */
+#define MSCCLPP_FIFO_DEV_RAW 8
+
+/**
  * The wait record: 8 words of pinned host memory at `triggerFifoTail + 8` (the cache line
  * after `[tail, abort]`), where a kernel whose wait has lasted the warn threshold says what it
  * waits for. Written by the owner only, as a sequence lock: SEQ odd while it writes.
@@ -177,14 +194,21 @@ extern "C" {
 #define MSCCLPP_RECORD_SEQ 0
 
 /**
- * 0: none (or withdrawn: the wait ended), `MSCCLPP_RECORD_PENDING`, `MSCCLPP_RECORD_EXPIRED`.
+ * op (`MSCCLPP_WAIT_OP_*`, bits 0..16) | state << 16 | connId << 32; the state is 0 (none,
+ * or withdrawn: the wait ended), `MSCCLPP_RECORD_PENDING` or `MSCCLPP_RECORD_EXPIRED`.
  */
-#define MSCCLPP_RECORD_STATE 1
+#define MSCCLPP_RECORD_WHAT 1
 
 /**
- * op (`MSCCLPP_WAIT_OP_*`) | connId << 32.
+ * wait: of the count seen, the signals the peer's kernels stored themselves (the epoch's
+ * direct word, `MSCCLPP_EPOCH_DIRECT`); 0 for the other operations.
  */
-#define MSCCLPP_RECORD_WHAT 2
+#define MSCCLPP_RECORD_DIRECT 2
+
+/**
+ * Where the state sits in `MSCCLPP_RECORD_WHAT`.
+ */
+#define MSCCLPP_RECORD_STATE_SHIFT 16
 
 /**
  * wait: the signal count wanted and the count seen; flush: the Sync's ticket and the tail;
@@ -306,7 +330,11 @@ typedef struct mscclppUniqueId {
 
 /**
  * Epoch counters of one side of a connection. Every `signal()` increments `device`; the proxy
- * (or a peer GPU) writes the peer's signal count into `proxy`; `wait()` spins on `proxy`.
+ * (or a peer GPU's copy engine or SM engine) writes the count of the peer's signals it
+ * delivered into `proxy`. On a P2P connection with the direct path the peer's kernels also
+ * add their own signals into the word after `waitEpochId` (`MSCCLPP_EPOCH_DIRECT`), so
+ * `wait()` spins on `proxy + direct`: code that polls the epoch itself must sum the two
+ * (README, "Polling the epoch yourself").
  */
 typedef struct MSCCLPP_ALIGNED(16) mscclppDevConnSignalEpochId {
   uint64_t device;

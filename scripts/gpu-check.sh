@@ -459,6 +459,10 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
     if [[ -x $BIN/bigput ]]; then
       run_step "test puts of 4 GiB and more (5 GiB buffers, 2 ranks on one GPU)" 120 bash -c \
         'CUDA_VISIBLE_DEVICES=0 NGPU=1 ranks 2 "$BIN/bigput"'
+      # A 4 GiB + 4096 put at 1 GiB into the peer's 5 GiB: refused whole, no chunk moved.
+      run_step "test a split put past the buffer is refused before any chunk moves" 90 bash -c \
+        'CUDA_VISIBLE_DEVICES=0 NGPU=1 ranks 2 "$BIN/bigput" --case range >"$WORK/bigrange.out" 2>&1
+         rc=$?; cat "$WORK/bigrange.out"; ((rc == 0)) && (($(grep -c "bigput range: PASSED" "$WORK/bigrange.out") == 2))'
     else
       FAILED+=("bigput not built")
     fi
@@ -467,7 +471,7 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
     # mscclppCommGetAsyncError = mscclppRemoteError with the record, and stop and destroy
     # return. `stuck` checks each and prints "stuck CASE: PASSED".
     if [[ -x $BIN/stuck ]]; then
-      for case in wait flush push deadlock; do
+      for case in wait flush push deadlock handover; do
         MSCCLPP_WAIT_TIMEOUT=2 MSCCLPP_DEVICE_WAIT_TIMEOUT=5 run_step \
           "test device wait timeout: $case (2 ranks on one GPU, MPS)" 60 bash -c \
           "CUDA_VISIBLE_DEVICES=0 NGPU=1 ranks 2 \"\$BIN/stuck\" --case $case --warn 2 --limit 5"
@@ -553,13 +557,24 @@ if ((!${GPU_CHECK_STUCK:-1})); then
 elif [[ -x $BIN/stuck_teardown ]]; then
   for mps in 1 0; do
     [[ $mps == 1 && ${GPU_CHECK_MPS:-1} == 0 ]] && continue
-    for args in "wait" "flush" "flush-noproxy" "push" "wait --no-stop"; do
+    for args in "wait" "flush" "flush-noproxy" "push" "flushrace" "wait --no-stop"; do
       read -r mode extra <<<"$args"
       run_step "test stuck teardown: $args, mps=$mps" 100 bash -c "stuck_case $mode $mps $extra"
       grep -h '^RESULT stuck_teardown' "$LAST_OUT" |
         sed "s/^RESULT stuck_teardown /RESULT stuck_teardown mps=$mps /" >>"$RES"
     done
   done
+  # A kernel that goes on storing into its peer's memory after the release (issue 41): the
+  # destroy of its rank keeps the mappings and must not tell the peer they are unmapped; the
+  # peer keeps its memory past its own deadline (a short one: MSCCLPP_WAIT_TIMEOUT=3).
+  if [[ ${GPU_CHECK_MPS:-1} != 0 ]]; then
+    MSCCLPP_WAIT_TIMEOUT=3 run_step "test stuck teardown: store (a kernel storing after the release), mps=1" 60 \
+      bash -c 'stuck_case store 1 >"$WORK/store.out" 2>&1; rc=$?; cat "$WORK/store.out"
+        ((rc == 0)) && grep -q "not telling ranks \[1\] that their memory is unmapped" "$WORK/store.out" &&
+          grep -q "leaking the GPU memory rank 0 maps" "$WORK/store.out"'
+    grep -h '^RESULT stuck_teardown' "$LAST_OUT" |
+      sed "s/^RESULT stuck_teardown /RESULT stuck_teardown mps=1 /" >>"$RES"
+  fi
   mps_down
 else
   FAILED+=("stuck_teardown not built")

@@ -61,6 +61,10 @@ pub const MSCCLPP_REFUSED_SRC_OFFSET: u64 = 2;
 pub const MSCCLPP_REFUSED_DST_OFFSET: u64 = 3;
 /// A trigger of 0 bytes (word0 = 1; a zero word0 would read as an empty slot).
 pub const MSCCLPP_REFUSED_ZERO_SIZE: u64 = 4;
+/// A put of more than one trigger whose source (`_SRC`) or destination (`_DST`) range does not
+/// fit the connection's buffer, found before its first trigger (value: where it would end).
+pub const MSCCLPP_REFUSED_RANGE_SRC: u64 = 5;
+pub const MSCCLPP_REFUSED_RANGE_DST: u64 = 6;
 
 /// Words of a CUDA FIFO's device block (`triggerFifoHead[...]`) that bound device waits,
 /// written when the FIFO is made and read by a kernel only once it has been waiting:
@@ -70,16 +74,26 @@ pub const MSCCLPP_REFUSED_ZERO_SIZE: u64 = 4;
 pub const MSCCLPP_FIFO_DEV_WARN_NS: usize = 5;
 pub const MSCCLPP_FIFO_DEV_LIMIT_NS: usize = 6;
 pub const MSCCLPP_FIFO_DEV_RECORD_OWNER: usize = 7;
+/// Word of a CUDA FIFO's device block where a trigger with work that no connection method
+/// queued is recorded: 1 + the ticket of the last such trigger that `fifo.push()` or
+/// `fifo.pushPut()` called directly queued (atomicMax; 0: none). The direct path of every
+/// connection on the FIFO waits until the FIFO's done word has passed it
+/// (include/mscclpp/devconn_methods.inc, `directPath`): it cannot tell whose work it is.
+pub const MSCCLPP_FIFO_DEV_RAW: usize = 8;
 
 /// The wait record: 8 words of pinned host memory at `triggerFifoTail + 8` (the cache line
 /// after `[tail, abort]`), where a kernel whose wait has lasted the warn threshold says what it
 /// waits for. Written by the owner only, as a sequence lock: SEQ odd while it writes.
 pub const MSCCLPP_FIFO_RECORD_WORD: usize = 8;
 pub const MSCCLPP_RECORD_SEQ: usize = 0;
-/// 0: none (or withdrawn: the wait ended), `MSCCLPP_RECORD_PENDING`, `MSCCLPP_RECORD_EXPIRED`.
-pub const MSCCLPP_RECORD_STATE: usize = 1;
-/// op (`MSCCLPP_WAIT_OP_*`) | connId << 32.
-pub const MSCCLPP_RECORD_WHAT: usize = 2;
+/// op (`MSCCLPP_WAIT_OP_*`, bits 0..16) | state << 16 | connId << 32; the state is 0 (none,
+/// or withdrawn: the wait ended), `MSCCLPP_RECORD_PENDING` or `MSCCLPP_RECORD_EXPIRED`.
+pub const MSCCLPP_RECORD_WHAT: usize = 1;
+/// wait: of the count seen, the signals the peer's kernels stored themselves (the epoch's
+/// direct word, `MSCCLPP_EPOCH_DIRECT`); 0 for the other operations.
+pub const MSCCLPP_RECORD_DIRECT: usize = 2;
+/// Where the state sits in `MSCCLPP_RECORD_WHAT`.
+pub const MSCCLPP_RECORD_STATE_SHIFT: u32 = 16;
 /// wait: the signal count wanted and the count seen; flush: the Sync's ticket and the tail;
 /// push: the ticket and the tail.
 pub const MSCCLPP_RECORD_WANTED: usize = 3;
@@ -142,7 +156,11 @@ pub enum mscclppTransport_t {
 }
 
 /// Epoch counters of one side of a connection. Every `signal()` increments `device`; the proxy
-/// (or a peer GPU) writes the peer's signal count into `proxy`; `wait()` spins on `proxy`.
+/// (or a peer GPU's copy engine or SM engine) writes the count of the peer's signals it
+/// delivered into `proxy`. On a P2P connection with the direct path the peer's kernels also
+/// add their own signals into the word after `waitEpochId` (`MSCCLPP_EPOCH_DIRECT`), so
+/// `wait()` spins on `proxy + direct`: code that polls the epoch itself must sum the two
+/// (README, "Polling the epoch yourself").
 #[repr(C, align(16))]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct mscclppDevConnSignalEpochId {
@@ -284,8 +302,8 @@ const _: () = {
         MSCCLPP_TRIGGER_DST_HIGH_SHIFT + MSCCLPP_TRIGGER_OFFSET_BITS - MSCCLPP_BITS_OFFSET < 63
     );
     assert!(MSCCLPP_TRIGGER_CHUNK <= MSCCLPP_TRIGGER_SIZE_MASK);
-    // The device block has DEV_WORDS (8) words; the record fills one 64-byte line.
-    assert!(MSCCLPP_FIFO_DEV_RECORD_OWNER < 8 && MSCCLPP_RECORD_OTHERS_EXPIRED < 8);
+    // The device block has DEV_WORDS (16) words; the record fills one 64-byte line.
+    assert!(MSCCLPP_FIFO_DEV_RAW < 16 && MSCCLPP_RECORD_OTHERS_EXPIRED < 8);
     // The epoch block: the peer's words (1, 3) in the first 32 bytes, which is what a P2P
     // block exports; the read-only words on the next 32; every word inside the block.
     assert!(MSCCLPP_EPOCH_DIRECT == 3 && MSCCLPP_EPOCH_DIRECT_BYTES == 4);

@@ -255,7 +255,7 @@ const SLOTS: usize = 1 << 16;
 /// Rank 0's thread pushes puts with signals into consecutive slots while the main thread
 /// destroys the communicator. Destroy returns promptly, the loop ends with an error, and rank
 /// 1 received exactly the puts rank 0's proxy executed: a prefix of the loop, and none of
-/// those it retired unexecuted after the abort (counted in its log).
+/// those it left unexecuted after the abort (counted in its log).
 fn destroy_during_push_loop(e: Env) {
     let mut buf = vec![0u8; SLOTS * 8];
     if e.rank == 0 {
@@ -276,7 +276,7 @@ fn destroy_during_push_loop(e: Env) {
             .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
             .collect();
         let arrived = got.iter().take_while(|&&v| v != 0).count() as u64;
-        println!("rank 0 pushed {pushed}, retired {retired} unexecuted; {arrived} arrived");
+        println!("rank 0 pushed {pushed}, left {retired} unexecuted; {arrived} arrived");
         for (k, &v) in got.iter().enumerate() {
             let want = if (k as u64) < arrived {
                 k as u64 + 1
@@ -288,7 +288,7 @@ fn destroy_during_push_loop(e: Env) {
         // The loop's last successful push may have found the proxy already stopped.
         assert!(
             arrived + retired == pushed || arrived + retired + 1 == pushed,
-            "every successful push arrived or was retired: {arrived} + {retired} vs {pushed}"
+            "every successful push arrived or was left unexecuted: {arrived} + {retired} vs {pushed}"
         );
         return;
     }
@@ -322,7 +322,7 @@ fn destroy_during_push_loop(e: Env) {
     assert_ne!(r, mscclppSuccess, "the loop ends with an error");
     let retired: u64 = logged()
         .iter()
-        .filter(|l| l.contains("mscclpp-proxy-0.") && l.contains("retired without being executed"))
+        .filter(|l| l.contains("mscclpp-proxy-0.") && l.contains("left unexecuted"))
         .filter_map(|l| {
             let (_, rest) = l.split_once(": ")?;
             rest.split_whitespace().next()?.parse::<u64>().ok()

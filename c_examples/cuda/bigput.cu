@@ -3,7 +3,7 @@
  * 28 item 4): every byte moves, the bytes past the end stay untouched, and a put of exactly
  * 2^32 bytes (whose low 32 bits are 0: an empty FIFO slot in the 2023 encoding) completes.
  *
- *   bigput [-r R -n 2 -a IP:PORT] [--gib 5]
+ *   bigput [-r R -n 2 -a IP:PORT] [--gib 5] [--case range]
  *
  * Both ranks register a buffer of `--gib` GiB (default 5). Rank 0 fills its buffer with
  * pattern 1, rank 1 fills its own with 0xEE.
@@ -14,6 +14,10 @@
  *   Round 2: rank 0 refills with pattern 2; its kernel: put(0, 0, 2^32); flush() (timed);
  *     signal(). Rank 1 checks bytes 0 and 2^32 - 1 (pattern 2) and byte 2^32 (still pattern 1
  *     from round 1).
+ * --case range: rank 0's kernel puts 4 GiB + 4096 bytes at offset 1 GiB of rank 1's 5 GiB
+ *   buffer (it would end 4096 bytes past it): the put is refused whole before its first 2 GiB
+ *   trigger moves (rank 0: mscclppInvalidArgument naming where it would end), and rank 1's
+ *   buffer keeps its 0xEE at the first and last byte of each chunk it would have written.
  * Prints one line per check and "bigput: PASSED"; exits 1 on any wrong byte or error.
  */
 #include "common.cuh"
@@ -59,6 +63,57 @@ __global__ void round2Sender(unsigned long long* flushNs)
   conn.flush();
 }
 
+__global__ void rangeSender()
+{
+  mscclppDevConn_t conn = gConns[0];
+  conn.putWithSignal(kGiB, 0, 4 * kGiB + 4096);
+}
+
+static int expectByte(const uint8_t* buf, uint64_t at, int want, const char* what);
+
+/* --case range: the refusal, and rank 1's bytes untouched. */
+static int runRange(Ctx& c, cudaStream_t s, const uint8_t* buf)
+{
+  int failures = 0;
+  MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+  if (c.rank == 0) {
+    rangeSender<<<1, 1, 0, s>>>();
+    KERNELCHECK();
+    CUDACHECK(cudaStreamSynchronize(s));
+    enum mscclppResult_t async = mscclppSuccess;
+    const double until = now_sec() + 5;
+    while (async == mscclppSuccess && now_sec() < until) {
+      MSCCLPPCHECK(mscclppCommGetAsyncError(c.comm, &async));
+      if (async == mscclppSuccess) usleep(1000);
+    }
+    const bool ok = async == mscclppInvalidArgument;
+    printf("rank 0: the put past the buffer: %s (%s)\n", ok ? "refused: ok" : "FAILED",
+           mscclppGetErrorString(async));
+    failures += !ok;
+  }
+  /* Fails on both ranks once rank 0 aborted (after the refusal), which orders rank 1's
+   * checks after it (as direct.cu's range case). */
+  const mscclppResult_t bar = mscclppBootstrapBarrier(c.comm);
+  printf("rank %d: barrier after the refusal: %s\n", c.rank, mscclppGetErrorString(bar));
+  const mscclppResult_t stop = mscclppProxyStop(c.comm);
+  printf("rank %d: mscclppProxyStop: %s: %s\n", c.rank, mscclppGetErrorString(stop),
+         stop == mscclppSuccess ? "" : mscclppGetLastError());
+  if (c.rank == 0) {
+    const char* why = mscclppGetLastError();
+    const bool named = stop == mscclppInvalidArgument && strstr(why, "before any of it moved") != nullptr &&
+                       strstr(why, "ends at byte 5368713216") != nullptr;
+    printf("rank 0: the error names the refusal before any chunk moved: %s\n", named ? "ok" : "FAILED");
+    failures += !named;
+  } else {
+    if (stop != mscclppRemoteError && stop != mscclppSuccess) failures++;
+    const uint64_t at[] = {kGiB, 3 * kGiB - 1, 3 * kGiB, 5 * kGiB - 1};
+    for (uint64_t p : at) failures += expectByte(buf, p, 0xEE, "untouched by the refused put");
+  }
+  CUDACHECK(cudaDeviceSynchronize());
+  MSCCLPPCHECK(mscclppCommDestroy(c.comm));
+  return failures;
+}
+
 __global__ void receiver(int signals)
 {
   mscclppDevConn_t conn = gConns[0];
@@ -102,6 +157,18 @@ int main(int argc, char** argv)
   KERNELCHECK();
   CUDACHECK(cudaStreamSynchronize(s));
   connectPeers(c, buf, bytes, {1 - c.rank});
+  const char* which = flagValue(argc, argv, "--case");
+  if (which != nullptr && strcmp(which, "range") == 0) {
+    if (bytes != 5 * kGiB) {
+      fprintf(stderr, "--case range needs --gib 5\n");
+      return 2;
+    }
+    const int failures = runRange(c, s, buf);
+    CUDACHECK(cudaFree(buf));
+    CUDACHECK(cudaStreamDestroy(s));
+    printf("rank %d: bigput range: %s\n", c.rank, failures ? "FAILED" : "PASSED");
+    return failures ? 1 : 0;
+  }
   unsigned long long* d = nullptr;
   CUDACHECK(cudaMalloc(&d, sizeof *d));
   int failures = 0;

@@ -36,6 +36,11 @@
  *   16 blocks           each putWithSignalBlock()s 64 KiB + 5 bytes: 16 waits see them all
  *   then a thread       putBlock() of 256 KiB + 7, then thread 0's signal() with no barrier
  *                       in between (the block put ends with one): the wait sees every byte
+ *   raw push            a 4 MiB put queued with fifo.push() or fifo.pushPut() directly, then
+ *                       each method: signal() (the wait must see the put), putWithSignal(),
+ *                       putWithSignalAndFlush(), putWithSignalBlock(), a small put() into its
+ *                       bytes (the later one stays), flush() then a put that rewrites the raw
+ *                       put's source (the raw put must have read it before the flush returned)
  *   rounds              300 rounds of ping-pong, each rank sending in turn 1-3 operations of
  *                       every kind (block puts too) and size (a seeded sequence, the same on
  *                       both ranks)
@@ -53,8 +58,21 @@
 
 #include <string>
 
-/* kPutBlock, kPutSigBlock: putBlock() and putWithSignalBlock(), by the whole block. */
-enum Op { kPut, kPutSig, kSignal, kPutSigFlush, kFlush, kAwaitIdle, kPutBlock, kPutSigBlock };
+/* kPutBlock, kPutSigBlock: putBlock() and putWithSignalBlock(), by the whole block.
+ * kRawPush, kRawPushPut: a put queued with the FIFO's own fifo.push() / fifo.pushPut()
+ * (the 2023 header's FIFO, called directly, not through a connection method). */
+enum Op {
+  kPut,
+  kPutSig,
+  kSignal,
+  kPutSigFlush,
+  kFlush,
+  kAwaitIdle,
+  kPutBlock,
+  kPutSigBlock,
+  kRawPush,
+  kRawPushPut
+};
 
 /* One operation of a phase: `actor` (a rank) does `op`; a put copies `size` bytes from its
  * own buffer at kHalf + src to the peer's at dst. */
@@ -71,7 +89,8 @@ constexpr int kThreads = 256;
 
 __host__ __device__ inline bool hasData(int op)
 {
-  return op == kPut || op == kPutSig || op == kPutSigFlush || op == kPutBlock || op == kPutSigBlock;
+  return op == kPut || op == kPutSig || op == kPutSigFlush || op == kPutBlock ||
+         op == kPutSigBlock || op == kRawPush || op == kRawPushPut;
 }
 __host__ __device__ inline bool hasSignal(int op)
 {
@@ -170,6 +189,8 @@ __global__ void stepsKernel(const Step* steps, int n, int me, uint32_t base, int
         case kPutSigFlush: conn.putWithSignalAndFlush(st.dst, kHalf + st.src, st.size); break;
         case kFlush: conn.flush(); break;
         case kAwaitIdle: awaitIdle(); break;
+        case kRawPush: conn.fifo.push(mscclppData, st.dst, kHalf + st.src, st.size); break;
+        case kRawPushPut: conn.fifo.pushPut(mscclppData, st.dst, kHalf + st.src, st.size); break;
         }
       }
       __syncthreads();
@@ -623,6 +644,30 @@ int main(int argc, char** argv)
   run.chunks("both paths at once", 3, 132, 132, [&] {
     bothPathsAtOnce<<<4, 64, 0, s>>>(run.base);
   });
+  { /* raw push: none of the methods after it may overtake it */
+    Cursor k;
+    run.steps("raw push, then signal", {k.at(kRawPush, 0, big), k.at(kSignal, 0, 0)}, false);
+    Cursor k2;
+    run.steps("raw pushPut, then pws",
+              {k2.at(kRawPushPut, 0, big), k2.at(kPutSig, 0, small, 3)}, false);
+    Cursor k3;
+    run.steps("raw push, then pwsf",
+              {k3.at(kRawPush, 0, big), k3.at(kPutSigFlush, 0, small, 5)}, false);
+    Cursor k4;
+    run.steps("raw push, then block",
+              {k4.at(kRawPushPut, 0, big), k4.at(kPutSigBlock, 0, 1000, 1)}, false);
+    std::vector<Step> ov; /* a small put into the raw put's bytes: the later one stays */
+    ov.push_back({kRawPush, 0, 0, 1 << 20, big});
+    ov.push_back({kPut, 0, 4096, 6ull << 20, small});
+    ov.push_back({kSignal, 0, 0, 0, 0});
+    run.steps("raw push, then a put over", ov, true);
+    /* flush(), then a put whose source is the raw put's: the raw put read it before. */
+    std::vector<Step> fl;
+    fl.push_back({kRawPush, 0, 0, 1 << 20, big});
+    fl.push_back({kFlush, 0, 0, 0, 0});
+    fl.push_back({kPutSig, 0, 8ull << 20, 1 << 20, small});
+    run.steps("raw push, flush, reuse", fl, false);
+  }
   { /* rounds: ping-pong, every kind of operation and size, both ranks sending in turn */
     uint64_t x = 12345;
     const uint64_t sizes[] = {1, 8, 13, 64, T ? T : 512, T + 1, 4096 + 7, 65536, 1ull << 20};

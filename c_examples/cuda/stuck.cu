@@ -3,7 +3,7 @@
  * the proxy reports what it waited for, and the communicator fails with a timeout.
  *
  *   MSCCLPP_WAIT_TIMEOUT=2 MSCCLPP_DEVICE_WAIT_TIMEOUT=5 \
- *     stuck [-r R -n 2 -a IP:PORT] --case wait|flush|push|deadlock [--warn 2] [--limit 5]
+ *     stuck [-r R -n 2 -a IP:PORT] --case wait|flush|push|deadlock|handover [--warn 2] [--limit 5]
  *
  * `--warn` / `--limit` must be the two variables' values (the program only checks timings
  * against them). Rank 0 runs the stuck kernel; rank 1 only takes part in the barriers.
@@ -23,6 +23,13 @@
  *   deadlock: both ranks' kernels wait() before they signal() (a planted deadlock): at ~warn s
  *          each rank's hang report names the cycle ("cycle 0 -> 1 -> 0"), at ~limit s the
  *          kernels are back and both communicators have failed.
+ *   handover: two connections to rank 1 (tags 0 and 1) on one FIFO; rank 0's block 0 waits on
+ *          the first, block 1 (0.5 s later) on the second, for signals rank 1 does not send.
+ *          At ~warn s block 0's wait owns the FIFO's one wait record (its WARN); block 1's
+ *          lost the claim. Rank 1 then signals the first connection (at warn + 1.5 s): block
+ *          0's wait ends and frees the record, and block 1's, still stuck, must take it over:
+ *          a WARN naming connection 1 before the kernel returns (at limit + 0.5 s), whose
+ *          error carries that record.
  * Once a communicator failed, its peer learns it as a lost peer: rank 1's stop may then
  * return mscclppRemoteError too, and the bootstrap barrier after the kernels may fail.
  * Every log line is printed with its time since the kernel's launch. Then both ranks stop
@@ -35,12 +42,13 @@
 #include <mutex>
 #include <string>
 
-enum Case { kWait, kFlush, kPush, kDeadlock };
+enum Case { kWait, kFlush, kPush, kDeadlock, kHandover };
 
 static std::atomic<double> gT0{0};
 static std::mutex gLogMu;
 static std::string gLog;  /* every line, for the checks */
 static double gWarnAt = -1; /* when the WARN about a waiting kernel came */
+static double gWarn1At = -1; /* the same, naming connection 1 (handover) */
 
 static void logHandler(const char* msg)
 {
@@ -50,6 +58,9 @@ static void logHandler(const char* msg)
   gLog += msg;
   gLog += '\n';
   if (gWarnAt < 0 && strstr(msg, "a kernel has waited") != nullptr) gWarnAt = t;
+  if (gWarn1At < 0 && strstr(msg, "a kernel has waited") != nullptr &&
+      strstr(msg, "wait() on connection 1 ") != nullptr)
+    gWarn1At = t;
 }
 
 static bool logHas(const char* what)
@@ -81,6 +92,21 @@ __global__ void pushKernel(int n)
   for (int i = 0; i < n; i++) gConns[0].signal();
 }
 
+/* handover, rank 0: block b waits on connection b, block 1 from 0.5 s on. */
+__global__ void handoverKernel()
+{
+  if (blockIdx.x == 1) {
+    const uint64_t t0 = globalTimerNs();
+    /* Ends after 0.5 s. */
+    while (globalTimerNs() - t0 < 500ull * 1000 * 1000) {
+    }
+  }
+  gConns[blockIdx.x].wait();
+}
+
+/* handover, rank 1: one signal on connection 0 (tag 0). */
+__global__ void signalFirstKernel() { gConns[0].signal(); }
+
 static int gRank = 0;
 
 static int expect(bool ok, const char* what)
@@ -103,9 +129,10 @@ int main(int argc, char** argv)
                      : strcmp(cs, "flush") == 0              ? kFlush
                      : strcmp(cs, "push") == 0               ? kPush
                      : strcmp(cs, "deadlock") == 0           ? kDeadlock
+                     : strcmp(cs, "handover") == 0           ? kHandover
                                                              : (Case)-1;
   if ((int)which < 0) {
-    fprintf(stderr, "--case wait|flush|push|deadlock\n");
+    fprintf(stderr, "--case wait|flush|push|deadlock|handover\n");
     return 2;
   }
   double warn = 2, limit = 5;
@@ -116,20 +143,42 @@ int main(int argc, char** argv)
   CUDACHECK(cudaMalloc(&buf, bytes));
   CUDACHECK(cudaMemset(buf, 0, bytes));
   gRank = c.rank;
-  const bool proxied = which == kWait || which == kDeadlock;
-  connectPeers(c, buf, bytes, {1 - c.rank}, /*launchProxy=*/proxied);
+  const bool proxied = which == kWait || which == kDeadlock || which == kHandover;
+  if (which == kHandover) {
+    /* Two connections to the peer, tags 0 and 1: one endpoint, one FIFO. */
+    const int peer = 1 - c.rank;
+    for (int tag = 0; tag < 2; tag++)
+      MSCCLPPCHECK(mscclppConnect(c.comm, peer, tag, buf, bytes, transportTo(c, peer)));
+    MSCCLPPCHECK(mscclppConnectionSetup(c.comm));
+    mscclppDevConn_t* conns = nullptr;
+    int n = 0;
+    MSCCLPPCHECK(mscclppGetAllDeviceConnections(c.comm, &conns, &n));
+    CUDACHECK(cudaMemcpyToSymbol(gConns, conns, n * sizeof(mscclppDevConn_t)));
+    MSCCLPPCHECK(mscclppProxyLaunch(c.comm));
+  } else {
+    connectPeers(c, buf, bytes, {1 - c.rank}, /*launchProxy=*/proxied);
+  }
   if (!proxied && c.rank == 1) MSCCLPPCHECK(mscclppProxyLaunch(c.comm));
   cudaStream_t s;
   CUDACHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
 
   int failures = 0;
+  if (which == kHandover && c.rank == 1) {
+    /* Past block 0's warn, before block 1's limit. */
+    usleep((useconds_t)((warn + 1.5) * 1e6));
+    signalFirstKernel<<<1, 1, 0, s>>>();
+    KERNELCHECK();
+    CUDACHECK(cudaStreamSynchronize(s));
+  }
   if (c.rank == 0 || which == kDeadlock) {
     gT0.store(now_sec());
     if (which == kDeadlock)
       deadlockKernel<<<1, 1, 0, s>>>();
     else if (which == kWait)
       waitKernel<<<1, 1, 0, s>>>();
+    else if (which == kHandover)
+      handoverKernel<<<2, 1, 0, s>>>();
     else if (which == kFlush)
       flushKernel<<<1, 1, 0, s>>>();
     else
@@ -138,7 +187,8 @@ int main(int argc, char** argv)
     CUDACHECK(cudaStreamSynchronize(s));
     const double back = now_sec() - gT0.load();
     printf("rank %d: the kernel returned after %.3f s\n", c.rank, back);
-    failures += expect(back >= 0.9 * limit && back <= limit + 3,
+    const double late = which == kHandover ? 0.5 : 0; /* block 1 started waiting later */
+    failures += expect(back >= 0.9 * limit + late && back <= limit + late + 3,
                        "the kernel returned at the device wait timeout");
     if (!proxied) {
       /* The proxy starts only now: it must find the expired record. */
@@ -154,8 +204,8 @@ int main(int argc, char** argv)
     printf("rank %d: mscclppCommGetAsyncError: %s (%d) after %.3f s\n", c.rank,
            mscclppGetErrorString(async), (int)async, now_sec() - gT0.load());
     failures += expect(async == mscclppRemoteError, "the communicator failed with mscclppRemoteError");
-    const std::string waitRecord =
-      "wait() on connection 0 (to rank " + std::to_string(1 - c.rank) + ") for signal 1, has 0";
+    const std::string waitRecord = "wait() on connection " + std::to_string(which == kHandover) +
+                                   " (to rank " + std::to_string(1 - c.rank) + ") for signal 1, has 0";
     const char* record = proxied           ? waitRecord.c_str()
                          : which == kFlush ? "flush() on connection 0 (to rank 1) for ticket 1"
                                            : "push on connection 0 (to rank 1) into the full FIFO for ticket 128";
@@ -175,6 +225,16 @@ int main(int argc, char** argv)
       printf("rank 0: the WARN about the waiting kernel came after %.3f s\n", at);
       failures += expect(at >= 0.75 * warn && at <= warn + 2.5 && at < back,
                          "the WARN came at the wait timeout, before the kernel returned");
+    }
+    if (which == kHandover) {
+      double at1;
+      {
+        std::lock_guard<std::mutex> g(gLogMu);
+        at1 = gWarn1At;
+      }
+      printf("rank 0: the WARN about connection 1's wait came after %.3f s\n", at1);
+      failures += expect(at1 > 0 && at1 < back,
+                         "once connection 0's wait ended, connection 1's took the record over (its WARN before the kernel returned)");
     }
   }
 

@@ -3,7 +3,8 @@
  * mscclppProxyStop and mscclppCommDestroy, which return within their documented bound
  * (docs/DESIGN.md section 5), and no memory is freed under a kernel.
  *
- *   stuck_teardown --mode wait|flush|flush-noproxy|push [--no-stop] [-r R -n 2 -a IP:PORT]
+ *   stuck_teardown --mode wait|flush|flush-noproxy|push|store|flushrace [--no-stop]
+ *                  [-r R -n 2 -a IP:PORT]
  *
  * Modes (2 ranks, one connection each way, P2P by default):
  *   wait           both kernels wait() for a signal the other never sends (a deadlock).
@@ -28,6 +29,22 @@
  *   push           the kernels ping-pong putWithSignal + wait() 50000 times; the host stops
  *                  them after 1000 rounds (or a second): the FIFO never goes quiet, the stop
  *                  stops serving it, and the released loops run out.
+ *   store          rank 0's kernel put()s 64 bytes again and again for 6 s (the direct path:
+ *                  its own stores into rank 1's buffer through the CUDA IPC mapping), released
+ *                  or not; rank 1's kernel waits for a signal that never comes. Rank 0's
+ *                  destroy finds its kernel still running, keeps the endpoint and its mappings
+ *                  of rank 1's memory, and must not tell rank 1 they are unmapped (its log:
+ *                  "not telling ranks [1]"); rank 1's destroy then waits for that word until
+ *                  its deadline and keeps its memory ("leaking the GPU memory rank 0 maps").
+ *                  scripts/gpu-check.sh checks both lines.
+ *   flushrace      rank 0's kernel streams rounds for 4 s: a 64 KiB put of the round's bytes
+ *                  (through the proxy) into one of 8 slots, flush(), then an 8-byte put of the
+ *                  round number with a signal, which goes direct once the flush said the put
+ *                  completed. The stop's drain ends while it streams: what the proxy holds
+ *                  then is never executed, and a flush waiting on it must not say "done".
+ *                  After both kernels ended, rank 1 checks that the round its last word names
+ *                  has its bytes in place (a flush that claimed a put it never made would
+ *                  leave the slot 8 rounds old). Rank 1's kernel waits until 4 s are up.
  * --no-stop: destroy without mscclppProxyStop first.
  *
  * Each rank launches its kernel on a blocking stream, checks after a second (push: after 1000
@@ -44,7 +61,12 @@
 
 #include <signal.h>
 
-enum Mode { kWait, kFlush, kFlushNoProxy, kPush };
+#include <vector>
+
+enum Mode { kWait, kFlush, kFlushNoProxy, kPush, kStore, kFlushRace };
+
+/* flushrace: the slots of the rounds' puts, and the word that names the last round. */
+constexpr uint64_t kRaceSlot = 64 << 10, kRaceSlots = 8, kRaceLast = kRaceSlots * kRaceSlot;
 
 __global__ void waitKernel()
 {
@@ -92,6 +114,54 @@ __global__ void pushLoopKernel(int rank, int iters, unsigned long long* done)
   }
 }
 
+/* Rank 0 (store): puts into the peer's buffer for 6 s, whatever happens meanwhile (a released
+ * program that does not look at what its calls returned). */
+__global__ void storeKernel()
+{
+  mscclppDevConn_t conn = gConns[0];
+  const uint64_t t0 = globalTimerNs();
+  /* Ends after 6 s. */
+  while (globalTimerNs() - t0 < 6ull * 1000 * 1000 * 1000) conn.put(0, 0, 64);
+}
+
+/* flushrace, rank 0 (see the modes above): 4 s of rounds. The round's bytes and its number
+ * are written by the block before its thread 0 puts them. */
+__global__ void flushRaceKernel(unsigned long long* rounds)
+{
+  mscclppDevConn_t conn = gConns[0];
+  uint8_t* buf = (uint8_t*)conn.localBuff;
+  const uint64_t t0 = globalTimerNs();
+  uint64_t r = 0;
+  /* Ends after 4 s (t0 is the same in every thread: one block, read once; the loop's
+   * condition is read by thread 0 and handed to the block by the barrier). */
+  for (;;) {
+    __shared__ int go;
+    if (threadIdx.x == 0) go = globalTimerNs() - t0 < 4ull * 1000 * 1000 * 1000;
+    __syncthreads();
+    if (!go) break;
+    r++;
+    const uint64_t slot = (r % kRaceSlots) * kRaceSlot;
+    for (uint64_t i = threadIdx.x; i < kRaceSlot; i += blockDim.x) buf[slot + i] = (uint8_t)(r * 131 + i);
+    if (threadIdx.x == 0) *(volatile uint64_t*)(buf + kRaceLast + 8) = r;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      conn.put(slot, slot, kRaceSlot);
+      conn.flush();
+      conn.putWithSignal(kRaceLast, kRaceLast + 8, 8);
+      *(volatile unsigned long long*)rounds = r;
+    }
+    __syncthreads();
+  }
+}
+
+/* flushrace, rank 1: waits until 4 s are up (after the release each wait() returns at once). */
+__global__ void waitUntilKernel()
+{
+  mscclppDevConn_t conn = gConns[0];
+  const uint64_t t0 = globalTimerNs();
+  while (globalTimerNs() - t0 < 4ull * 1000 * 1000 * 1000) conn.wait();
+}
+
 static void onWatchdog(int)
 {
   static const char msg[] = "stuck_teardown: HANG: the watchdog fired (stop or destroy did not return)\n";
@@ -124,8 +194,10 @@ int main(int argc, char** argv)
   else if (strcmp(m, "flush") == 0) mode = kFlush;
   else if (strcmp(m, "flush-noproxy") == 0) mode = kFlushNoProxy;
   else if (strcmp(m, "push") == 0) mode = kPush;
+  else if (strcmp(m, "store") == 0) mode = kStore;
+  else if (strcmp(m, "flushrace") == 0) mode = kFlushRace;
   else {
-    fprintf(stderr, "--mode %s: expected wait, flush, flush-noproxy or push\n", m);
+    fprintf(stderr, "--mode %s: expected wait, flush, flush-noproxy, push, store or flushrace\n", m);
     return 2;
   }
   const char* modeName = m ? m : "wait";
@@ -190,6 +262,18 @@ int main(int argc, char** argv)
     case kFlush: putFlushKernel<<<1, 1, 0, s>>>(c.rank, 1, goDev); break;
     case kFlushNoProxy: putFlushKernel<<<1, 1, 0, s>>>(c.rank, 0, goDev); break;
     case kPush: pushLoopKernel<<<1, 1, 0, s>>>(c.rank, 50000, doneDev); break;
+    case kStore:
+      if (c.rank == 0)
+        storeKernel<<<1, 1, 0, s>>>();
+      else
+        waitKernel<<<1, 1, 0, s>>>();
+      break;
+    case kFlushRace:
+      if (c.rank == 0)
+        flushRaceKernel<<<1, 256, 0, s>>>(doneDev);
+      else
+        waitUntilKernel<<<1, 1, 0, s>>>();
+      break;
   }
   KERNELCHECK();
   /* Work of the kernel's stream that waits for the kernel, queued before the kernel may push
@@ -223,8 +307,10 @@ int main(int argc, char** argv)
              mscclppGetLastError());
   }
   /* After the stop the kernel must end by itself; without a stop (or one that was refused
-   * because no proxy ran), destroy releases it. */
-  double endedS = stop && mode != kFlushNoProxy ? waitKernelEnd(s, t0, 10.0) : -1;
+   * because no proxy ran), destroy releases it. store: destroy at once, while rank 0's kernel
+   * still stores (that is the case). */
+  double endedS =
+    stop && mode != kFlushNoProxy && mode != kStore ? waitKernelEnd(s, t0, 10.0) : -1;
   const double t1 = now_sec();
   const mscclppResult_t destroyRc = mscclppCommDestroy(c.comm);
   const double destroyS = now_sec() - t1;
@@ -236,11 +322,29 @@ int main(int argc, char** argv)
     endedS = e < 0 ? -1 : e + (t1 - t0);
   }
   const unsigned long long iters = *(volatile unsigned long long*)done;
+  int raceFailed = 0;
+  if (mode == kFlushRace && endedS >= 0) {
+    /* Rank 1's destroy returned once rank 0 said it unmapped our memory, which rank 0 says
+     * only after its kernel ended (it waited for it before its destroy): every store of rank
+     * 0's is in our buffer, which our destroy left to us. */
+    if (c.rank == 1) {
+      uint64_t last = 0;
+      CUDACHECK(cudaMemcpy(&last, (uint8_t*)buf + kRaceLast, 8, cudaMemcpyDeviceToHost));
+      std::vector<uint8_t> slot(kRaceSlot);
+      const uint64_t at = (last % kRaceSlots) * kRaceSlot;
+      CUDACHECK(cudaMemcpy(slot.data(), (uint8_t*)buf + at, kRaceSlot, cudaMemcpyDeviceToHost));
+      size_t wrong = 0;
+      for (uint64_t i = 0; last > 0 && i < kRaceSlot; i++) wrong += slot[i] != (uint8_t)(last * 131 + i);
+      printf("rank 1: flushrace: the last round signalled is %llu; its 64 KiB in place: %s (%zu wrong)\n",
+             (unsigned long long)last, last > 0 && wrong == 0 ? "ok" : "FAILED", wrong);
+      raceFailed = last == 0 || wrong != 0;
+    }
+  }
   printf("RESULT stuck_teardown mode=%s stop=%d rank=%d running_before=%d stop_rc=%d stop_s=%.3f "
          "ended=%d ended_s=%.3f destroy_rc=%d destroy_s=%.3f iters=%llu\n",
          modeName, stop ? 1 : 0, c.rank, runningBefore, (int)stopRc, stopS, endedS >= 0 ? 1 : 0,
          endedS, (int)destroyRc, destroyS, iters);
-  int failures = 0;
+  int failures = raceFailed;
   if (noStuckFlush) {
     printf("rank %d: both kernels ended within a second by themselves: the proxy's copy did not "
            "queue behind the kernel in one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=%s), so "

@@ -34,7 +34,11 @@
  *     completed" there, and flush() ends on it without a round trip through the proxy; the
  *     P2P direct path reads it to know a connection's proxied work complete.
  *     triggerFifoHead[4]: flush()'s poll hint; [5..8]: the bounds of device waits and the
- *     owner of the wait record (WaitWatch below).
+ *     owner of the wait record (WaitWatch below); [8]: 1 + the ticket of the last trigger
+ *     with work that fifo.push()/pushPut() queued when called directly, not through a
+ *     connection's method (MSCCLPP_FIFO_DEV_RAW: no connection goes direct until the done
+ *     word passed it). Who may change each word, and what a reader may conclude from it:
+ *     docs/DESIGN.md 5.1.
  *   - localSignalEpochId / waitEpochId: the connection's epoch block, device memory of the
  *     buffer's GPU (words: MSCCLPP_EPOCH_* in mscclpp.h). wait() polls it in L2: word 1
  *     (`proxy`), where the peer's SM copy engine or copy engine stores the count of the
@@ -281,9 +285,10 @@ constexpr int kDevWarnNs = 5;      /* triggerFifoHead[5]: warn after this many n
 constexpr int kDevLimitNs = 6;     /* triggerFifoHead[6]: end after this many ns (0: never) */
 constexpr int kDevRecordOwner = 7; /* triggerFifoHead[7]: 1 while a wait owns the record */
 constexpr int kRecordWord = 8;     /* the record: triggerFifoTail[8..16], pinned host memory */
-constexpr int kRecSeq = 0, kRecState = 1, kRecWhat = 2, kRecWanted = 3, kRecSeen = 4,
+constexpr int kRecSeq = 0, kRecWhat = 1, kRecDirect = 2, kRecWanted = 3, kRecSeen = 4,
               kRecHead = 5, kRecWaitedNs = 6, kRecOthersExpired = 7;
 constexpr uint64_t kRecPending = 1, kRecExpired = 2;
+constexpr int kRecStateShift = 16; /* the state's place in the record's WHAT word */
 /* What an expired wait stores into the abort word (triggerFifoTail[1]): mscclppRemoteError,
  * the code Error::Timeout reports as (static_assert in fifo_methods.inc). */
 constexpr uint64_t kAbortExpired = 6;
@@ -291,8 +296,8 @@ constexpr uint64_t kAbortExpired = 6;
 /* A sequence-locked write of the wait record (src/fifo/mod.rs, Fifo::wait_record): SEQ odd,
  * the fields, SEQ even. Only the record's owner writes, so its own read of SEQ is current. */
 MSCCLPP_DEVICE_INLINE void waitRecordWrite(uint64_t* ctrl, uint64_t state, uint64_t what,
-                                           uint64_t wanted, uint64_t seen, uint64_t head,
-                                           uint64_t waited)
+                                           uint64_t wanted, uint64_t seen, uint64_t direct,
+                                           uint64_t head, uint64_t waited)
 {
   uint64_t* rec = ctrl + kRecordWord;
   const uint64_t seq = loadVolatile(rec + kRecSeq);
@@ -300,8 +305,8 @@ MSCCLPP_DEVICE_INLINE void waitRecordWrite(uint64_t* ctrl, uint64_t state, uint6
   /* The odd SEQ before the fields: pairs with the proxy's Acquire fence before it reads SEQ
    * again, so a read that overlaps this write is discarded. */
   fenceAcqRelSys();
-  storeVolatile(rec + kRecState, state);
-  storeVolatile(rec + kRecWhat, what);
+  storeVolatile(rec + kRecWhat, what | state << kRecStateShift);
+  storeVolatile(rec + kRecDirect, direct);
   storeVolatile(rec + kRecWanted, wanted);
   storeVolatile(rec + kRecSeen, seen);
   storeVolatile(rec + kRecHead, head);
@@ -330,7 +335,9 @@ class WaitWatch {
  public:
   /* `what`: MSCCLPP_WAIT_OP_* | connId << 32; `wanted`: the count or ticket waited for;
    * `seenA`, `seenB` (either may be null): the words whose sum is what has come so far (a
-   * wait's two signal counts), read only when the record is written. */
+   * wait's two signal counts: seenB the direct one, recorded on its own too, so the hang
+   * report counts what the peer's kernels stored themselves as sent), read only when the
+   * record is written. */
   MSCCLPP_DEVICE_INLINE bool expired(uint64_t* dev, uint64_t* ctrl, uint64_t what,
                                      uint64_t wanted, const uint64_t* seenA,
                                      const uint64_t* seenB = nullptr)
@@ -346,15 +353,18 @@ class WaitWatch {
     const uint64_t limit = loadVolatile(dev + kDevLimitNs);
     const bool expire = limit != 0 && waited >= limit;
     if (!expire) {
-      if (phase_ != kTiming) return false;
+      /* The owner wrote its record once; a wait that lost the claim (kOther) tries again at
+       * each check, so once the owner's wait ends and frees the record, a wait still stuck
+       * is the one shown (a CAS, on the slow path only). */
+      if (phase_ == kOwner) return false;
       const uint64_t warn = loadVolatile(dev + kDevWarnNs);
       if (warn == 0 || waited < warn) return false;
     }
-    uint64_t seen = seenA != nullptr ? loadVolatile(seenA) : 0;
-    if (seenB != nullptr) seen += loadVolatile(seenB);
+    const uint64_t direct = seenB != nullptr ? loadVolatile(seenB) : 0;
+    const uint64_t seen = (seenA != nullptr ? loadVolatile(seenA) : 0) + direct;
     if (phase_ != kOwner && claim(dev)) phase_ = kOwner;
     if (phase_ == kOwner) {
-      waitRecordWrite(ctrl, expire ? kRecExpired : kRecPending, what, wanted, seen,
+      waitRecordWrite(ctrl, expire ? kRecExpired : kRecPending, what, wanted, seen, direct,
                       loadVolatile(dev), waited);
     } else if (expire) {
       /* Another wait owns the record: the proxy fails the communicator on this word alone.
@@ -382,7 +392,7 @@ class WaitWatch {
   MSCCLPP_DEVICE_INLINE void finish(uint64_t* dev, uint64_t* ctrl)
   {
     if (phase_ != kOwner) return;
-    waitRecordWrite(ctrl, 0, 0, 0, 0, 0, waitClockNs() - start_);
+    waitRecordWrite(ctrl, 0, 0, 0, 0, 0, 0, waitClockNs() - start_);
     /* Release: the record's stores, its last SEQ included, before the claim is freed; pairs
      * with claim()'s fence in the next owner, which then reads that SEQ. */
     fenceAcqRelSys();

@@ -240,10 +240,10 @@ impl Comm {
         let remote_epoch = ep.import(peer, epoch_blob)?;
         let remote_buff = ep.remote_ptr(dst).unwrap_or(0);
         let remote_epoch_ptr = ep.remote_ptr(remote_epoch).unwrap_or(0);
-        // The direct path (P2P): written before any kernel can see the connection.
+        // The sizes and the direct path (P2P): written before any kernel can see the connection.
         let direct_limits = ep.direct_limits(peer, dst, remote_epoch);
         drop(ep);
-        epoch.enable_direct(direct_limits, r.size, rsize)?;
+        epoch.write_setup(direct_limits, r.size, rsize)?;
         let mut work = lock(&slot.work);
         if work.conns.len() >= MAX_CONNS_PER_PROXY {
             return Err(Error::invalid_arg(format!(

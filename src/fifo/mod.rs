@@ -110,6 +110,12 @@ impl Refusal {
             MSCCLPP_REFUSED_SIZE => format!(
                 "dataSize {v}: the put would end past 2^40 bytes (1 TiB) into a buffer, or one trigger was asked to carry more than 2^32 - 1 bytes"
             ),
+            MSCCLPP_REFUSED_RANGE_SRC => format!(
+                "its source range ends at byte {v}, past the local buffer: a put of more than one trigger (over 4 GiB - 1 bytes) is checked whole, and refused before any of it moved"
+            ),
+            MSCCLPP_REFUSED_RANGE_DST => format!(
+                "its destination range ends at byte {v}, past the peer's buffer: a put of more than one trigger (over 4 GiB - 1 bytes) is checked whole, and refused before any of it moved"
+            ),
             other => format!("refused for an unknown reason {other} (value {v})"),
         }
     }
@@ -202,6 +208,8 @@ pub struct WaitRecord {
     pub conn_id: usize,
     pub wanted: u64,
     pub seen: u64,
+    /// Of `seen` (a wait's), what the peer's kernels stored themselves.
+    pub direct: u64,
     pub head: u64,
     pub waited: std::time::Duration,
     /// A wait that did not own the record ended at the device timeout.
@@ -214,8 +222,9 @@ impl WaitRecord {
         let what = w[MSCCLPP_RECORD_WHAT];
         WaitRecord {
             seq: w[MSCCLPP_RECORD_SEQ],
-            state: w[MSCCLPP_RECORD_STATE],
-            op: what & 0xffff_ffff,
+            state: (what >> MSCCLPP_RECORD_STATE_SHIFT) & 0xff,
+            op: what & ((1 << MSCCLPP_RECORD_STATE_SHIFT) - 1),
+            direct: w[MSCCLPP_RECORD_DIRECT],
             conn_id: ((what >> 32) & MSCCLPP_TRIGGER_CONNID_MASK) as usize,
             wanted: w[MSCCLPP_RECORD_WANTED],
             seen: w[MSCCLPP_RECORD_SEEN],
@@ -281,12 +290,13 @@ const CTRL_BYTES: usize = 128;
 
 /// Words of a CUDA FIFO's device block: the ticket counter, the producers' tail cache, the
 /// done word, the switch that tells producers to poll it (see [`Fifo::done_word`]), their
-/// poll hint (`pollEither` in include/mscclpp/device.h), and the device wait bounds
-/// (`MSCCLPP_FIFO_DEV_WARN_NS`, `..._LIMIT_NS`, `..._RECORD_OWNER`).
+/// poll hint (`pollEither` in include/mscclpp/device.h), the device wait bounds
+/// (`MSCCLPP_FIFO_DEV_WARN_NS`, `..._LIMIT_NS`, `..._RECORD_OWNER`) and the last raw push
+/// with work (`MSCCLPP_FIFO_DEV_RAW`); two 64-byte lines.
 const DEV_HEAD: usize = 0;
 const DEV_DONE: usize = 2;
 const DEV_DONE_ON: usize = 3;
-const DEV_WORDS: usize = 8;
+const DEV_WORDS: usize = 16;
 
 /// Shared handle to a FIFO's abort word, for the communicator's abort (`proxy::Sticky`), which
 /// raises the words of all its FIFOs together; valid until the communicator detaches it at
@@ -503,9 +513,36 @@ impl Fifo {
         unsafe { AtomicU64::from_ptr(self.ctrl.add(1)) }.load(Ordering::Acquire)
     }
 
+    /// How many triggers, from the tail on, producers have written and the consumer has not
+    /// retired (at most `SIZE`).
+    pub fn queued(&self) -> u64 {
+        self.queued_triggers().len() as u64
+    }
+
+    /// The triggers, from the tail on, that producers have written and the consumer has not
+    /// retired, up to the first slot not (fully) written, at most `SIZE`. The caller holds the
+    /// consumer (`&self` of the proxy's work, under its lock), so none is retired meanwhile.
+    pub fn queued_triggers(&self) -> Vec<[u64; 2]> {
+        let mut out = Vec::new();
+        // Ends at the first slot not written, or after SIZE slots.
+        while (out.len() as u64) < SIZE {
+            let (w0, w1) = self.slot_words(self.tail + out.len() as u64);
+            // Acquire pairs with the producers' Release store (or 16-byte store) of word0; a
+            // zero word1 is a store not yet fully visible (`peek_slot`).
+            let (a, b) = (w0.load(Ordering::Acquire), w1.load(Ordering::Acquire));
+            if a == 0 || b == 0 {
+                break;
+            }
+            out.push([a, b]);
+        }
+        out
+    }
+
     /// Retires every trigger now in the FIFO without executing it (at most `SIZE`, so that a
     /// producer that keeps pushing cannot hold the caller), publishes the tail, and returns
-    /// how many. For triggers pushed after the communicator's abort.
+    /// how many. Only at `mscclppProxyLaunch` after a stop that raised the abort: a slot's
+    /// zero means "executed" to every waiter (docs/DESIGN.md 5.1), so nothing else may zero a
+    /// slot whose trigger did not run.
     pub fn discard(&mut self) -> u64 {
         let mut n = 0;
         // Ends when the FIFO is empty or after SIZE triggers.
@@ -820,10 +857,11 @@ mod tests {
         );
         let mut w = [0u64; 8];
         w[MSCCLPP_RECORD_SEQ] = 2;
-        w[MSCCLPP_RECORD_STATE] = MSCCLPP_RECORD_PENDING;
-        w[MSCCLPP_RECORD_WHAT] = MSCCLPP_WAIT_OP_WAIT | 3 << 32;
+        w[MSCCLPP_RECORD_WHAT] =
+            MSCCLPP_WAIT_OP_WAIT | MSCCLPP_RECORD_PENDING << MSCCLPP_RECORD_STATE_SHIFT | 3 << 32;
         w[MSCCLPP_RECORD_WANTED] = 18;
         w[MSCCLPP_RECORD_SEEN] = 17;
+        w[MSCCLPP_RECORD_DIRECT] = 12;
         w[MSCCLPP_RECORD_HEAD] = 40;
         w[MSCCLPP_RECORD_WAITED_NS] = 2_000_000_123;
         f.write_record_for_test(w);
@@ -836,6 +874,7 @@ mod tests {
                 conn_id: 3,
                 wanted: 18,
                 seen: 17,
+                direct: 12,
                 head: 40,
                 waited: std::time::Duration::from_nanos(2_000_000_123),
                 others_expired: false,

@@ -26,6 +26,10 @@ pub trait Assist: Send + Sync {
     /// for a producer that gave up waiting for its trigger's completion. Never blocks on a
     /// consumer at work.
     fn withdraw(&self, ticket: u64) -> Withdrawal;
+    /// The sizes of connection `conn`'s buffers, here and at the peer (None: no such
+    /// connection): a put split into several triggers is checked whole against them before
+    /// its first is queued, as the proxy checks each trigger. May wait for a consumer's round.
+    fn buffer_sizes(&self, conn: usize) -> Option<(u64, u64)>;
 }
 
 /// What became of a trigger its producer asked to take back (`Assist::withdraw`).

@@ -205,14 +205,38 @@ impl Conn {
     /// Sync), or the refusal of one no trigger can carry (0 bytes, or past 2^40 bytes into a
     /// buffer), checked before anything is queued. The same rule as the kernels' put
     /// (`fifo::put_triggers`).
+    /// A put split into several triggers is checked whole against the buffers first, as a
+    /// kernel's is (`queuePut` in include/mscclpp/devconn_methods.inc): one that does not fit is
+    /// refused before any of it is queued (one trigger's range the proxy checks as it comes).
     fn put_triggers(&self, ty: u64, dst: u64, src: u64, size: u64) -> Result<fifo::PutTriggers> {
-        fifo::put_triggers(ty, dst, src, size, self.0.fifo.connId as usize).map_err(|r| {
+        let conn = self.0.fifo.connId as usize;
+        let refuse = |r: fifo::Refusal| {
             Error::invalid_arg(format!(
                 "put to rank {} refused: {}",
                 self.0.remoteRank,
                 r.describe()
             ))
-        })
+        };
+        let triggers = fifo::put_triggers(ty, dst, src, size, conn).map_err(refuse)?;
+        if size > MSCCLPP_TRIGGER_SIZE_MASK {
+            let (local, remote) = self.1.buffer_sizes(conn).unwrap_or((0, 0));
+            let past = |off: u64, limit: u64| off > limit || size > limit - off;
+            let what = if past(src, local) {
+                Some((MSCCLPP_REFUSED_RANGE_SRC, src + size))
+            } else if past(dst, remote) {
+                Some((MSCCLPP_REFUSED_RANGE_DST, dst + size))
+            } else {
+                None
+            };
+            if let Some((what, value)) = what {
+                return Err(refuse(fifo::Refusal {
+                    conn_id: conn,
+                    what,
+                    value,
+                }));
+            }
+        }
+        Ok(triggers)
     }
 
     /// Pushes every trigger of one put in order; returns the last one's ticket. A push that
@@ -266,6 +290,9 @@ mod tests {
     use super::*;
     use crate::fifo::{Fifo, Trigger};
 
+    /// The buffers of `Idle`'s connections, here and at the peer: 9 GiB.
+    const BUF: u64 = 9 << 30;
+
     /// A consumer that never consumes: what a connection's calls queue stays in the FIFO.
     struct Idle;
     impl fifo::Assist for Idle {
@@ -280,6 +307,9 @@ mod tests {
         }
         fn withdraw(&self, _: u64) -> Withdrawal {
             Withdrawal::Queued
+        }
+        fn buffer_sizes(&self, _: usize) -> Option<(u64, u64)> {
+            Some((BUF, BUF))
         }
     }
 
@@ -342,5 +372,26 @@ mod tests {
         assert_eq!(epoch.device, 1);
         let e = c.put(0, 1u64 << 41, 1).unwrap_err();
         assert!(e.to_string().contains(&(1u64 << 41).to_string()), "{e}");
+        // A split put is checked whole against the buffers before its first trigger: one that
+        // ends exactly at the end goes, one a byte past it (either side) queues nothing.
+        c.put(BUF - 4 * gib, 0, 4 * gib).unwrap();
+        assert_eq!(drain(&mut f).len(), 2);
+        for (dst, src, end) in [
+            (BUF - 4 * gib + 1, 0, BUF + 1),
+            (0, BUF - 4 * gib + 1, BUF + 1),
+        ] {
+            let e = c.put_with_signal(dst, src, 4 * gib).unwrap_err();
+            assert_eq!(e.code(), mscclppResult_t::mscclppInvalidArgument, "{e}");
+            assert!(
+                e.to_string().contains(&format!("ends at byte {end}")),
+                "{e}"
+            );
+            assert!(e.to_string().contains("before any of it moved"), "{e}");
+            assert!(f.is_empty(), "{e}");
+        }
+        assert_eq!(epoch.device, 1);
+        // One trigger's range is the proxy's to check, as it comes.
+        c.put(BUF, 0, 8).unwrap();
+        assert_eq!(drain(&mut f).len(), 1);
     }
 }

@@ -55,6 +55,12 @@ impl crate::fifo::Assist for Mutex<ProxyWork> {
         }
     }
 
+    fn buffer_sizes(&self, conn: usize) -> Option<(u64, u64)> {
+        // Fixed once the connection is set up; the lock is held for a round at most.
+        let w = crate::sync::lock(self);
+        w.conns.get(conn).map(|c| (c.local_size, c.remote_size))
+    }
+
     fn direct_signal(&self, conn: usize) -> bool {
         idle(self).is_some_and(|mut w| w.conns.get_mut(conn).is_some_and(direct_flag))
     }

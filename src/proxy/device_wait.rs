@@ -46,6 +46,7 @@ impl ProxyWork {
             op,
             wanted: r.wanted,
             seen: r.seen,
+            direct: r.direct,
             waited: waited(&self.watched, &r),
             device: true,
         })
@@ -159,8 +160,7 @@ mod tests {
     fn record(seq: u64, state: u64, op: u64, wanted: u64, seen: u64, others: u64) -> [u64; 8] {
         let mut w = [0u64; 8];
         w[MSCCLPP_RECORD_SEQ] = seq;
-        w[MSCCLPP_RECORD_STATE] = state;
-        w[MSCCLPP_RECORD_WHAT] = op;
+        w[MSCCLPP_RECORD_WHAT] = op | state << MSCCLPP_RECORD_STATE_SHIFT;
         w[MSCCLPP_RECORD_WANTED] = wanted;
         w[MSCCLPP_RECORD_SEEN] = seen;
         w[MSCCLPP_RECORD_HEAD] = 7;

@@ -26,6 +26,10 @@ pub struct PendingWait {
     pub op: WaitOp,
     pub wanted: u64,
     pub seen: u64,
+    /// Of `seen`, the signals the peer's kernels stored themselves (a kernel's wait on a
+    /// connection with P2P's direct path; 0 otherwise): the peer counts only what its proxy
+    /// sent (`ProxyConn::signals`), and the hang report adds these to it.
+    pub direct: u64,
     /// How long it has waited so far.
     pub waited: Duration,
     /// True for a kernel's wait (read from device-written memory), false for a host thread.
@@ -33,6 +37,22 @@ pub struct PendingWait {
 }
 
 impl super::ProxyWork {
+    /// Per connection of this FIFO (`ProxyWork::conns`), the signals (Flag triggers) queued
+    /// in it that the proxy has not sent yet: with what it sent, what the connection's
+    /// producers handed to the proxy (the hang report's `issued` where no host-memory epoch
+    /// counts it).
+    pub fn queued_signals(&self) -> Vec<u64> {
+        let mut n = vec![0; self.conns.len()];
+        for w in self.fifo.queued_triggers() {
+            if let Ok(t) = crate::fifo::Trigger::decode(w) {
+                if t.ty & crate::abi::mscclppFlag != 0 && t.conn_id < n.len() {
+                    n[t.conn_id] += 1;
+                }
+            }
+        }
+        n
+    }
+
     /// The waits this FIFO's kernels are blocked in, read from the record the device methods
     /// keep (`device_wait.rs`), for the hang report. Here `conn` is the connection's id in this
     /// FIFO (`ProxyWork::conns`); the report maps it to the communicator's index.

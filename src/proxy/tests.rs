@@ -96,3 +96,29 @@ fn a_refused_trigger_fails_the_round_naming_connection_peer_and_value() {
         "the refused trigger stays, as any failed trigger"
     );
 }
+
+/// A slot's zero means "executed" to every waiter, so triggers the abort leaves are not
+/// zeroed: a host thread that pushed a put and a Sync just before a stop or destroy raised the
+/// abort, and whose assist then finds them (the review's scenario: the abort lands between the
+/// push's check and its assist), gets an error from its wait, not success for work never done.
+/// `mscclppProxyLaunch` later retires them, still unexecuted.
+#[test]
+fn triggers_the_abort_leaves_are_never_reported_done() {
+    let shared = work();
+    let mut w = lock(&shared);
+    let view = w.fifo.producer_view(3);
+    w.fifo
+        .push_for_test(trigger_encode(mscclppData, 0, 0, 8, 0));
+    w.fifo
+        .push_for_test(trigger_encode(mscclppFlag | mscclppSync, 0, 0, 1, 0));
+    w.sticky.release(false);
+    assert!(w.service(false, false).is_ok());
+    assert_eq!(w.fifo.queued(), 2, "nothing executed, nothing retired");
+    // SAFETY: `view` is the producer view of this live host FIFO.
+    let r = unsafe { crate::host::host_wait_retired(&view, 1) };
+    assert!(r.is_err(), "the Sync was reported done: {r:?}");
+    assert_eq!(w.fifo.ticket(), 0);
+    w.retire_released();
+    assert_eq!((w.fifo.queued(), w.fifo.ticket()), (0, 2));
+    assert_eq!(w.conns[0].signals, 0, "the flag was not sent");
+}

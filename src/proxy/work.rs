@@ -43,9 +43,6 @@ pub struct ProxyWork {
     /// When the proxy first saw the stop request: its final flushes share one deadline
     /// from there (`MSCCLPP_WAIT_TIMEOUT`).
     pub(super) stop_asked: Option<Instant>,
-    /// Triggers retired unexecuted because they were pushed after the communicator's abort,
-    /// not yet reported (said at WARN when the proxy stops).
-    unexecuted: u64,
     /// Host threads waiting on this FIFO while doing its work (host FIFOs only).
     pub(super) gate: Arc<crate::fifo::HelperGate>,
     /// The kernels' wait record as last seen (`device_wait.rs`).
@@ -115,7 +112,6 @@ impl ProxyWork {
             rounds: 0,
             stop_seen: None,
             stop_asked: None,
-            unexecuted: 0,
             gate: gate.clone(),
             watched: Default::default(),
         }));
@@ -135,31 +131,21 @@ impl ProxyWork {
         self.active = false;
     }
 
-    /// Retires, unexecuted, what the FIFO holds now that its abort word is raised (a stop or
-    /// destroy released it; an error stops the proxy before this), and counts them.
-    fn retire_unexecuted(&mut self) {
-        self.unexecuted += self.fifo.discard();
-    }
-
     /// `mscclppProxyLaunch` after a stop that raised the abort: retires what the FIFO holds
-    /// (pushed after that stop's drain, by kernels it released) without executing it, said at
-    /// WARN. Nothing when the abort word is down.
+    /// (pushed before or after that stop's drain ended, by kernels it released) without
+    /// executing it, said at WARN, before the abort word goes down. Every waiter on those
+    /// triggers saw the raised word long before (the stop's drain alone is a second; a waiter
+    /// reads the word every few microseconds), so the zeros written now tell no one "done".
+    /// Nothing when the abort word is down.
     pub fn retire_released(&mut self) {
         if self.fifo.aborted() != 0 {
-            self.retire_unexecuted();
-            self.report_unexecuted("at mscclppProxyLaunch");
-        }
-    }
-
-    /// Says at WARN how many triggers were retired unexecuted since the last report.
-    pub(super) fn report_unexecuted(&mut self, when: &str) {
-        if self.unexecuted > 0 {
-            crate::warn!(
-                "{}: {} triggers pushed after the communicator's abort were retired without being executed ({when})",
-                self.name,
-                self.unexecuted
-            );
-            self.unexecuted = 0;
+            let n = self.fifo.discard();
+            if n > 0 {
+                crate::warn!(
+                    "{}: {n} triggers left in the FIFO by the last stop were retired without being executed (at mscclppProxyLaunch)",
+                    self.name
+                );
+            }
         }
     }
 
@@ -186,11 +172,13 @@ impl ProxyWork {
         let mut n = 0;
         while n < BATCH {
             let Some(words) = self.fifo.peek() else { break };
-            // After the abort nothing more is executed. The word is read after the slot (the
-            // Acquire loads in `peek` keep it there), so a trigger stored after the raise was
-            // visible here is retired, not executed.
+            // After the abort nothing more is executed, and nothing is retired either: a slot's
+            // zero (and a tail past a ticket) means "executed" to every waiter (docs/DESIGN.md
+            // 5.1), so what is left stays in its slot, where each waiter ends on the abort with
+            // an error, until `mscclppProxyLaunch` retires it (`retire_released`) or destroy
+            // frees the FIFO. The word is read after the slot (the Acquire loads in `peek` keep
+            // it there), so a trigger stored after the raise was visible here is not executed.
             if self.fifo.aborted() != 0 {
-                self.retire_unexecuted();
                 break;
             }
             let t = Trigger::decode(words).map_err(|r| refused(self, &r))?;
@@ -280,7 +268,15 @@ impl ProxyWork {
         // Nothing of ours may keep running on the GPU once the proxy is stopped.
         ep.quiesce()?;
         drop(ep);
-        self.report_unexecuted("at the stop");
+        if self.fifo.aborted() != 0 {
+            let n = self.fifo.queued();
+            if n > 0 {
+                crate::warn!(
+                    "{}: {n} triggers pushed by kernels or threads the stop released are left unexecuted in the FIFO: the flushes and syncs waiting on them return an error; mscclppProxyLaunch retires them",
+                    self.name
+                );
+            }
+        }
         let s = self
             .conns
             .iter()
@@ -385,8 +381,14 @@ pub(super) fn lost_peer_of(boot: &crate::bootstrap::Bootstrap, ranks: &[usize]) 
 /// that no trigger can carry, reported instead of moved with wrapped offsets.
 fn refused(w: &ProxyWork, r: &crate::fifo::Refusal) -> Error {
     let conn = w.conn_name(r.conn_id);
+    let sizes = w.conns.get(r.conn_id).map_or(String::new(), |c| {
+        format!(
+            " (buffers: {} bytes here, {} at the peer)",
+            c.local_size, c.remote_size
+        )
+    });
     Error::invalid_arg(format!(
-        "{}: a kernel's put on {conn} was refused: {}",
+        "{}: a kernel's put on {conn} was refused: {}{sizes}",
         w.name,
         r.describe()
     ))

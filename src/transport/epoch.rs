@@ -85,23 +85,30 @@ impl EpochMem {
         }
     }
 
-    /// Turns the direct path on for this connection's kernels (src/abi.rs, `MSCCLPP_EPOCH_*`):
-    /// puts of at most `limits` (and signals, flushes) that they may do with their own stores,
-    /// within buffers of `local` and `remote` bytes. Setup only, before any kernel sees the
-    /// block: kernels read these words through the read-only cache. `limits.thread` 0 leaves
-    /// it off.
-    pub fn enable_direct(&self, limits: DirectLimits, local: u64, remote: u64) -> Result<()> {
-        if limits.thread == 0 {
-            return Ok(());
-        }
+    /// Writes what this connection's kernels read at setup (src/abi.rs, `MSCCLPP_EPOCH_*`):
+    /// the buffer sizes, `local` and `remote` bytes (every device block: a put split into
+    /// several triggers is checked whole against them before its first is queued), and the
+    /// direct path's limits: puts of at most `limits` (and signals, flushes) that they may do
+    /// with their own stores (`limits.thread` 0 leaves it off). Setup only, before any kernel
+    /// sees the block: kernels read these words through the read-only cache. Host blocks
+    /// (driven by host threads, whose calls check against the proxy's sizes) get nothing.
+    pub fn write_setup(&self, limits: DirectLimits, local: u64, remote: u64) -> Result<()> {
         match self {
-            EpochMem::Device { mem, direct: true } => mem.write_words(
-                MSCCLPP_EPOCH_DIRECT_BYTES * 8,
-                &[limits.thread, local, remote, limits.block],
-            ),
-            _ => Err(Error::internal(
+            EpochMem::Device { mem, direct } => {
+                if limits.thread != 0 && !direct {
+                    return Err(Error::internal(
+                        "the direct path asked for an epoch block that has none",
+                    ));
+                }
+                mem.write_words(
+                    MSCCLPP_EPOCH_DIRECT_BYTES * 8,
+                    &[limits.thread, local, remote, limits.block],
+                )
+            }
+            _ if limits.thread != 0 => Err(Error::internal(
                 "the direct path asked for an epoch block that has none",
             )),
+            _ => Ok(()),
         }
     }
 
@@ -140,7 +147,7 @@ impl EpochMem {
     }
 }
 
-// The words `enable_direct` writes are consecutive, from DIRECT_BYTES to DIRECT_BLOCK_BYTES.
+// The words `write_setup` writes are consecutive, from DIRECT_BYTES to DIRECT_BLOCK_BYTES.
 const _: () = assert!(
     MSCCLPP_EPOCH_LOCAL_SIZE == MSCCLPP_EPOCH_DIRECT_BYTES + 1
         && MSCCLPP_EPOCH_REMOTE_SIZE == MSCCLPP_EPOCH_DIRECT_BYTES + 2
@@ -183,10 +190,10 @@ mod tests {
             assert_eq!(e.export_len(), 16);
             let limits = |thread, block| DirectLimits { thread, block };
             assert!(
-                e.enable_direct(limits(0, 0), 8, 8).is_ok(),
+                e.write_setup(limits(0, 0), 8, 8).is_ok(),
                 "0: off, nothing to write"
             );
-            assert!(e.enable_direct(limits(4096, 0), 8, 8).is_err());
+            assert!(e.write_setup(limits(4096, 0), 8, 8).is_err());
         }
     }
 }

@@ -20,10 +20,13 @@ pub struct ConnCounts {
     pub index: usize,
     pub remote_rank: usize,
     pub tag: i32,
-    /// Signals this rank's threads issued on it (the epoch's `device` word; host memory only).
+    /// Signals this rank's threads issued on it: the epoch's `device` word (host memory); for
+    /// a GPU epoch, what its proxy sent and what waits in its FIFO. Neither counts what its
+    /// kernels stored into the peer's epoch themselves (the direct path): the waiter's record
+    /// does (`PendingWait::direct`), and the summary adds it.
     pub issued: Option<u64>,
     /// Signals its proxy, or a host thread's direct store, sent to the peer
-    /// (`ProxyConn::signals`).
+    /// (`ProxyConn::signals`); not its kernels' direct stores (see `issued`).
     pub sent: Option<u64>,
     /// Signals that arrived from the peer (the epoch's `proxy` word; host memory only).
     pub received: Option<u64>,
@@ -51,7 +54,7 @@ pub struct RankReport {
 }
 
 const MAGIC: u32 = 0x4d53_4852; // "MSHR"
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// Most waits and connections one report carries (the rest are counted in a note): the
 /// answer must fit one `Report` frame.
 const MAX_WAITS: usize = 256;
@@ -117,6 +120,7 @@ impl RankReport {
                 .u32(op_code(p.op))
                 .u64(p.wanted)
                 .u64(p.seen)
+                .u64(p.direct)
                 .u64(p.waited.as_millis() as u64)
                 .u32(p.device as u32)
                 .u32(ended)
@@ -179,7 +183,7 @@ impl RankReport {
                 2 => WaitOp::Push,
                 x => return Err(bad(format!("unknown wait operation {x}"))),
             };
-            let (wanted, seen) = (r.u64()?, r.u64()?);
+            let (wanted, seen, direct) = (r.u64()?, r.u64()?, r.u64()?);
             let waited = Duration::from_millis(r.u64()?);
             let device = r.u32()? != 0;
             let ended = match (r.u32()?, Duration::from_millis(r.u64()?)) {
@@ -195,6 +199,7 @@ impl RankReport {
                     op,
                     wanted,
                     seen,
+                    direct,
                     waited,
                     device,
                 },
@@ -292,9 +297,9 @@ impl Source {
             rep.notes.push("its communicator is being destroyed".into());
             return rep;
         }
-        // Per slot, under its proxy's lock: the signals sent per connection, and the waits of
-        // its kernels.
-        let mut sent: Vec<Option<Vec<u64>>> = Vec::with_capacity(self.slots.len());
+        // Per slot, under its proxy's lock: the signals sent and still queued per connection,
+        // and the waits of its kernels.
+        let mut sent: Vec<Option<Vec<(u64, u64)>>> = Vec::with_capacity(self.slots.len());
         for (i, s) in self.slots.iter().enumerate() {
             let Some(work) = s.work.upgrade() else {
                 sent.push(None);
@@ -313,7 +318,10 @@ impl Source {
             };
             match g {
                 Some(w) => {
-                    sent.push(Some(w.conns.iter().map(|c| c.signals).collect()));
+                    let queued = w.queued_signals();
+                    sent.push(Some(
+                        w.conns.iter().map(|c| c.signals).zip(queued).collect(),
+                    ));
                     for mut p in w.device_pending_waits() {
                         if let Some(ci) = self
                             .conns
@@ -340,14 +348,18 @@ impl Source {
         for (index, c) in self.conns.iter().enumerate().take(MAX_CONNS) {
             // SAFETY: the epoch block (at least 32 bytes, 16-aligned) lives while `alive`.
             let e = c.epoch.map(|p| unsafe { (word(p, 0), word(p, 1)) });
+            let proxy = sent[c.slot]
+                .as_ref()
+                .and_then(|v| v.get(c.conn_id).copied());
             rep.conns.push(ConnCounts {
                 index,
                 remote_rank: c.remote_rank,
                 tag: c.tag,
-                issued: e.map(|e| e.0),
-                sent: sent[c.slot]
-                    .as_ref()
-                    .and_then(|v| v.get(c.conn_id).copied()),
+                // A host-memory epoch counts what its threads issued; a GPU one does not, and
+                // what its kernels handed to the proxy is then what the proxy sent and what
+                // waits in its FIFO (what they stored themselves the waiter counts).
+                issued: e.map(|e| e.0).or(proxy.map(|(s, q)| s + q)),
+                sent: proxy.map(|(s, _)| s),
                 received: e.map(|e| e.1),
             });
         }
@@ -388,6 +400,8 @@ impl Source {
                     op: h.op,
                     wanted: h.wanted,
                     seen,
+                    // A host thread's wait: the peer's direct stores (SHM) are in its count.
+                    direct: 0,
                     waited: h
                         .ended
                         .map_or(now, |(_, at)| at)
@@ -437,6 +451,7 @@ mod tests {
                     op: WaitOp::Flush,
                     wanted: 5,
                     seen: 4,
+                    direct: 3,
                     waited: Duration::from_millis(1500),
                     device: true,
                 },

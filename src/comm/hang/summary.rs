@@ -29,17 +29,48 @@ pub struct Summary {
     pub chains: Vec<Vec<usize>>,
 }
 
+/// What a peer sent on one connection: by its proxy (its own count; None where its report
+/// left it out), and by its kernels directly (P2P's direct path: counted where they land, in
+/// the waiter's epoch, so the waiter's record says it; such a store arrives as it is sent).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Sent {
+    proxy: Option<u64>,
+    direct: u64,
+}
+
+impl Sent {
+    /// All of it, where the proxy's part is known.
+    fn total(self) -> Option<u64> {
+        self.proxy.map(|p| p + self.direct)
+    }
+
+    /// "sent 18 (1 by its proxy, 17 by its kernels directly)", "sent 3".
+    fn text(self) -> String {
+        let total = self.total().map_or_else(
+            || format!("an unknown number (at least {})", self.direct),
+            |t| t.to_string(),
+        );
+        match (self.direct, self.proxy) {
+            (0, _) => total,
+            (d, p) => format!(
+                "{total} ({} by its proxy, {d} by its kernels directly)",
+                p.map_or("unknown".into(), |p| p.to_string())
+            ),
+        }
+    }
+}
+
 /// Where the signal a `wait()` wants is, by the peer's counts.
 #[derive(Clone, Debug, PartialEq)]
 enum Where {
     /// The waiter has it (it arrived after the wait ended, or just now).
     Arrived,
-    /// The peer's proxy sent it; not (yet) in the waiter's epoch.
-    NotArrived { sent: u64 },
+    /// The peer sent it; not (yet) in the waiter's epoch.
+    NotArrived { sent: Sent },
     /// The peer issued it; its proxy has not sent it.
-    Queued { issued: u64, sent: Option<u64> },
+    Queued { issued: u64, sent: Sent },
     /// The peer has not issued it: a real dependency on the peer's program.
-    NotSignalled { sent: Option<u64> },
+    NotSignalled { sent: Sent },
     /// The peer did not answer.
     NoAnswer(String),
 }
@@ -129,22 +160,24 @@ pub fn summarize(answers: &[(usize, Answer)]) -> Summary {
             let tag = rep.conns.iter().find(|c| c.index == p.conn).map(|c| c.tag);
             let q = p.remote_rank;
             let peer = tag.and_then(|t| reports.get(&q).and_then(|x| counts_of(x, r, t)));
+            let sent = Sent {
+                proxy: peer.and_then(|c| c.sent),
+                direct: p.direct,
+            };
             let at = if p.seen >= p.wanted {
                 Where::Arrived
             } else if let Some(why) = silent.get(&q) {
                 Where::NoAnswer(why.clone())
             } else {
                 match peer {
-                    Some(c) if c.sent.is_some_and(|s| s >= p.wanted) => Where::NotArrived {
-                        sent: c.sent.unwrap_or(0),
-                    },
-                    Some(c) if c.issued.is_some_and(|i| i >= p.wanted) => Where::Queued {
-                        issued: c.issued.unwrap_or(0),
-                        sent: c.sent,
-                    },
-                    c => Where::NotSignalled {
-                        sent: c.and_then(|c| c.sent),
-                    },
+                    _ if sent.total().is_some_and(|s| s >= p.wanted) => Where::NotArrived { sent },
+                    Some(c) if c.issued.is_some_and(|i| i + p.direct >= p.wanted) => {
+                        Where::Queued {
+                            issued: c.issued.unwrap_or(0) + p.direct,
+                            sent,
+                        }
+                    }
+                    _ => Where::NotSignalled { sent },
                 }
             };
             edges.push(Edge {
@@ -189,16 +222,17 @@ pub fn summarize(answers: &[(usize, Answer)]) -> Summary {
         let q = e.to;
         let why = match &e.at {
             Where::Arrived => "it has arrived since".to_string(),
-            Where::NotArrived { sent } => {
-                format!("rank {q} sent it (sent {sent}): signal sent but not arrived")
-            }
+            Where::NotArrived { sent } => format!(
+                "rank {q} sent it (sent {}): signal sent but not arrived",
+                sent.text()
+            ),
             Where::Queued { issued, sent } => format!(
                 "rank {q} issued it (issued {issued}, sent {}): not yet sent by rank {q}'s proxy",
-                sent.map_or("unknown".into(), |s| s.to_string())
+                sent.text()
             ),
             Where::NoAnswer(why) => format!("rank {q}: no answer ({why})"),
             Where::NotSignalled { sent } => {
-                let sent = sent.map_or("an unknown number".into(), |s| s.to_string());
+                let sent = sent.text();
                 let waits: Vec<String> = edges
                     .iter()
                     .filter(|x| x.from == q && x.blocks())
@@ -408,6 +442,7 @@ mod tests {
                 op: WaitOp::Wait,
                 wanted,
                 seen,
+                direct: 0,
                 waited: Duration::from_secs(2),
                 device: false,
             },
@@ -503,6 +538,41 @@ mod tests {
             "rank 0 waits for signal 1 from rank 1 (has 0): rank 1 has sent 0 and waits for rank 2",
         );
         has(&s, "rank 2: no answer (lost: ");
+    }
+
+    /// A kernel's wait counts the signals the peer's kernels stored themselves (P2P's direct
+    /// path) with those its proxy sent; the peer counts only the latter. Rank 1 stored signals
+    /// 1-17 itself; its 18th waits in its FIFO behind a slow put; it waits for rank 0 in turn.
+    /// Not a cycle: rank 0's signal is queued at rank 1, and the line says how each came.
+    #[test]
+    fn direct_signals_count_as_sent() {
+        let mut w0 = wait(0, 1, 18, 17);
+        w0.wait.direct = 17;
+        w0.wait.device = true;
+        let gpu = |issued, sent| ConnCounts {
+            issued: Some(issued),
+            sent: Some(sent),
+            received: None,
+            ..conn(0, 0, 0, 0, 0)
+        };
+        let s = summarize(&[
+            report(0, vec![gpu(4, 4)], vec![w0.clone()]),
+            report(1, vec![gpu(1, 0)], vec![wait(0, 0, 5, 4)]),
+        ]);
+        assert!(s.cycles.is_empty(), "{s:?}");
+        has(&s, "rank 0's kernel waits for signal 18 from rank 1 (has 17): rank 1 issued it (issued 18, sent 17 (0 by its proxy, 17 by its kernels directly)): not yet sent by rank 1's proxy");
+        // Sent and not arrived: its proxy sent the 18th.
+        let s = summarize(&[
+            report(0, vec![gpu(4, 4)], vec![w0.clone()]),
+            report(1, vec![gpu(1, 1)], vec![]),
+        ]);
+        has(&s, "rank 1 sent it (sent 18 (1 by its proxy, 17 by its kernels directly)): signal sent but not arrived");
+        // Not issued at all: a real dependency, and it says how many came directly.
+        let s = summarize(&[
+            report(0, vec![gpu(4, 4)], vec![w0]),
+            report(1, vec![gpu(0, 0)], vec![wait(0, 0, 5, 4)]),
+        ]);
+        assert_eq!(s.cycles, vec![vec![0, 1]]);
     }
 
     #[test]
