@@ -267,6 +267,11 @@ impl Drop for Comm {
                 "rank {}: not telling ranks {withheld:?} that their memory is unmapped: an endpoint of ours that maps it is still in use (above); they keep it, and we keep the epoch blocks they map",
                 self.rank()
             );
+            // Said, not left unsaid: our goodbye follows, and a peer that sees it without an
+            // answer takes us for gone with our mappings (a process that ended).
+            for &p in &withheld {
+                let _ = self.boot.send(p, TAG_UNMAPPED, KEPT);
+            }
         }
         let mut unanswered = self.wait_for_unmaps(&ipc_peers, unmaps_by);
         unanswered.extend(withheld);
@@ -282,6 +287,10 @@ impl Drop for Comm {
         );
     }
 }
+
+/// What a rank sends instead of "unmapped" (`TAG_UNMAPPED`'s empty message) to a CUDA IPC peer
+/// whose memory it still maps at destroy (`unmap_peers`): keep it.
+const KEPT: &[u8] = b"kept";
 
 /// The CUDA IPC peers told that we unmapped their memory, and those withheld, from each slot's
 /// `ipc` (a P2P slot not skipped) and `busy` (still in use: its endpoint, with its mappings of
@@ -329,8 +338,8 @@ impl Comm {
     /// closed (our own mappings of the peers' memory with them): tells each peer so, then
     /// waits, until `deadline` for all, until each says the same or is gone (it
     /// destroyed its communicator or died: its mappings went with it). Returns the peers that
-    /// did neither by `deadline`; their blocks are leaked, with a warning, rather than freed
-    /// under them.
+    /// did neither by `deadline`, or said they keep their mappings (`KEPT`: something of theirs
+    /// still runs); their blocks are leaked, with a warning, rather than freed under them.
     fn wait_for_unmaps(&self, peers: &[usize], deadline: Instant) -> Vec<usize> {
         if peers.is_empty() {
             return Vec::new();
@@ -344,6 +353,13 @@ impl Comm {
         for &p in peers {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.boot.recv_unless_gone(p, TAG_UNMAPPED, left) {
+                Ok(Some(m)) if m == KEPT => {
+                    crate::warn!(
+                        "rank {}: leaking the GPU memory rank {p} maps through CUDA IPC (its epoch blocks): its communicator is destroyed, but something of it still runs and may store through its mappings of our memory; rank {p} may also still write into the buffers this communicator connected: free them only once rank {p} has ended",
+                        self.rank()
+                    );
+                    unanswered.push(p);
+                }
                 Ok(_) => {}
                 Err(e) => {
                     crate::warn!(
