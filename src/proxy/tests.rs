@@ -5,7 +5,7 @@ use crate::error::Error;
 use crate::fifo::Fifo;
 use crate::proxy::{ProxyConn, ProxyWork, SharedEndpoint, Sticky};
 use crate::sync::lock;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The registered region of every `work()`: it must outlive the endpoint, which the returned
@@ -100,8 +100,9 @@ fn a_refused_trigger_fails_the_round_naming_connection_peer_and_value() {
 /// A slot's zero means "executed" to every waiter, so triggers the abort leaves are not
 /// zeroed: a host thread that pushed a put and a Sync just before a stop or destroy raised the
 /// abort, and whose assist then finds them (the review's scenario: the abort lands between the
-/// push's check and its assist), gets an error from its wait, not success for work never done.
-/// `mscclppProxyLaunch` later retires them, still unexecuted.
+/// push's check and its assist), must not read them as done (its wait then ends on the abort
+/// with an error, not success for work never done). `mscclppProxyLaunch` later retires them,
+/// still unexecuted.
 #[test]
 fn triggers_the_abort_leaves_are_never_reported_done() {
     let shared = work();
@@ -114,9 +115,21 @@ fn triggers_the_abort_leaves_are_never_reported_done() {
     w.sticky.release(false);
     assert!(w.service(false, false).is_ok());
     assert_eq!(w.fifo.queued(), 2, "nothing executed, nothing retired");
-    // SAFETY: `view` is the producer view of this live host FIFO.
-    let r = unsafe { crate::host::host_wait_retired(&view, 1) };
-    assert!(r.is_err(), "the Sync was reported done: {r:?}");
+    // What every waiter on the Sync reads (`host_wait_retired`, the kernels' `waitCompleted`):
+    // its slot's word0 and the published tail. Neither may say "done"; the waiter then ends
+    // on the abort word with an error.
+    // SAFETY: `view` is the producer view of this live host FIFO: slot 1 and the tail are
+    // live words, touched only atomically.
+    let (slot, tail) = unsafe {
+        (
+            AtomicU64::from_ptr(view.triggerFifo.add(1) as *mut u64).load(Ordering::Acquire),
+            AtomicU64::from_ptr(view.triggerFifoTail).load(Ordering::Acquire),
+        )
+    };
+    assert!(
+        slot != 0 && tail <= 1,
+        "the Sync reads as done: slot {slot:#x}, tail {tail}"
+    );
     assert_eq!(w.fifo.ticket(), 0);
     w.retire_released();
     assert_eq!((w.fifo.queued(), w.fifo.ticket()), (0, 2));
