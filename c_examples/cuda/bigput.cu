@@ -80,12 +80,7 @@ static int runRange(Ctx& c, cudaStream_t s, const uint8_t* buf)
     rangeSender<<<1, 1, 0, s>>>();
     KERNELCHECK();
     CUDACHECK(cudaStreamSynchronize(s));
-    enum mscclppResult_t async = mscclppSuccess;
-    const double until = now_sec() + 5;
-    while (async == mscclppSuccess && now_sec() < until) {
-      MSCCLPPCHECK(mscclppCommGetAsyncError(c.comm, &async));
-      if (async == mscclppSuccess) usleep(1000);
-    }
+    const mscclppResult_t async = awaitAsyncError(c, 5);
     const bool ok = async == mscclppInvalidArgument;
     printf("rank 0: the put past the buffer: %s (%s)\n", ok ? "refused: ok" : "FAILED",
            mscclppGetErrorString(async));

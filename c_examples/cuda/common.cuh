@@ -154,6 +154,20 @@ static inline double now_sec()
 
 /* Ends the rank: reports a background (proxy) error of the communicator, then stops and
  * destroys it. Returns 1 if there was such an error, else 0 (to add to the failures). */
+/* The communicator's asynchronous error once it has one, or mscclppSuccess after `seconds`
+ * (a refusal or timeout the proxy reports on its own). */
+static inline mscclppResult_t awaitAsyncError(Ctx& c, double seconds)
+{
+  mscclppResult_t async = mscclppSuccess;
+  const double until = now_sec() + seconds;
+  /* Ends at the first error, or after `seconds`. */
+  while (async == mscclppSuccess && now_sec() < until) {
+    MSCCLPPCHECK(mscclppCommGetAsyncError(c.comm, &async));
+    if (async == mscclppSuccess) usleep(1000);
+  }
+  return async;
+}
+
 static inline int teardown(Ctx& c)
 {
   enum mscclppResult_t async = mscclppSuccess;

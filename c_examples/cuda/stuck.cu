@@ -195,12 +195,7 @@ int main(int argc, char** argv)
       MSCCLPPCHECK(mscclppProxyLaunch(c.comm));
     }
     /* The proxy looks at the record every ~10 ms: the failure is there within 2 s. */
-    enum mscclppResult_t async = mscclppSuccess;
-    const double until = now_sec() + 2;
-    while (async == mscclppSuccess && now_sec() < until) {
-      MSCCLPPCHECK(mscclppCommGetAsyncError(c.comm, &async));
-      if (async == mscclppSuccess) usleep(1000);
-    }
+    const mscclppResult_t async = awaitAsyncError(c, 2);
     printf("rank %d: mscclppCommGetAsyncError: %s (%d) after %.3f s\n", c.rank,
            mscclppGetErrorString(async), (int)async, now_sec() - gT0.load());
     failures += expect(async == mscclppRemoteError, "the communicator failed with mscclppRemoteError");
