@@ -4,7 +4,7 @@
 //! connections (shared memory for SHM ones, so the peer can store into it directly), device
 //! memory for GPU ones, whose words are `MSCCLPP_EPOCH_*` (src/abi.rs): on P2P the peer's
 //! kernels add their own signals into word 3, and words 4..10 hold the direct path's settings
-//! and the kernels' state ([`EpochMem::enable_direct`]).
+//! and the kernels' state ([`EpochMem::write_setup`]).
 //!
 //! [`Endpoint::epoch_block`]: super::Endpoint::epoch_block
 
