@@ -40,8 +40,13 @@ echo "== ASan + UBSan: C and C++ header tests (tests/c, linked and run)"
 "$build/asan/compile_cpp"
 unset LSAN_OPTIONS ASAN_OPTIONS UBSAN_OPTIONS
 
-vg=(valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite
-  --show-leak-kinds=definite --suppressions="$ROOT/scripts/valgrind.supp")
+# --fair-sched=yes: valgrind runs one thread at a time, and by default a thread that spins
+# (a test's watcher, a proxy polling its queue) keeps the turn for long stretches. Two net
+# tests that poll, run side by side (--test-threads=2), took 415 s and one failed its 30 s
+# flush; with fair turns, 8 s and both pass (the same three tests, 2 cores).
+vg=(valgrind -q --fair-sched=yes --error-exitcode=9 --leak-check=full
+  --errors-for-leak-kinds=definite --show-leak-kinds=definite
+  --suppressions="$ROOT/scripts/valgrind.supp")
 echo "== valgrind: C host all-gather, 2 ranks"
 cmake -S c_examples -B "$build/plain" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_PREFIX_PATH="$prefix" \
   -DMSCCLPP_EXAMPLES_STATIC=OFF >/dev/null
