@@ -9,8 +9,13 @@
 #       against the peers in PERF_PEERS: one rank per GPU where there are several, and on a
 #       machine of one GPU two ranks sharing it under MPS (started here unless one runs).
 #       OP: allgather, alltoall, sendrecv (ours: OP_perf, block puts over up to 128 blocks
-#       per peer, its default over P2P), pingpong (ours: the pingpong example's 8-byte
-#       putWithSignal half round trip; 2 ranks), putbw (ours: the bandwidth example, one way,
+#       per peer, its default over P2P), pingpong (a putWithSignal
+#       ping-pong by one thread, half the round trip, per size: ours the pingpong example's
+#       --sweep, NVSHMEM nvshmem_putmem_signal_nbi + nvshmem_signal_wait_until; 2 ranks),
+#       pingpong-block (the same by a block of 512 threads: ours --block, NVSHMEM's _block put,
+#       and its _warp put as "nvshmem-warp"), signal (ours signal(); NVSHMEM nvshmem_fence +
+#       nvshmemx_signal_op, the pair that orders earlier puts as ours does, and signal_op alone
+#       as "nvshmem-bare"), putbw (ours: the bandwidth example, one way,
 #       2 ranks, block puts over up to PERF_BLOCKS (128) blocks as NVSHMEM's test). Peers: nccl (bench/gpu/nccl_perf.py through PyTorch; needs
 #       one GPU per rank, allgather/alltoall/sendrecv only) and nvshmem (bench/gpu/nvshmem_perf
 #       against the machine's NVSHMEM wheel, bench/gpu/nvshmem.sh; for allgather and alltoall
@@ -22,8 +27,8 @@
 #       for it (e.g. "-B 64").
 #
 # ROUNDS (default 3) alternations, each round's order the reverse of the last one's; sizes
-# PERF_SIZES ("-b 8 -e 4M -f 4" on host, "-b 8 -e 64M -f 4" on GPUs; pingpong "-b 8 -e 64K -f 2",
-# putbw "-b 4K -e 64M -f 4"), PERF_ITERS ("-n 20 -w 5"; pingpong "-n 2000 -w 100", putbw
+# PERF_SIZES ("-b 8 -e 4M -f 4" on host, "-b 8 -e 64M -f 4" on GPUs; pingpong* "-b 8 -e 64K -f 2",
+# signal 8 bytes alone, putbw "-b 4K -e 64M -f 4"), PERF_ITERS ("-n 20 -w 5"; pingpong* and signal "-n 2000 -w 100", putbw
 # "-n 50 -w 5"). PERF_BUDGET_S: no new round once the next would end after that many seconds
 # (one round at least); PERF_RUN_TIMEOUT (120): seconds per run. The file (PERF_OUT, default
 # bench/results/) holds each run's nccl-tests output after a line `## run IMPL ROUND MACHINE
@@ -71,10 +76,11 @@ case $mode in
     op=${2:?usage: bench/perf-peers.sh gpu allgather|alltoall|sendrecv|pingpong|putbw [ROUNDS]}
     rounds=${3:-3}
     case $op in
-      pingpong) sizes=${PERF_SIZES:--b 8 -e 64K -f 2} iters=${PERF_ITERS:--n 2000 -w 100} ;;
+      pingpong | pingpong-block) sizes=${PERF_SIZES:--b 8 -e 64K -f 2} iters=${PERF_ITERS:--n 2000 -w 100} ;;
+      signal) sizes="-b 8 -e 8 -f 2" iters=${PERF_ITERS:--n 2000 -w 100} ;;
       putbw) sizes=${PERF_SIZES:--b 4K -e 64M -f 4} iters=${PERF_ITERS:--n 50 -w 5} ;;
       allgather | alltoall | sendrecv) sizes=${PERF_SIZES:--b 8 -e 64M -f 4} iters=${PERF_ITERS:--n 20 -w 5} ;;
-      *) echo "bench/perf-peers.sh gpu: OP is allgather, alltoall, sendrecv, pingpong or putbw, not $op" >&2; exit 2 ;;
+      *) echo "bench/perf-peers.sh gpu: OP is allgather, alltoall, sendrecv, pingpong, pingpong-block, signal or putbw, not $op" >&2; exit 2 ;;
     esac
     ngpu=$(nvidia-smi -L | grep -c '^GPU' || true)
     ((ngpu >= 1)) || { echo "bench/perf-peers.sh gpu: no GPU here (nvidia-smi -L)" >&2; exit 2; }
@@ -82,7 +88,7 @@ case $mode in
     # time-slice the GPU, ~2 ms per switch). pingpong and putbw are between 2 ranks.
     np=$ngpu label=gpu-p2p
     ((ngpu == 1)) && np=2 label=gpu-p2p-mps
-    [[ $op == pingpong || $op == putbw ]] && np=2
+    [[ $op == pingpong* || $op == signal || $op == putbw ]] && np=2
     if ((ngpu >= 2)); then peers=${PERF_PEERS:-nccl nvshmem}; else peers=${PERF_PEERS:-nvshmem}; fi
     if [[ -n ${PERF_BIN:-} ]]; then bin=$PERF_BIN; else bin=$(build_perf_tools) || exit 1; fi
     run_timeout=${PERF_RUN_TIMEOUT:-120}
@@ -93,7 +99,7 @@ case $mode in
     impls=(ours)
     for peer in $peers; do
       case $peer:$op in
-        nccl:pingpong | nccl:putbw) echo "peer nccl: no $op in bench/gpu/nccl_perf.py; left out" ;;
+        nccl:pingpong* | nccl:signal | nccl:putbw) echo "peer nccl: no $op in bench/gpu/nccl_perf.py; left out" ;;
         nccl:*)
           if ((ngpu < 2)); then
             echo "peer nccl: $ngpu GPU here; NCCL refuses two ranks on one GPU; left out"
@@ -112,6 +118,8 @@ case $mode in
           nvshmem_env
           impls+=(nvshmem)
           [[ $op == allgather || $op == alltoall ]] && impls+=(nvshmem-sig)
+          [[ $op == pingpong-block ]] && impls+=(nvshmem-warp)
+          [[ $op == signal ]] && impls+=(nvshmem-bare)
           ;;
         *) echo "bench/perf-peers.sh gpu: unknown peer $peer (nccl, nvshmem)" >&2; exit 2 ;;
       esac
@@ -130,8 +138,12 @@ case $mode in
       case $impl in
         ours)
           case $op in
-            pingpong) MSCCLPP_RUN_TIMEOUT=$run_timeout scripts/run-local-ranks.sh 2 "$bin/pingpong" \
-              --iters "$(sed -E 's/.*-n ([0-9]+).*/\1/' <<<"$iters")" ;;
+            pingpong | pingpong-block | signal)
+              local sweep=() n
+              n=$(sed -E 's/.*-n ([0-9]+).*/\1/' <<<"$iters")
+              [[ $op == signal ]] || sweep=(--sweep "${s[1]}:${s[3]}:${s[5]}")
+              [[ $op == pingpong-block ]] && sweep+=(--block)
+              MSCCLPP_RUN_TIMEOUT=$run_timeout scripts/run-local-ranks.sh 2 "$bin/pingpong" --iters "$n" "${sweep[@]}" ;;
             putbw) MSCCLPP_RUN_TIMEOUT=$run_timeout scripts/run-local-ranks.sh 2 "$bin/bandwidth" --max "$max" \
               --blocks "${PERF_BLOCKS:-128}" ;;
             # shellcheck disable=SC2086 # sizes and iters are lists of options
@@ -143,9 +155,14 @@ case $mode in
           timeout -k 10 "$run_timeout" python3 -m torch.distributed.run --standalone \
             --nproc_per_node="$np" bench/gpu/nccl_perf.py "$op" $sizes $iters
           ;;
-        nvshmem | nvshmem-sig)
+        nvshmem*)
           local what=$op
-          [[ $impl == nvshmem-sig ]] && what=$op-sig
+          case $impl:$op in
+            nvshmem-sig:*) what=$op-sig ;;
+            nvshmem-warp:*) what=pingpong-warp ;;
+            nvshmem:signal) what=fence-signal ;;
+            nvshmem-bare:*) what=signal ;;
+          esac
           # shellcheck disable=SC2086
           MSCCLPP_RUN_TIMEOUT=$run_timeout scripts/run-local-ranks.sh "$np" "$nv" "$what" $sizes $iters \
             ${NVSHMEM_PERF_ARGS:-}
@@ -154,11 +171,17 @@ case $mode in
       rc=$?
       local rows=$tmp/rows
       case $impl:$op in
-        ours:pingpong) # RESULT pingpong put8 us=U: one 8-byte row
-          sed -n 's/^\[rank 0\] //p' "$log" | awk -v rc=$rc '$1 == "RESULT" && $3 == "put8" {
-            split($4, a, "="); printf "# pingpong example, 8-byte putWithSignal one way\n";
+        ours:signal) # RESULT pingpong signal us=U: one row, at 8 bytes (the signal word)
+          sed -n 's/^\[rank 0\] //p' "$log" | awk -v rc=$rc '$1 == "RESULT" && $3 == "signal" {
+            split($4, a, "="); printf "# pingpong example, signal() one way\n";
             printf "%12d  %12d  %8s  %6s  %6d  %7.2f  %6.2f  %6.2f  %6s\n", 8, 8, "uint8", "none", -1,
               a[2], 8 / a[2] / 1e3, 8 / a[2] / 1e3, rc == 0 ? "0" : "N/A" }' ;;
+        ours:pingpong*) # RESULT pingpong put|putblock bytes=N us=U: a row per size (the
+          # example checks the bytes itself and exits 1 on a wrong one)
+          sed -n 's/^\[rank 0\] //p' "$log" | awk -v rc=$rc -v k=$([[ $op == pingpong ]] && echo put || echo putblock) '
+            $1 == "RESULT" && $2 == "pingpong" && $3 == k { split($4, b, "="); split($5, a, "=");
+            printf "%12d  %12d  %8s  %6s  %6d  %7.2f  %6.2f  %6.2f  %6s\n", b[2], b[2], "uint8", "none", -1,
+              a[2], b[2] / a[2] / 1e3, b[2] / a[2] / 1e3, rc == 0 ? "0" : "N/A" }' ;;
         ours:putbw) # RESULT bandwidth bytes=B us=U GBps=G check=ok|FAIL, one row per size
           sed -n 's/^\[rank 0\] //p' "$log" | awk '$1 == "RESULT" && $2 == "bandwidth" {
             for (i = 3; i <= NF; i++) { split($i, a, "="); v[a[1]] = a[2] }

@@ -41,6 +41,9 @@
 # GPU_CHECK_EXTRA: more commands to run before the table (see step 5b). GPU_CHECK_PERF=0,
 # GPU_CHECK_NVSHMEM=0 and GPU_CHECK_STUCK=0 leave out the perf tools (2b), the NVSHMEM
 # comparison (2c) and the stuck teardown cases (3b), so that a check fits one device call.
+# GPU_CHECK_ONLY="STEP ...": after the package and the examples are built, only the named
+# steps run (conformance perf nvshmem tests stuck net python extra), e.g. "nvshmem extra" to
+# measure against NVSHMEM and run GPU_CHECK_EXTRA alone.
 # Logs and results go to $OUT (gpu-check.log, results.txt, perf-results.txt, perf.png).
 #
 # NVLink multicast stays off (it can take the host's GPUs down for others): never unset these.
@@ -63,6 +66,8 @@ exec > >(tee -a "$LOG") 2>&1
 START=$SECONDS
 FAILED=()
 
+# only STEP: true unless GPU_CHECK_ONLY names other steps (see the header).
+only() { [[ -z ${GPU_CHECK_ONLY:-} || " $GPU_CHECK_ONLY " == *" $1 "* ]]; }
 say() { printf '\n=== [%3ds] %s\n' $((SECONDS - START)) "$*"; }
 left() { echo $((BUDGET - (SECONDS - START))); }
 
@@ -211,7 +216,9 @@ export LD_LIBRARY_PATH=$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # The endpoint conformance suite's P2P cases: the cases every libfabric endpoint passes in CI
 # (tests/endpoint_conformance.rs), over CUDA IPC on this machine's GPU, from the test binary
 # built where Rust is (see the header).
-if [[ -x $CARRY/endpoint_conformance ]]; then
+if ! only conformance; then
+  echo "endpoint conformance skipped (GPU_CHECK_ONLY)"
+elif [[ -x $CARRY/endpoint_conformance ]]; then
   run_step "endpoint conformance over P2P" 180 "$CARRY/endpoint_conformance" p2p:: --test-threads=1
 else
   echo "SKIPPED endpoint conformance over P2P: no $CARRY/endpoint_conformance (see the header)"
@@ -327,8 +334,8 @@ perf_tools() {
 }
 export -f perf_tools
 
-if ((!${GPU_CHECK_PERF:-1})); then
-  echo "perf tools skipped (GPU_CHECK_PERF=0)"
+if ((!${GPU_CHECK_PERF:-1})) || ! only perf; then
+  echo "perf tools skipped (GPU_CHECK_PERF=0 or GPU_CHECK_ONLY)"
 elif [[ -x $BIN/allgather_perf && -x $BIN/alltoall_perf && -x $BIN/sendrecv_perf ]]; then
   run_step "perf tools on the GPU (allgather/alltoall/sendrecv_perf over p2p, ib, shm)" 200 \
     bash -c perf_tools
@@ -338,22 +345,30 @@ fi
 
 # 2c. NVSHMEM in the same run (issue 30): where python3 has NVSHMEM's wheel (nvidia-nvshmem-cu13),
 #     bench/gpu/nvshmem_perf is built against it (bench/gpu/nvshmem.sh) and bench/perf-peers.sh
-#     alternates ours with it for pingpong, allgather, sendrecv, alltoall and putbw: on one GPU
-#     2 ranks sharing it under MPS, on several one rank per GPU; every byte checked. Within
-#     GPU_CHECK_NVSHMEM_BUDGET seconds (90; rounds are cut to fit it, one at least). Rows go to
+#     alternates ours with it for pingpong (by a thread), pingpong-block (a block, and
+#     NVSHMEM's warp), signal, allgather, sendrecv, alltoall and putbw: on one GPU 2 ranks
+#     sharing it under MPS, on several one rank per GPU; every byte checked. NVSHMEM's kernels
+#     are written as its users and its perftests write them (issue 42: one thread where the row
+#     is one thread, waits by nvshmem_signal_wait_until alone). Beside the pingpong rows, an
+#     independent NVSHMEM ping-pong (bench/gpu/nvshmem_pingpong.cu, no code shared with the
+#     tool) at 8 bytes: the two must agree within 5%, or the step says by how much they do not.
+#     Within GPU_CHECK_NVSHMEM_BUDGET seconds (150; rounds are cut to fit it, one at least);
+#     GPU_CHECK_NVSHMEM_OPS names fewer operations. Rows go to
 #     $OUT/nvshmem/*.txt, medians to $OUT/nvshmem/table.md (bench/gpu/peers_table.py), the plot
 #     to $OUT/nvshmem.png. Where NVSHMEM refuses an operation (or two PEs on one GPU), its
 #     message is shown and the rest still runs; no wheel: skipped, saying so.
 nvshmem_peers() {
   source "$ROOT/bench/gpu/nvshmem.sh"
-  local budget=${GPU_CHECK_NVSHMEM_BUDGET:-90} t0=$SECONDS rc=0 op left ops=(pingpong allgather sendrecv alltoall putbw)
-  local home nv files ran=0
+  local budget=${GPU_CHECK_NVSHMEM_BUDGET:-150} t0=$SECONDS rc=0 op left
+  local ops=(${GPU_CHECK_NVSHMEM_OPS:-pingpong pingpong-block signal allgather sendrecv alltoall putbw})
+  local home nv mini files ran=0
   if ! home=$(nvshmem_home); then
     echo "SKIPPED: no NVSHMEM wheel for this python3 (pip install nvidia-nvshmem-cu13 adds it)"
     return 0
   fi
   echo "NVSHMEM: $home"
   nv=$(nvshmem_build "$WORK/nvshmem") || return 1
+  mini=$(nvshmem_build "$WORK/nvshmem" nvshmem_pingpong) || return 1
   mkdir -p "$OUT/nvshmem"
   for ((i = 0; i < ${#ops[@]}; i++)); do
     op=${ops[$i]}
@@ -363,8 +378,9 @@ nvshmem_peers() {
     echo "--- $op (about ${left}s)"
     ran=$((ran + 1))
     PERF_BIN=$BIN NVSHMEM_PERF=$nv PERF_PEERS=nvshmem PERF_OUT=$OUT/nvshmem PERF_BUDGET_S=$left \
-      PERF_RUN_TIMEOUT=40 PERF_SIZES=$([[ $op == pingpong || $op == putbw ]] || echo "-b 16 -e 64M -f 4") \
+      PERF_RUN_TIMEOUT=40 PERF_SIZES=$([[ $op == pingpong* || $op == signal || $op == putbw ]] || echo "-b 16 -e 64M -f 4") \
       bash "$ROOT/bench/perf-peers.sh" gpu "$op" 3 || rc=1
+    [[ $op == pingpong ]] && { nvshmem_independent "$mini" || rc=1; }
   done
   mps_down
   ((ran > 0)) || { echo "FAILED: no operation ran within ${budget}s"; return 1; }
@@ -377,13 +393,48 @@ nvshmem_peers() {
   fi
   return $rc
 }
-export -f nvshmem_peers
-if [[ -x $BIN/pingpong && -x $BIN/bandwidth && -x $BIN/allgather_perf ]] && ((${GPU_CHECK_NVSHMEM:-1})); then
+# The independent NVSHMEM ping-pong, 3 runs, against the tool's 8-byte pingpong rows of the
+# same step (median against median).
+nvshmem_independent() {
+  local mini=$1 k us=() tool med d
+  nvshmem_env
+  mps_up
+  for k in 1 2 3; do
+    rm -f "$WORK/nvshmem/uid"
+    timeout -k 5 40 "$mini" 0 "$WORK/nvshmem/uid" >"$WORK/nvshmem/mini.0" 2>&1 &
+    local p0=$!
+    timeout -k 5 40 "$mini" 1 "$WORK/nvshmem/uid" >"$WORK/nvshmem/mini.1" 2>&1
+    local r1=$?
+    wait $p0
+    local r0=$?
+    if ((r0 != 0 || r1 != 0)); then
+      echo "FAILED: independent NVSHMEM ping-pong (exit $r0/$r1):"
+      tail -5 "$WORK/nvshmem/mini.0" "$WORK/nvshmem/mini.1"
+      return 1
+    fi
+    us+=("$(sed -n 's/^RESULT nvshmem_pingpong bytes=8 us=//p' "$WORK/nvshmem/mini.0")")
+  done
+  echo "RESULT nvshmem_independent pingpong bytes=8 us=${us[*]}" | tee -a "$OUT/nvshmem/independent.txt"
+  tool=$(awk '/^## run nvshmem /{on=1; next} /^## run/{on=0} on && $1 == 8 {print $6}' \
+    "$OUT"/nvshmem/*-pingpong.txt | sort -n | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}')
+  med=$(printf '%s\n' "${us[@]}" | sort -n | sed -n 2p)
+  [[ -n $tool && -n $med ]] || { echo "FAILED: no 8-byte rows to compare (tool '$tool', independent '$med')"; return 1; }
+  d=$(awk -v a="$tool" -v b="$med" 'BEGIN { printf "%.1f", (a - b) / b * 100 }')
+  if awk -v d="$d" 'BEGIN { exit !(d <= 5 && d >= -5) }'; then
+    echo "NVSHMEM 8-byte ping-pong, one way: nvshmem_perf $tool us, independent $med us: agree ($d%)"
+  else
+    echo "NVSHMEM 8-byte ping-pong, one way: nvshmem_perf $tool us, independent $med us: DIFFER by $d%" \
+      "(over 5%; the tool times its kernel by %globaltimer on PE 0 over 2000 rounds after 100, the" \
+      "independent one by CUDA events around 10000 rounds after a 1000-round kernel)"
+  fi
+}
+export -f nvshmem_peers nvshmem_independent
+if [[ -x $BIN/pingpong && -x $BIN/bandwidth && -x $BIN/allgather_perf ]] && ((${GPU_CHECK_NVSHMEM:-1})) && only nvshmem; then
   run_step "ours and NVSHMEM in the same run (bench/perf-peers.sh gpu, one GPU under MPS)" \
-    $((${GPU_CHECK_NVSHMEM_BUDGET:-90} + 25)) bash -c nvshmem_peers
+    $((${GPU_CHECK_NVSHMEM_BUDGET:-150} + 40)) bash -c nvshmem_peers
 fi
 
-if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
+if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]] && only tests; then
   # 3. Tests. INFO logs once, to record what the library detected (driver, Flag path).
   MSCCLPP_DEBUG=INFO run_step "test allgather 2 ranks / 2 GPUs" 90 bash -c 'ranks 2 "$BIN/allgather"'
   # The SM engine kept resident (3 s linger) until mscclppProxyStop, which must end it: the
@@ -552,8 +603,8 @@ stuck_case() { # MODE MPS [ARGS...]
   spawn_ranks 2 env CUDA_VISIBLE_DEVICES="${STUCK_GPU:-0}" "$BIN/stuck_teardown" --mode "$mode" "$@"
 }
 export -f stuck_case
-if ((!${GPU_CHECK_STUCK:-1})); then
-  echo "stuck teardown skipped (GPU_CHECK_STUCK=0)"
+if ((!${GPU_CHECK_STUCK:-1})) || ! only stuck; then
+  echo "stuck teardown skipped (GPU_CHECK_STUCK=0 or GPU_CHECK_ONLY)"
 elif [[ -x $BIN/stuck_teardown ]]; then
   for mps in 1 0; do
     [[ $mps == 1 && ${GPU_CHECK_MPS:-1} == 0 ]] && continue
@@ -585,7 +636,7 @@ fi
 #     all-gather, ping-pong and bandwidth over the IB transport on every provider that reports
 #     FI_HMEM with RMA, and over the SHM transport, each next to the staged path
 #     (MSCCLPP_NET_HMEM=0) in the same run. The log must show the FI_HMEM registration.
-if [[ -f $CARRY/libfabric-src.tar.gz && -x $BIN/allgather ]] && ((!QUICK)); then
+if [[ -f $CARRY/libfabric-src.tar.gz && -x $BIN/allgather ]] && ((!QUICK)) && only net; then
   LF=$WORK/lf-cuda
   build_cuda_libfabric() {
     rm -rf "$WORK/lf-src" "$LF" && mkdir -p "$WORK/lf-src" &&
@@ -660,7 +711,7 @@ fi
 # 5b'. Staging against the wire (issue 15): GPU memory staged over tcp, one way, next to raw
 #      fi_write between host buffers on the same provider (crates/libfabric-sys/examples/
 #      raw_rma.rs, carried as .carry/raw_rma), same machine, same run.
-if [[ -x $BIN/bandwidth ]] && ((!QUICK)); then
+if [[ -x $BIN/bandwidth ]] && ((!QUICK)) && only net; then
   MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp bench "bandwidth over ib(tcp), staged" 120 ib_tcp_staged \
     bash -c 'ranks 2 "$BIN/bandwidth" --max 64M'
   if [[ -x $CARRY/raw_rma ]]; then
@@ -677,7 +728,7 @@ fi
 #     only inside them), one rank in each, GPU buffers over tcp (staged), every byte checked.
 #     Where the machine refuses namespaces, the two ranks bind two loopback addresses instead,
 #     and the step says so.
-if [[ -x $BIN/allgather ]] && ((!QUICK)); then
+if [[ -x $BIN/allgather ]] && ((!QUICK)) && only net; then
   two_hosts() {
     local a=mscclpp-gpu-a b=mscclpp-gpu-b port=$("$ROOT/scripts/free-port.sh") rc=0 p0 p1
     local env=(MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp MSCCLPP_DEBUG=INFO)
@@ -725,7 +776,7 @@ fi
 # 5d. Striping over rails (issue 16) on this machine's cores: host memory between two network
 #     namespaces joined by four veth pairs, sendrecv_perf over 1, 2 and 4 rails, alternated
 #     twice, every byte checked (bench/rails.sh); rows in $OUT/rails.txt.
-if [[ -x $BIN/sendrecv_perf ]] && ((!QUICK)); then
+if [[ -x $BIN/sendrecv_perf ]] && ((!QUICK)) && only net; then
   run_step "striping over 1, 2 and 4 veth rails between namespaces (host memory)" 120 \
     env PERF_BIN="$BIN" PERF_OUT="$WORK/rails" PERF_SIZES="-b 1M -e 64M -f 4" \
     bash "$ROOT/bench/rails.sh" 2
@@ -739,7 +790,7 @@ fi
 #     all-gathers, 2 ranks on one GPU under its own MPS daemon, every byte checked, then the
 #     package's pytest suite; its log also goes to $OUT/python-gpu-examples.log.
 wheel=$(ls "$CARRY"/mscclpp_rs-*.whl 2>/dev/null | head -1)
-if [[ -n $wheel ]]; then
+if [[ -n $wheel ]] && only python; then
   mps_down
   run_step "Python package: CuPy, PyTorch and NumPy examples (python/gpu_examples.sh)" 200 \
     bash "$ROOT/python/gpu_examples.sh" "$wheel"
@@ -751,7 +802,7 @@ fi
 # 5b. While tuning: GPU_CHECK_EXTRA, a bash command line run as one more step (bounded by the
 #     budget like the others), with `ranks` and the variables BIN, RES, WORK, PREFIX, NVCC; e.g.
 #     'source "$ROOT/bench/gpu/tune.sh"; tune 5 allgather "--bench" "a:" "b:VAR=1"'.
-if [[ -n ${GPU_CHECK_EXTRA:-} && -x $BIN/allgather ]]; then
+if [[ -n ${GPU_CHECK_EXTRA:-} && -x $BIN/allgather ]] && only extra; then
   export RES
   run_step "extra" $(($(left) - 15)) bash -c "$GPU_CHECK_EXTRA"
 fi

@@ -4,9 +4,11 @@
 # sets the environment its runs need.
 #
 #   nvshmem_home             prints the wheel's directory (NVSHMEM_HOME wins), or fails saying why
-#   nvshmem_build OUT_DIR    builds OUT_DIR/nvshmem_perf with $NVCC (or nvcc on PATH) for
-#                            NVSHMEM_PERF_ARCH (sm_90); extra nvcc flags in NVSHMEM_PERF_NVCC_FLAGS
-#                            (e.g. -I for CCCL where nvcc is not a full toolkit's); prints the path
+#   nvshmem_build OUT_DIR [NAME]   builds OUT_DIR/NAME (nvshmem_perf, or nvshmem_pingpong: the
+#                            independent ping-pong) from bench/gpu/NAME.cu with $NVCC (or nvcc on
+#                            PATH) for NVSHMEM_PERF_ARCH (sm_90); extra nvcc flags in
+#                            NVSHMEM_PERF_NVCC_FLAGS (e.g. -I for CCCL where nvcc is not a full
+#                            toolkit's); prints the path
 #   nvshmem_env              exports the run environment (below); a value already set is kept
 #   peers_mps_up / peers_mps_down
 #                            an MPS daemon for ranks sharing a GPU: the GPU check's own (its
@@ -35,7 +37,7 @@ nvshmem_home() {
 }
 
 nvshmem_build() {
-  local out=${1:?nvshmem_build OUT_DIR} home nvcc
+  local out=${1:?nvshmem_build OUT_DIR [NAME]} name=${2:-nvshmem_perf} home nvcc
   home=$(nvshmem_home) || return 1
   nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
   mkdir -p "$out/lib" || return 1
@@ -44,13 +46,13 @@ nvshmem_build() {
   # shellcheck disable=SC2086 # NVSHMEM_PERF_NVCC_FLAGS is a list of flags
   "$nvcc" -O2 -std=c++17 -rdc=true -arch="${NVSHMEM_PERF_ARCH:-sm_90}" ${NVSHMEM_PERF_NVCC_FLAGS:-} \
     -I"$home/include" -I"$NVSHMEM_SH_DIR/../../c_examples/common" \
-    "$NVSHMEM_SH_DIR/nvshmem_perf.cu" -o "$out/nvshmem_perf" \
+    "$NVSHMEM_SH_DIR/$name.cu" -o "$out/$name" \
     -L"$out/lib" -L"$home/lib" -lnvshmem_device -lnvshmem_host \
     -Xlinker -rpath -Xlinker "$home/lib" >&2 || {
-    echo "nvshmem_perf did not build ($nvcc against $home)" >&2
+    echo "$name did not build ($nvcc against $home)" >&2
     return 1
   }
-  echo "$out/nvshmem_perf"
+  echo "$out/$name"
 }
 
 # The environment of every nvshmem_perf run, each with why:

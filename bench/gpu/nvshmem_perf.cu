@@ -14,13 +14,20 @@
  *   alltoall       nvshmemx_alltoallmem_on_stream
  *   alltoall-sig   as allgather-sig, slice r of the send area to PE r (our alltoall_perf)
  *   sendrecv       put-with-signal to the next PE, wait for the previous PE's (our sendrecv_perf)
- *   pingpong       PE 0 and PE 1: put-with-signal, the other waits and answers, in one kernel;
- *                  time = half the round trip (our pingpong's put8, at every size)
+ *   pingpong       PE 0 and PE 1: put-with-signal by one thread (nvshmem_putmem_signal_nbi,
+ *                  NVSHMEM_SIGNAL_SET), the other waits (nvshmem_signal_wait_until) and
+ *                  answers, in one kernel; time = half the round trip (our pingpong --sweep)
+ *   pingpong-warp, pingpong-block   the same by a warp, or a block of 512 threads
+ *                  (nvshmemx_putmem_signal_nbi_warp/_block; thread 0 waits; our --block sweep)
+ *   signal         the ping-pong of a bare nvshmemx_signal_op by one thread (orders nothing)
+ *   fence-signal   the same after nvshmem_fence(): the pair that orders earlier puts, as our
+ *                  signal() does
  *   putbw          PE 0 to PE 1, one kernel of ITERS puts with a signal, then nvshmem_quiet;
  *                  time = per put, by CUDA events on PE 0 (our bandwidth example)
  * Options (perf.c's): -b MIN -e MAX bytes (K, M, G), -f FACTOR or -i STEP, -n ITERS (20),
  * -w WARMUP (5), -c CHECK (1); ours: -B most blocks per peer for the -sig kernels, putbw (128),
- * -W SECONDS: bound of every wait, in kernels and on the control channel (30).
+ * -W SECONDS: bound of every wait on the control channel (30; the kernels' waits are
+ * NVSHMEM's, unbounded: the launcher's timeout ends a run whose peer is gone).
  * Rank, size and rank 0's address come from c_examples/common/launch_env.h (-r -a -l, or the
  * environment of scripts/run-local-ranks.sh, mpirun, srun, torchrun). GPU: local rank % GPUs;
  * several PEs on one GPU need MPS for NVSHMEM's collectives (see below).
@@ -92,9 +99,11 @@ static int g_rank = -1;
     if (s_ != 0) DIE("%s:%d: %s failed: NVSHMEM status %d", __FILE__, __LINE__, #cmd, s_);     \
   } while (0)
 
-enum Op { OP_ALLGATHER, OP_ALLGATHER_SIG, OP_ALLTOALL, OP_ALLTOALL_SIG, OP_SENDRECV, OP_PINGPONG, OP_PUTBW };
-static const char *const kOpNames[] = {"allgather", "allgather-sig", "alltoall", "alltoall-sig",
-                                       "sendrecv",  "pingpong",      "putbw"};
+enum Op { OP_ALLGATHER, OP_ALLGATHER_SIG, OP_ALLTOALL, OP_ALLTOALL_SIG, OP_SENDRECV, OP_PINGPONG,
+          OP_PINGPONG_WARP, OP_PINGPONG_BLOCK, OP_SIGNAL, OP_FENCE_SIGNAL, OP_PUTBW };
+static const char *const kOpNames[] = {"allgather",     "allgather-sig",  "alltoall", "alltoall-sig",
+                                       "sendrecv",      "pingpong",       "pingpong-warp",
+                                       "pingpong-block", "signal",        "fence-signal", "putbw"};
 
 /* Threads of a -sig / putbw block, and the least bytes a block of them is given: a block per
  * 64 KiB up to -B blocks per peer, so that small puts stay one block (one signal to wait for)
@@ -257,13 +266,6 @@ static void ctl_barrier(const Ctl &c, const char *what) { (void)ctl_sum(c, 0, wh
 /* ---------------------------------------------------------------------------------------- */
 /* Kernels                                                                                   */
 
-/* A wait that ran out: the first one is kept; every later kernel sees it and returns at once,
- * so that a missing peer costs one bound, not one per queued operation. */
-struct DevErr {
-  unsigned long long code; /* 0: none; 1: a wait timed out */
-  unsigned long long from, want, seen;
-};
-
 __device__ __forceinline__ uint64_t global_ns()
 {
   uint64_t t;
@@ -271,34 +273,15 @@ __device__ __forceinline__ uint64_t global_ns()
   return t;
 }
 
-__device__ __forceinline__ bool failed(const DevErr *e)
+/* Every wait is NVSHMEM's own nvshmem_signal_wait_until and nothing else, as its users write
+ * it: its volatile spin is all the ordering NVSHMEM documents for a put-with-signal's data
+ * (NVSHMEM 3.4.5, nvshmem_defines.h: no fence after the spin). Until session 24 this tool
+ * ended every wait with a __threadfence_system() of its own, about 1 us per wait that no
+ * NVSHMEM program pays (bench/RESULTS.md, issue 42). The waits are unbounded, as NVSHMEM's
+ * are: a peer that never signals is ended by the run's timeout (bench/perf-peers.sh). */
+__device__ __forceinline__ void wait_signal(uint64_t *sig, uint64_t want)
 {
-  return *(volatile const unsigned long long *)&e->code != 0;
-}
-
-/* One thread: waits until the signal word `sig` (PE `from`'s slot) reaches `want`. The spin
- * ends at the value, at another wait's failure, or after `bound_ns` (recorded in `e`). */
-__device__ bool wait_signal(uint64_t *sig, uint64_t want, int from, uint64_t bound_ns, DevErr *e)
-{
-  uint64_t seen = nvshmem_signal_fetch(sig);
-  if (seen < want) {
-    const uint64_t t0 = global_ns();
-    while ((seen = nvshmem_signal_fetch(sig)) < want) {
-      if (failed(e)) return false;
-      if (global_ns() - t0 > bound_ns) {
-        if (atomicCAS(&e->code, 0ull, 1ull) == 0ull) {
-          e->from = (unsigned long long)from;
-          e->want = want;
-          e->seen = seen;
-        }
-        return false;
-      }
-    }
-  }
-  /* Acquire: pairs with the fence NVSHMEM issues between a put's data and its signal, so that
-   * this kernel's (and the stream's later) reads see the data the signal announces. */
-  __threadfence_system();
-  return true;
+  nvshmem_signal_wait_until(sig, NVSHMEM_CMP_GE, want);
 }
 
 struct SigArgs {
@@ -306,8 +289,6 @@ struct SigArgs {
   uint64_t *sig;      /* symmetric: sig[p] counts the blocks PE p has put here */
   uint64_t send_off, n, chunk;
   uint64_t want;      /* every awaited slot's count after this operation */
-  uint64_t bound_ns;
-  DevErr *err;
   int op, me, npes, bpp; /* bpp: blocks per peer, each a chunk of the n bytes */
 };
 
@@ -330,7 +311,6 @@ __device__ void copy_block(char *dst, const char *src, uint64_t n)
  * staggered order (me+1, me+2, ...), as nccl-tests' tools and ours go. */
 __global__ void __launch_bounds__(kBlockThreads) sig_kernel(SigArgs a)
 {
-  if (failed(a.err)) return;
   const int k = blockIdx.x / a.bpp, c = blockIdx.x % a.bpp;
   const int to = (a.me + 1 + k) % a.npes, from = (a.me + a.npes - 1 - k) % a.npes;
   uint64_t dst = 0, src = a.send_off;
@@ -348,44 +328,61 @@ __global__ void __launch_bounds__(kBlockThreads) sig_kernel(SigArgs a)
     const uint64_t own = a.op == OP_ALLGATHER_SIG ? a.send_off : a.send_off + (uint64_t)a.me * a.n;
     copy_block(a.buf + (uint64_t)a.me * a.n + start, a.buf + own + start, len);
   }
-  if (c == 0 && threadIdx.x == 0) wait_signal(a.sig + from, a.want, from, a.bound_ns, a.err);
+  if (c == 0 && threadIdx.x == 0) wait_signal(a.sig + from, a.want);
 }
 
-/* PE 0 and PE 1, one block each: `rounds` ping-pongs of n bytes. PE 0 puts with the signal set
- * to the round's number and waits for PE 1's; PE 1 waits, then answers. A block, not a thread:
- * at 64 KiB a warp's stores take several times a block's. NVSHMEM's block put begins and ends
- * with a block barrier, which keeps thread 0's next write of `ok` after every thread's read.
- * *ns: the kernel's time on PE 0. */
-__global__ void pingpong_kernel(char *buf, uint64_t *sig, uint64_t send_off, uint64_t n, int me,
-                                int rounds, uint64_t base, uint64_t bound_ns, DevErr *err,
-                                unsigned long long *ns)
+/* The put-with-signal of a ping-pong by the thread, warp or block (kScope 0, 1, 2), the
+ * signal set to the round's number as NVSHMEM's own ping-pong perftest does
+ * (perftest/device/pt-to-pt/shmem_put_signal_ping_pong_latency.cu): NVSHMEM_SIGNAL_SET on a
+ * P2P peer is one volatile store after its __threadfence_system(). */
+template <int kScope>
+__device__ __forceinline__ void put_signal(char *dst, const char *src, uint64_t n, uint64_t *sig, uint64_t v, int pe)
 {
-  __shared__ bool ok;
-  if (failed(err)) return;
+  if (kScope == 0) nvshmem_putmem_signal_nbi(dst, src, n, sig, v, NVSHMEM_SIGNAL_SET, pe);
+  else if (kScope == 1) nvshmemx_putmem_signal_nbi_warp(dst, src, n, sig, v, NVSHMEM_SIGNAL_SET, pe);
+  else nvshmemx_putmem_signal_nbi_block(dst, src, n, sig, v, NVSHMEM_SIGNAL_SET, pe);
+}
+
+/* PE 0 and PE 1: `rounds` ping-pongs of n bytes, as NVSHMEM's perftest writes one: PE 0 puts
+ * with its signal set to the round's number and waits for PE 1's; PE 1 waits, then answers.
+ * Only thread 0 waits; a warp's or block's put begins with NVSHMEM's own barrier, which holds
+ * the other threads until it has. *ns: the kernel's time on PE 0. */
+template <int kScope>
+__global__ void pingpong_kernel(char *buf, uint64_t *sig, uint64_t send_off, uint64_t n, int me,
+                                int rounds, uint64_t base, unsigned long long *ns)
+{
   const int peer = 1 - me;
   const uint64_t t0 = global_ns();
   for (int i = 1; i <= rounds; i++) {
-    if (me == 1) {
-      if (threadIdx.x == 0) ok = wait_signal(sig + peer, base + i, peer, bound_ns, err);
-      __syncthreads();
-      if (!ok) return;
-    }
-    nvshmemx_putmem_signal_nbi_block(buf, buf + send_off, n, sig + me, base + i, NVSHMEM_SIGNAL_SET, peer);
-    if (me == 0) {
-      if (threadIdx.x == 0) ok = wait_signal(sig + peer, base + i, peer, bound_ns, err);
-      __syncthreads();
-      if (!ok) return;
-    }
+    if (me == 1 && threadIdx.x == 0) wait_signal(sig + peer, base + i);
+    put_signal<kScope>(buf, buf + send_off, n, sig + me, base + i, peer);
+    if (me == 0 && threadIdx.x == 0) wait_signal(sig + peer, base + i);
   }
   if (threadIdx.x == 0) *ns = global_ns() - t0;
+}
+
+/* A bare signal's ping-pong by one thread: nvshmemx_signal_op alone (kFence false: it orders
+ * nothing before it) or after nvshmem_fence() (true: the pair that, like our signal(), orders
+ * the caller's earlier puts before the signal). */
+template <bool kFence>
+__global__ void signal_kernel(uint64_t *sig, int me, int rounds, uint64_t base, unsigned long long *ns)
+{
+  const int peer = 1 - me;
+  const uint64_t t0 = global_ns();
+  for (int i = 1; i <= rounds; i++) {
+    if (me == 1) wait_signal(sig + peer, base + i);
+    if (kFence) nvshmem_fence();
+    nvshmemx_signal_op(sig + me, base + i, NVSHMEM_SIGNAL_SET, peer);
+    if (me == 0) wait_signal(sig + peer, base + i);
+  }
+  *ns = global_ns() - t0;
 }
 
 /* putbw on PE 0: `iters` puts of the same n bytes to PE 1, chunk per block, each +1 on PE 1's
  * slot 0; then every thread's puts completed (quiet), as our bandwidth example's flush. */
 __global__ void __launch_bounds__(kBlockThreads) putbw_kernel(char *buf, uint64_t *sig, uint64_t send_off,
-                                                              uint64_t n, uint64_t chunk, int iters, DevErr *err)
+                                                              uint64_t n, uint64_t chunk, int iters)
 {
-  if (failed(err)) return;
   const uint64_t start = (uint64_t)blockIdx.x * chunk;
   const uint64_t len = start < n ? min(chunk, n - start) : 0;
   for (int i = 0; i < iters; i++)
@@ -395,10 +392,9 @@ __global__ void __launch_bounds__(kBlockThreads) putbw_kernel(char *buf, uint64_
 }
 
 /* putbw on PE 1: one thread waits for the count of every block of every put. */
-__global__ void wait_kernel(uint64_t *sig, int from, uint64_t want, uint64_t bound_ns, DevErr *err)
+__global__ void wait_kernel(uint64_t *sig, int from, uint64_t want)
 {
-  if (failed(err)) return;
-  wait_signal(sig + from, want, from, bound_ns, err);
+  wait_signal(sig + from, want);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -434,13 +430,14 @@ struct Perf {
   uint64_t *sig = nullptr; /* symmetric, npes words */
   size_t send_off = 0, bytes = 0;
   std::vector<unsigned char> host; /* mirror of the buffer: fill and check */
-  DevErr *err = nullptr;
   unsigned long long *dns = nullptr;
   cudaStream_t stream = nullptr;
   cudaEvent_t ev0 = nullptr, ev1 = nullptr;
   uint64_t count = 0; /* every slot this PE waits on holds this count once the peers are done */
 };
 
+static bool is_pingpong(Op op) { return op == OP_PINGPONG || op == OP_PINGPONG_WARP || op == OP_PINGPONG_BLOCK; }
+static bool is_signal(Op op) { return op == OP_SIGNAL || op == OP_FENCE_SIGNAL; }
 static bool is_collective(Op op) { return op == OP_ALLGATHER || op == OP_ALLGATHER_SIG || op == OP_ALLTOALL || op == OP_ALLTOALL_SIG; }
 static size_t recv_slots(const Perf &p) { return is_collective(p.op) ? (size_t)p.npes : 1; }
 static size_t send_slots(const Perf &p) { return p.op == OP_ALLTOALL || p.op == OP_ALLTOALL_SIG ? (size_t)p.npes : 1; }
@@ -466,7 +463,9 @@ static bool expected(const Perf &p, size_t size, size_t n, size_t idx, unsigned 
   case OP_ALLGATHER: case OP_ALLGATHER_SIG: *v = pattern((int)r, 0, i, size); return true;
   case OP_ALLTOALL: case OP_ALLTOALL_SIG: *v = pattern((int)r, p.me, i, size); return true;
   case OP_SENDRECV: *v = pattern((p.me + p.npes - 1) % p.npes, p.me, idx, size); return true;
-  case OP_PINGPONG: if (p.me > 1) return false; *v = pattern(1 - p.me, p.me, idx, size); return true;
+  case OP_PINGPONG: case OP_PINGPONG_WARP: case OP_PINGPONG_BLOCK:
+    if (p.me > 1) return false; *v = pattern(1 - p.me, p.me, idx, size); return true;
+  case OP_SIGNAL: case OP_FENCE_SIGNAL: return false; /* no data: the signal alone */
   case OP_PUTBW: if (p.me != 1) return false; *v = pattern(0, 1, idx, size); return true;
   }
   return false;
@@ -482,7 +481,7 @@ static void fill(Perf &p, size_t size, size_t n)
       int to = 0;
       if (p.op == OP_ALLTOALL || p.op == OP_ALLTOALL_SIG) to = (int)r;
       else if (p.op == OP_SENDRECV) to = (p.me + 1) % p.npes;
-      else if (p.op == OP_PINGPONG || p.op == OP_PUTBW) to = 1 - (p.me & 1);
+      else if (is_pingpong(p.op) || p.op == OP_PUTBW) to = 1 - (p.me & 1);
       send[r * n + i] = pattern(p.me, to, i, size);
     }
   for (size_t i = 0; i < recv_slots(p) * n; i++)
@@ -508,17 +507,12 @@ static size_t count_wrong(Perf &p, size_t size, size_t n)
   return bad;
 }
 
-/* Waits for the stream, completes every put (the tools' flush), and reports a failed wait. */
-static void finish(Perf &p, size_t size)
+/* Waits for the stream and completes every put (the tools' flush). */
+static void finish(Perf &p)
 {
-  DevErr e;
   CK_CUDA(cudaStreamSynchronize(p.stream));
   nvshmemx_quiet_on_stream(p.stream);
   CK_CUDA(cudaStreamSynchronize(p.stream));
-  CK_CUDA(cudaMemcpy(&e, p.err, sizeof e, cudaMemcpyDeviceToHost));
-  if (e.code != 0)
-    DIE("%s at %zu bytes: waited %.0f s for PE %llu's signal (count %llu, wanted %llu): the peer "
-        "is gone or its puts never arrived", kOpNames[p.op], size, p.bound_s, e.from, e.seen, e.want);
 }
 
 /* `k` operations of the batch kinds, queued on the stream. */
@@ -545,8 +539,6 @@ static void run_ops(Perf &p, size_t n, int k)
       a.n = n;
       a.chunk = chunk;
       a.want = p.count;
-      a.bound_ns = (uint64_t)(p.bound_s * 1e9);
-      a.err = p.err;
       a.op = p.op;
       a.me = p.me;
       a.npes = p.npes;
@@ -562,17 +554,23 @@ static void run_ops(Perf &p, size_t n, int k)
  * per put in us (0 elsewhere). */
 static double run_loop(Perf &p, size_t n, int k)
 {
-  const uint64_t bound_ns = (uint64_t)(p.bound_s * 1e9);
   float ms = 0;
   unsigned long long ns = 0;
   if (p.me > 1 || k == 0) return 0;
-  if (p.op == OP_PINGPONG) {
-    /* 16 bytes per thread, 32 to 1024 threads. */
-    const unsigned threads = (unsigned)std::min<uint64_t>(1024, std::max<uint64_t>(32, (n / 16 + 31) / 32 * 32));
-    pingpong_kernel<<<1, threads, 0, p.stream>>>(p.buf, p.sig, p.send_off, n, p.me, k, p.count, bound_ns, p.err, p.dns);
+  if (is_pingpong(p.op) || is_signal(p.op)) {
+    /* One thread, one warp, or a block of kBlockThreads (our pingpong --block's 512). */
+    switch (p.op) {
+    case OP_PINGPONG: pingpong_kernel<0><<<1, 1, 0, p.stream>>>(p.buf, p.sig, p.send_off, n, p.me, k, p.count, p.dns); break;
+    case OP_PINGPONG_WARP: pingpong_kernel<1><<<1, 32, 0, p.stream>>>(p.buf, p.sig, p.send_off, n, p.me, k, p.count, p.dns); break;
+    case OP_PINGPONG_BLOCK:
+      pingpong_kernel<2><<<1, kBlockThreads, 0, p.stream>>>(p.buf, p.sig, p.send_off, n, p.me, k, p.count, p.dns);
+      break;
+    case OP_SIGNAL: signal_kernel<false><<<1, 1, 0, p.stream>>>(p.sig, p.me, k, p.count, p.dns); break;
+    default: signal_kernel<true><<<1, 1, 0, p.stream>>>(p.sig, p.me, k, p.count, p.dns); break;
+    }
     CK_CUDA(cudaGetLastError());
     p.count += (uint64_t)k;
-    finish(p, n);
+    finish(p);
     CK_CUDA(cudaMemcpy(&ns, p.dns, sizeof ns, cudaMemcpyDeviceToHost));
     return p.me == 0 ? (double)ns / 1e3 / (2.0 * k) : 0;
   }
@@ -582,14 +580,14 @@ static double run_loop(Perf &p, size_t n, int k)
   p.count += (uint64_t)bpp * (uint64_t)k;
   if (p.me == 0) {
     CK_CUDA(cudaEventRecord(p.ev0, p.stream));
-    putbw_kernel<<<bpp, kBlockThreads, 0, p.stream>>>(p.buf, p.sig, p.send_off, n, chunk, k, p.err);
+    putbw_kernel<<<bpp, kBlockThreads, 0, p.stream>>>(p.buf, p.sig, p.send_off, n, chunk, k);
     CK_CUDA(cudaGetLastError());
     CK_CUDA(cudaEventRecord(p.ev1, p.stream));
   } else {
-    wait_kernel<<<1, 1, 0, p.stream>>>(p.sig, 0, p.count, bound_ns, p.err);
+    wait_kernel<<<1, 1, 0, p.stream>>>(p.sig, 0, p.count);
     CK_CUDA(cudaGetLastError());
   }
-  finish(p, n);
+  finish(p);
   if (p.me != 0) return 0;
   CK_CUDA(cudaEventElapsedTime(&ms, p.ev0, p.ev1));
   return (double)ms * 1e3 / k;
@@ -600,7 +598,7 @@ static double run_loop(Perf &p, size_t n, int k)
 static double measure(Perf &p, size_t size, size_t *wrong_total)
 {
   const size_t n = per_pe(p, size);
-  const bool loop = p.op == OP_PINGPONG || p.op == OP_PUTBW;
+  const bool loop = is_pingpong(p.op) || is_signal(p.op) || p.op == OP_PUTBW;
   double us;
   fill(p, size, n);
   ctl_barrier(p.ctl, "the barrier before the warm-up");
@@ -608,7 +606,7 @@ static double measure(Perf &p, size_t size, size_t *wrong_total)
     run_loop(p, n, p.warmup);
   } else {
     run_ops(p, n, p.warmup);
-    finish(p, size);
+    finish(p);
   }
   /* Every warm-up put has completed everywhere (each PE's quiet came before its arrival
    * here), so the receive areas can be poisoned again: the check then proves the timed ones. */
@@ -620,7 +618,7 @@ static double measure(Perf &p, size_t size, size_t *wrong_total)
   } else {
     const double t0 = now_s();
     run_ops(p, n, p.iters);
-    finish(p, size);
+    finish(p);
     us = ctl_sum(p.ctl, (now_s() - t0) * 1e6 / p.iters, "the mean time") / p.npes;
   }
   const double wrong = p.check ? (double)count_wrong(p, size, n) : 0;
@@ -634,7 +632,8 @@ static double measure(Perf &p, size_t size, size_t *wrong_total)
 static int usage(void)
 {
   fprintf(stderr,
-          "usage: nvshmem_perf allgather|allgather-sig|alltoall|alltoall-sig|sendrecv|pingpong|putbw\n"
+          "usage: nvshmem_perf allgather|allgather-sig|alltoall|alltoall-sig|sendrecv|pingpong|\n"
+          "       pingpong-warp|pingpong-block|signal|fence-signal|putbw\n"
           "       [-b MIN] [-e MAX] [-f FACTOR | -i STEP] [-n ITERS] [-w WARMUP] [-c 0|1] [-B BLOCKS]\n"
           "       [-W SECONDS] (+ launch options -r RANK -a IP:PORT -l LOCAL_RANK, or a launcher)\n");
   return 2;
@@ -746,8 +745,6 @@ int main(int argc, char **argv)
   p.host.assign(p.bytes, 0);
   CK_CUDA(cudaMemset(p.buf, 0, p.bytes));
   CK_CUDA(cudaMemset(p.sig, 0, (size_t)p.npes * sizeof(uint64_t)));
-  CK_CUDA(cudaMalloc((void **)&p.err, sizeof(DevErr)));
-  CK_CUDA(cudaMemset(p.err, 0, sizeof(DevErr)));
   CK_CUDA(cudaMalloc((void **)&p.dns, sizeof(unsigned long long)));
   CK_CUDA(cudaStreamCreateWithFlags(&p.stream, cudaStreamNonBlocking));
   CK_CUDA(cudaEventCreate(&p.ev0));
@@ -817,7 +814,6 @@ int main(int argc, char **argv)
   ctl_barrier(p.ctl, "the barrier before finalize");
   nvshmem_free(p.sig);
   nvshmem_free(p.buf);
-  CK_CUDA(cudaFree(p.err));
   CK_CUDA(cudaFree(p.dns));
   CK_CUDA(cudaEventDestroy(p.ev0));
   CK_CUDA(cudaEventDestroy(p.ev1));

@@ -11,10 +11,14 @@
  *   load tail cache     one volatile load of the tail cache (device memory)
  *   push                one signal() (no waiting), averaged over 64
  *   --sweep: put N one-way, putWithSignal() of N bytes ping-pong by one thread, half the round
- *            trip, for N = MIN, MIN x FACTOR (default 2), ... up to MAX (at most 256K):
+ *            trip, for N = MIN, MIN x FACTOR (default 2), ... up to MAX (at most 4M):
  *            "RESULT pingpong put bytes=N us=U"
  *   --block: the sweep by one block of 512 threads with putWithSignalBlock() (sizes up to 4M):
  *            "RESULT pingpong putblock bytes=N us=U"
+ *   --parts: the direct put8 row taken apart (issue 42): the same ping-pong written by hand on
+ *            words of the buffer (the peer's through remoteBuff), from what NVSHMEM's P2P path
+ *            does (a store, __threadfence_system(), a volatile store of the signal; a volatile
+ *            spin) through ours' instructions one by one: "RESULT parts8 part=NAME us=U"
  * Over P2P with the direct path on (the default; docs/DESIGN.md 3.2) the signal, put8 and
  * small sweep rows are stores by the kernel itself, the empty flush is a fence and push is a
  * direct signal; with MSCCLPP_P2P_DIRECT_BYTES=0 every one of them goes through the proxy
@@ -31,6 +35,87 @@
 constexpr uint64_t kSweepMax = 4 << 20, kSweepA = 4 << 20, kSweepB = 8 << 20;
 
 enum Mode { kSignal = 0, kPut8 = 1 };
+
+/* --parts: words at kPartsAt of each buffer (between put8's bytes and the sweep's): the
+ * message at kPartsAt + 8 * sender, part p's signal at kPartsAt + 64 * (p + 1), zero at start. */
+constexpr uint64_t kPartsAt = 1 << 20;
+enum Part {
+  kNvshmemLike, /* st data; fence.sc.sys; st.volatile signal = i; spin ld.volatile */
+  kFloor,       /* st data; fence.acq_rel.sys; red.add.sys (our directSignal); spin ld.volatile */
+  kAcqTail,     /* kFloor + wait()'s two ld.acquire.sys after the spin */
+  kPathLoads,   /* kFloor + directPath()'s two volatile loads before the put, results used */
+  kEpochInc,    /* kFloor + epochIncrement()'s atomicAdd on the own epoch word */
+  kAcqSpin,     /* kFloor, the spin by ld.acquire.sys (no tail) */
+  kParts
+};
+const char* const kPartNames[] = {"nvshmem_like", "floor", "floor_acq_tail", "floor_path_loads",
+                                  "floor_epoch_inc", "floor_acq_spin"};
+
+template <int P>
+__device__ __forceinline__ void partSend(const mscclppDevConn_t& conn, int rank, uint64_t v, uint64_t* sink)
+{
+  using namespace mscclpp::device;
+  char* rbuf = static_cast<char*>(conn.remoteBuff);
+  if (P == kPathLoads) {
+    /* The two words directPath() reads per operation; a result that depends on them. */
+    const uint64_t a = loadVolatile(conn.epochWord(MSCCLPP_EPOCH_PROXIED));
+    const uint64_t b = loadVolatile(conn.fifo.triggerFifoHead + MSCCLPP_FIFO_DEV_RAW);
+    if (a + b == 12345) *sink += 1;
+  }
+  *reinterpret_cast<uint64_t*>(rbuf + kPartsAt + 8 * rank) = v;
+  uint64_t* sig = reinterpret_cast<uint64_t*>(rbuf + kPartsAt + 64 * (P + 1));
+  if (P == kNvshmemLike) {
+    __threadfence_system();
+    storeVolatile(sig, v);
+  } else {
+    fenceAcqRelSys();
+    addOneSys(sig);
+  }
+  if (P == kEpochInc) conn.epochIncrement();
+}
+
+template <int P>
+__device__ __forceinline__ void partWait(const mscclppDevConn_t& conn, uint64_t v, uint64_t* sink)
+{
+  using namespace mscclpp::device;
+  const uint64_t* sig = reinterpret_cast<const uint64_t*>(static_cast<char*>(conn.localBuff) + kPartsAt + 64 * (P + 1));
+  if (P == kAcqSpin) {
+    while (loadAcquireSys(sig) < v) {}
+  } else {
+    while (loadVolatile(sig) < v) {}
+  }
+  if (P == kAcqTail) *sink += loadAcquireSys(sig) + loadAcquireSys(sig + 1);
+}
+
+template <int P>
+__global__ void partsKernel(int rank, int iters, uint64_t base, unsigned long long* ns, uint64_t* sink)
+{
+  mscclppDevConn_t conn = gConns[0];
+  const uint64_t t0 = globalTimerNs();
+  for (int i = 1; i <= iters; i++) {
+    if (rank == 0) {
+      partSend<P>(conn, rank, base + i, sink);
+      partWait<P>(conn, base + i, sink);
+    } else {
+      partWait<P>(conn, base + i, sink);
+      partSend<P>(conn, rank, base + i, sink);
+    }
+  }
+  *ns = globalTimerNs() - t0;
+}
+
+static void launchPart(int p, int rank, int iters, uint64_t base, unsigned long long* ns, uint64_t* sink,
+                       cudaStream_t s)
+{
+  switch (p) {
+  case kNvshmemLike: partsKernel<kNvshmemLike><<<1, 1, 0, s>>>(rank, iters, base, ns, sink); break;
+  case kFloor: partsKernel<kFloor><<<1, 1, 0, s>>>(rank, iters, base, ns, sink); break;
+  case kAcqTail: partsKernel<kAcqTail><<<1, 1, 0, s>>>(rank, iters, base, ns, sink); break;
+  case kPathLoads: partsKernel<kPathLoads><<<1, 1, 0, s>>>(rank, iters, base, ns, sink); break;
+  case kEpochInc: partsKernel<kEpochInc><<<1, 1, 0, s>>>(rank, iters, base, ns, sink); break;
+  default: partsKernel<kAcqSpin><<<1, 1, 0, s>>>(rank, iters, base, ns, sink); break;
+  }
+}
 
 __global__ void pingpongKernel(int rank, int iters, int mode, unsigned long long* ns)
 {
@@ -138,6 +223,7 @@ int main(int argc, char** argv)
   int iters = 2000;
   if (const char* v = flagValue(argc, argv, "--iters")) iters = atoi(v);
   const bool block = hasFlag(argc, argv, "--block");
+  const bool parts = hasFlag(argc, argv, "--parts");
   /* --sweep MIN:MAX[:FACTOR]: sizes of the put sweep (none without it). */
   uint64_t sweepMin = 0, sweepMax = 0, sweepFactor = 2;
   if (const char* v = flagValue(argc, argv, "--sweep")) {
@@ -146,10 +232,8 @@ int main(int argc, char** argv)
     sweepMin = parseBytes(all.substr(0, c1).c_str());
     sweepMax = c1 == std::string::npos ? sweepMin : parseBytes(all.substr(c1 + 1, c2 - c1 - 1).c_str());
     if (c2 != std::string::npos) sweepFactor = strtoull(all.c_str() + c2 + 1, nullptr, 10);
-    const uint64_t most = block ? kSweepMax : (256 << 10);
-    if (sweepMin == 0 || sweepMax < sweepMin || sweepMax > most || sweepFactor < 2) {
-      fprintf(stderr, "--sweep MIN:MAX[:FACTOR]: 1 <= MIN <= MAX <= %s, FACTOR >= 2\n",
-              block ? "4M with --block" : "256K");
+    if (sweepMin == 0 || sweepMax < sweepMin || sweepMax > kSweepMax || sweepFactor < 2) {
+      fprintf(stderr, "--sweep MIN:MAX[:FACTOR]: 1 <= MIN <= MAX <= 4M, FACTOR >= 2\n");
       return 2;
     }
   }
@@ -158,6 +242,7 @@ int main(int argc, char** argv)
   CUDACHECK(cudaMalloc(&buf, bytes));
   /* Rank r's bytes are r + 1; put8 sends rank 0's [0,8) and rank 1's [8,16) across. */
   CUDACHECK(cudaMemset(buf, c.rank + 1, bytes));
+  CUDACHECK(cudaMemset((char*)buf + kPartsAt, 0, 64 * (kParts + 1)));
   connectPeers(c, buf, bytes, {1 - c.rank});
   cudaStream_t s;
   CUDACHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -204,6 +289,30 @@ int main(int argc, char** argv)
       }
     }
     swept = n;
+  }
+
+  /* --parts: each part's ping-pong, warm-up then timed, its signal word counting on. After
+   * them each rank holds the other's last round number at kPartsAt + 8 * other. */
+  uint64_t* sink = nullptr;
+  CUDACHECK(cudaMalloc(&sink, sizeof(uint64_t)));
+  uint64_t partRounds = 0;
+  for (int p = 0; parts && p < kParts; p++) {
+    uint64_t base = 0;
+    for (int pass = 0; pass < 2; pass++) {
+      const int n = pass ? iters : 100;
+      MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+      launchPart(p, c.rank, n, base, d, sink, s);
+      KERNELCHECK();
+      CUDACHECK(cudaStreamSynchronize(s));
+      base += n;
+      CUDACHECK(cudaMemcpy(h, d, sizeof h[0], cudaMemcpyDeviceToHost));
+      if (pass && c.rank == 0) {
+        const double us = h[0] / 1e3 / (2.0 * n);
+        printf("%-20s %8.2f us\n", kPartNames[p], us);
+        printf("RESULT parts8 part=%s us=%.3f\n", kPartNames[p], us);
+      }
+    }
+    partRounds = base;
   }
 
   /* Rank 0 alone from here; rank 1 only serves the signals of the push test. */
@@ -282,6 +391,16 @@ int main(int argc, char** argv)
       }
     }
   }
+  if (parts) {
+    uint64_t last = 0;
+    CUDACHECK(cudaMemcpy(&last, (char*)buf + kPartsAt + 8 * (1 - c.rank), 8, cudaMemcpyDeviceToHost));
+    if (last != partRounds) {
+      fprintf(stderr, "rank %d: --parts' last message is %llu, expected %llu\n", c.rank,
+              (unsigned long long)last, (unsigned long long)partRounds);
+      failures++;
+    }
+  }
+  CUDACHECK(cudaFree(sink));
   failures += teardown(c);
   CUDACHECK(cudaFree(d));
   CUDACHECK(cudaFree(buf));
