@@ -249,7 +249,9 @@ extern "C" {
  * kernels' own: 1 + the FIFO ticket of the connection's last trigger with work (Data or
  * Flag), a ticket below which every trigger of the connection is known complete (a flush of
  * it returned), and the signal count the connection's waiting thread last read with acquire
- * (`wait()` returns at once while its target is not above it).
+ * (`wait()` returns at once while its target is not above it); word 11, of that count, the
+ * part the proxy carried (word 0 when it was read: `wait()` acquires word 0 again only when
+ * it grew since).
  */
 #define MSCCLPP_EPOCH_DEVICE_BYTES 128
 
@@ -268,6 +270,8 @@ extern "C" {
 #define MSCCLPP_EPOCH_FLUSHED 9
 
 #define MSCCLPP_EPOCH_ACQUIRED 10
+
+#define MSCCLPP_EPOCH_ACQUIRED_PROXY 11
 
 #define MSCCLPP_WAIT_OP_WAIT 1
 

@@ -414,7 +414,7 @@ nvshmem_independent() {
     fi
     us+=("$(sed -n 's/^RESULT nvshmem_pingpong bytes=8 us=//p' "$WORK/nvshmem/mini.0")")
   done
-  echo "RESULT nvshmem_independent pingpong bytes=8 us=${us[*]}" | tee -a "$OUT/nvshmem/independent.txt"
+  echo "RESULT nvshmem_independent pingpong bytes=8 us=${us[*]}" | tee -a "$OUT/nvshmem/independent.log"
   tool=$(awk '/^## run nvshmem /{on=1; next} /^## run/{on=0} on && $1 == 8 {print $6}' \
     "$OUT"/nvshmem/*-pingpong.txt | sort -n | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}')
   med=$(printf '%s\n' "${us[@]}" | sort -n | sed -n 2p)

@@ -117,7 +117,9 @@ pub const MSCCLPP_RECORD_EXPIRED: u64 = 2;
 /// kernels' own: 1 + the FIFO ticket of the connection's last trigger with work (Data or
 /// Flag), a ticket below which every trigger of the connection is known complete (a flush of
 /// it returned), and the signal count the connection's waiting thread last read with acquire
-/// (`wait()` returns at once while its target is not above it).
+/// (`wait()` returns at once while its target is not above it); word 11, of that count, the
+/// part the proxy carried (word 0 when it was read: `wait()` acquires word 0 again only when
+/// it grew since).
 pub const MSCCLPP_EPOCH_DEVICE_BYTES: usize = 128;
 pub const MSCCLPP_EPOCH_DIRECT: usize = 3;
 pub const MSCCLPP_EPOCH_DIRECT_BYTES: usize = 4;
@@ -127,6 +129,7 @@ pub const MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES: usize = 7;
 pub const MSCCLPP_EPOCH_PROXIED: usize = 8;
 pub const MSCCLPP_EPOCH_FLUSHED: usize = 9;
 pub const MSCCLPP_EPOCH_ACQUIRED: usize = 10;
+pub const MSCCLPP_EPOCH_ACQUIRED_PROXY: usize = 11;
 pub const MSCCLPP_WAIT_OP_WAIT: u64 = 1;
 pub const MSCCLPP_WAIT_OP_FLUSH: u64 = 2;
 pub const MSCCLPP_WAIT_OP_PUSH: u64 = 3;
@@ -309,5 +312,6 @@ const _: () = {
     assert!(MSCCLPP_EPOCH_DIRECT == 3 && MSCCLPP_EPOCH_DIRECT_BYTES == 4);
     assert!(MSCCLPP_EPOCH_DIRECT_BLOCK_BYTES < 8 && MSCCLPP_EPOCH_PROXIED >= 8);
     assert!(MSCCLPP_EPOCH_ACQUIRED == MSCCLPP_EPOCH_FLUSHED + 1);
-    assert!((MSCCLPP_EPOCH_ACQUIRED + 1) * 8 <= MSCCLPP_EPOCH_DEVICE_BYTES);
+    assert!(MSCCLPP_EPOCH_ACQUIRED_PROXY == MSCCLPP_EPOCH_ACQUIRED + 1);
+    assert!((MSCCLPP_EPOCH_ACQUIRED_PROXY + 1) * 8 <= MSCCLPP_EPOCH_DEVICE_BYTES);
 };
