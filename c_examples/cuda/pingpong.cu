@@ -154,7 +154,9 @@ __global__ void sweepKernel(int rank, int iters, uint64_t bytes, uint64_t a, uin
   *ns = globalTimerNs() - t0;
 }
 
-/* The same by a whole block with putWithSignalBlock(): thread 0 waits, the block follows. */
+/* The same by a whole block with putWithSignalBlock(): thread 0 waits, the block follows (the
+ * block put begins with __syncthreads(), which holds the other threads until thread 0's wait
+ * returned, as NVSHMEM's block puts and its perftest's kernel do). */
 __global__ void sweepBlockKernel(int rank, int iters, uint64_t bytes, uint64_t a, uint64_t b,
                                  unsigned long long* ns)
 {
@@ -164,10 +166,8 @@ __global__ void sweepBlockKernel(int rank, int iters, uint64_t bytes, uint64_t a
     if (rank == 0) {
       conn.putWithSignalBlock(a, a, bytes);
       if (threadIdx.x == 0) conn.wait();
-      __syncthreads();
     } else {
       if (threadIdx.x == 0) conn.wait();
-      __syncthreads();
       conn.putWithSignalBlock(b, b, bytes);
     }
   }
