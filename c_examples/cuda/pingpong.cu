@@ -18,7 +18,9 @@
  *   --parts: the direct put8 row taken apart (issue 42): the same ping-pong written by hand on
  *            words of the buffer (the peer's through remoteBuff), from what NVSHMEM's P2P path
  *            does (a store, __threadfence_system(), a volatile store of the signal; a volatile
- *            spin) through ours' instructions one by one: "RESULT parts8 part=NAME us=U"
+ *            spin) through ours' instructions one by one: "RESULT parts8 part=NAME us=U"; and
+ *            a 64-byte put by a block of 512 threads the same way, from NVSHMEM's block path to
+ *            putWithSignalBlock(): "RESULT parts64 part=NAME us=U"
  * Over P2P with the direct path on (the default; docs/DESIGN.md 3.2) the signal, put8 and
  * small sweep rows are stores by the kernel itself, the empty flush is a fence and push is a
  * direct signal; with MSCCLPP_P2P_DIRECT_BYTES=0 every one of them goes through the proxy
@@ -102,6 +104,93 @@ __global__ void partsKernel(int rank, int iters, uint64_t base, unsigned long lo
     }
   }
   *ns = globalTimerNs() - t0;
+}
+
+/* --parts, by a block of 512 threads, 64 bytes (4 threads copy one 16-byte word each): the
+ * same ladder for putWithSignalBlock(), from NVSHMEM's block path (barrier, copy, barrier,
+ * thread 0's __threadfence_system() and volatile store, barrier) to ours. Signal words after
+ * the thread parts'. */
+enum BlockPart {
+  kBNvshmemLike, /* as above */
+  kBFloor,       /* thread 0: fence.acq_rel.sys; red.add.sys */
+  kBDecision,    /* kBFloor + thread 0's two path loads and a __syncthreads_or() on them */
+  kBEpochInc,    /* kBFloor + thread 0's epochIncrement() before the last barrier */
+  kBOurs,        /* putWithSignalBlock() and wait(): the library's own */
+  kBlockParts
+};
+const char* const kBlockPartNames[] = {"block_nvshmem_like", "block_floor", "block_floor_decision",
+                                       "block_floor_epoch_inc", "block_ours"};
+constexpr uint64_t kBlockPartBytes = 64;
+
+template <int P>
+__device__ __forceinline__ void blockSend(const mscclppDevConn_t& conn, int rank, uint64_t v, uint64_t* sink)
+{
+  using namespace mscclpp::device;
+  const uint32_t t = threadIdx.x;
+  const uint64_t at = kPartsAt + 4096 + 256 * rank; /* the sender's 64 bytes, both sides */
+  if (P == kBOurs) {
+    conn.putWithSignalBlock(at, at, kBlockPartBytes);
+    return;
+  }
+  char* rbuf = static_cast<char*>(conn.remoteBuff);
+  const char* lbuf = static_cast<const char*>(conn.localBuff);
+  __syncthreads();
+  bool go = true;
+  if (P == kBDecision) {
+    uint64_t a = 0, b = 0;
+    if (t == 0) {
+      a = loadVolatile(conn.epochWord(MSCCLPP_EPOCH_PROXIED));
+      b = loadVolatile(conn.fifo.triggerFifoHead + MSCCLPP_FIFO_DEV_RAW);
+    }
+    go = __syncthreads_or(t == 0 && a + b != 12345);
+  }
+  if (go && t < kBlockPartBytes / 16)
+    reinterpret_cast<int4*>(rbuf + at)[t] = reinterpret_cast<const int4*>(lbuf + at)[t];
+  __syncthreads();
+  if (t == 0) {
+    uint64_t* sig = reinterpret_cast<uint64_t*>(rbuf + kPartsAt + 64 * (kParts + P + 1));
+    if (P == kBNvshmemLike) {
+      __threadfence_system();
+      storeVolatile(sig, v);
+    } else {
+      fenceAcqRelSys();
+      addOneSys(sig);
+    }
+    if (P == kBEpochInc) conn.epochIncrement();
+  }
+  __syncthreads();
+}
+
+template <int P>
+__global__ void blockPartsKernel(int rank, int iters, uint64_t base, unsigned long long* ns, uint64_t* sink)
+{
+  mscclppDevConn_t conn = gConns[0];
+  const uint64_t* sig = reinterpret_cast<const uint64_t*>(static_cast<char*>(conn.localBuff) + kPartsAt +
+                                                          64 * (kParts + P + 1));
+  const uint64_t t0 = globalTimerNs();
+  for (int i = 1; i <= iters; i++) {
+    if (rank == 1 && threadIdx.x == 0) {
+      if (P == kBOurs) conn.wait(); else while (mscclpp::device::loadVolatile(sig) < base + i) {}
+    }
+    blockSend<P>(conn, rank, base + i, sink);
+    if (rank == 0 && threadIdx.x == 0) {
+      if (P == kBOurs) conn.wait(); else while (mscclpp::device::loadVolatile(sig) < base + i) {}
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *ns = globalTimerNs() - t0;
+}
+
+static void launchBlockPart(int p, int rank, int iters, uint64_t base, unsigned long long* ns, uint64_t* sink,
+                            cudaStream_t s)
+{
+  switch (p) {
+  case kBNvshmemLike: blockPartsKernel<kBNvshmemLike><<<1, 512, 0, s>>>(rank, iters, base, ns, sink); break;
+  case kBFloor: blockPartsKernel<kBFloor><<<1, 512, 0, s>>>(rank, iters, base, ns, sink); break;
+  case kBDecision: blockPartsKernel<kBDecision><<<1, 512, 0, s>>>(rank, iters, base, ns, sink); break;
+  case kBEpochInc: blockPartsKernel<kBEpochInc><<<1, 512, 0, s>>>(rank, iters, base, ns, sink); break;
+  default: blockPartsKernel<kBOurs><<<1, 512, 0, s>>>(rank, iters, base, ns, sink); break;
+  }
 }
 
 static void launchPart(int p, int rank, int iters, uint64_t base, unsigned long long* ns, uint64_t* sink,
@@ -242,7 +331,7 @@ int main(int argc, char** argv)
   CUDACHECK(cudaMalloc(&buf, bytes));
   /* Rank r's bytes are r + 1; put8 sends rank 0's [0,8) and rank 1's [8,16) across. */
   CUDACHECK(cudaMemset(buf, c.rank + 1, bytes));
-  CUDACHECK(cudaMemset((char*)buf + kPartsAt, 0, 64 * (kParts + 1)));
+  CUDACHECK(cudaMemset((char*)buf + kPartsAt, 0, 64 * (kParts + kBlockParts + 1)));
   connectPeers(c, buf, bytes, {1 - c.rank});
   cudaStream_t s;
   CUDACHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -313,6 +402,23 @@ int main(int argc, char** argv)
       }
     }
     partRounds = base;
+  }
+  for (int p = 0; parts && p < kBlockParts; p++) {
+    uint64_t base = 0;
+    for (int pass = 0; pass < 2; pass++) {
+      const int n = pass ? iters : 100;
+      MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+      launchBlockPart(p, c.rank, n, base, d, sink, s);
+      KERNELCHECK();
+      CUDACHECK(cudaStreamSynchronize(s));
+      base += n;
+      CUDACHECK(cudaMemcpy(h, d, sizeof h[0], cudaMemcpyDeviceToHost));
+      if (pass && c.rank == 0) {
+        const double us = h[0] / 1e3 / (2.0 * n);
+        printf("%-20s %8.2f us\n", kBlockPartNames[p], us);
+        printf("RESULT parts64 part=%s us=%.3f\n", kBlockPartNames[p], us);
+      }
+    }
   }
 
   /* Rank 0 alone from here; rank 1 only serves the signals of the push test. */
