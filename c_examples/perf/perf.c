@@ -113,16 +113,6 @@ static size_t parse_size(const char *s)
   return *end == '\0' ? (size_t)(v * (double)m) : 0;
 }
 
-#ifdef PERF_GPU
-/* The connections, by value as a kernel parameter (each launch has them in its parameter
- * space, no load from GPU memory before the first put: a one-shot kernel of a small
- * operation paid that round trip, issue 42). At most PERF_MAX_CONNS peers. */
-#define PERF_MAX_CONNS 32
-typedef struct perf_conns {
-  mscclppDevConn_t c[PERF_MAX_CONNS];
-} perf_conns;
-#endif
-
 typedef struct perf {
   mscclppComm_t comm;
   mscclppDevConn_t *conns; /* one per peer, in rank order without us */
@@ -136,7 +126,7 @@ typedef struct perf {
   uint64_t block_limit;     /* -B: the largest block put the library copies directly */
 #ifdef PERF_GPU
   unsigned char *dbuf;      /* the buffer in GPU memory */
-  perf_conns kconns;        /* the connections, for the kernels' parameters */
+  mscclppDevConn_t *dconns; /* the connections, copied to GPU memory for the kernel */
   cudaStream_t stream;
 #endif
 } perf;
@@ -218,14 +208,14 @@ static int own_copy(int in_place)
  * (`own`: the buffer, 0 where there is nothing to copy), inside the kernel as NVSHMEM's
  * collectives do: a cudaMemcpyAsync before each kernel cost 1-2 us per small operation.
  * `send`: the send area. */
-__global__ void perf_kernel(const perf_conns conns, int nconns, int rank, int nranks, uint64_t n,
+__global__ void perf_kernel(mscclppDevConn_t *conns, int nconns, int rank, int nranks, uint64_t n,
                             uint64_t send, int in_place, char *own)
 {
   const int w = threadIdx.x / 32;
   if (own != 0)
     mscclpp::device::copyBlock(own + (uint64_t)rank * n, own + own_from(rank, n, send), n);
   if (w >= nconns || threadIdx.x % 32 != 0) return;
-  const mscclppDevConn_t &c = conns.c[w];
+  mscclppDevConn_t c = conns[w];
 #if PERF_OP == OP_ALLGATHER
   const uint64_t mine = (uint64_t)rank * n;
   (void)nranks;
@@ -246,12 +236,12 @@ __global__ void perf_kernel(const perf_conns conns, int nconns, int rank, int nr
 /* The same with block puts (-B): block b puts chunk b % bpp of the n bytes for connection
  * b / bpp with one signal, the blocks of connection 0 also copy their chunk of the own slice
  * (`own`, as perf_kernel), and the first block of each connection waits for its bpp signals. */
-__global__ void perf_block_kernel(const perf_conns conns, int rank, int nranks, uint64_t n,
+__global__ void perf_block_kernel(mscclppDevConn_t *conns, int rank, int nranks, uint64_t n,
                                   uint64_t send, int in_place, int bpp, uint64_t chunk, char *own)
 {
   const int w = blockIdx.x / bpp, k = blockIdx.x % bpp;
   int i;
-  const mscclppDevConn_t &c = conns.c[w];
+  const mscclppDevConn_t c = conns[w];
   const uint64_t start = (uint64_t)k * chunk;
   const uint64_t len = start < n ? (chunk < n - start ? chunk : n - start) : 0;
   const int waiter = k == 0 && threadIdx.x == 0;
@@ -276,10 +266,10 @@ __global__ void perf_block_kernel(const perf_conns conns, int rank, int nranks, 
 }
 
 /* flush() on every connection: see `flush_all`. */
-__global__ void perf_flush_kernel(const perf_conns conns, int nconns)
+__global__ void perf_flush_kernel(mscclppDevConn_t *conns, int nconns)
 {
   const int w = threadIdx.x / 32;
-  if (w < nconns && threadIdx.x % 32 == 0) conns.c[w].flush();
+  if (w < nconns && threadIdx.x % 32 == 0) conns[w].flush();
 }
 #endif
 
@@ -314,9 +304,9 @@ static int run_op_gpu(perf *p, size_t size, int in_place)
     uint64_t bpp, chunk;
     block_split(n, (uint64_t)p->blocks, p->block_limit, &bpp, &chunk);
     perf_block_kernel<<<(unsigned)(bpp * (uint64_t)p->nconns), 512, 0, p->stream>>>(
-      p->kconns, p->rank, p->nranks, n, send, in_place, (int)bpp, chunk, own);
+      p->dconns, p->rank, p->nranks, n, send, in_place, (int)bpp, chunk, own);
   } else {
-    perf_kernel<<<1, 32 * p->nconns, 0, p->stream>>>(p->kconns, p->nconns, p->rank, p->nranks, n,
+    perf_kernel<<<1, 32 * p->nconns, 0, p->stream>>>(p->dconns, p->nconns, p->rank, p->nranks, n,
                                                      send, in_place, own);
   }
   CUDA_CHECK_GOTO(cudaGetLastError(), fail);
@@ -399,7 +389,7 @@ static int flush_all(perf *p)
   int r;
 #ifdef PERF_GPU
   if (p->gpu) {
-    perf_flush_kernel<<<1, 32 * p->nconns, 0, p->stream>>>(p->kconns, p->nconns);
+    perf_flush_kernel<<<1, 32 * p->nconns, 0, p->stream>>>(p->dconns, p->nconns);
     CUDA_CHECK_GOTO(cudaGetLastError(), fail);
     CUDA_CHECK_GOTO(cudaStreamSynchronize(p->stream), fail);
     return 0;
@@ -621,12 +611,9 @@ int main(int argc, char **argv)
     if (r != p.rank) p.to[r] = &p.conns[k++];
 #ifdef PERF_GPU
   if (p.gpu) {
-    if (p.nconns > PERF_MAX_CONNS) {
-      fprintf(stderr, "%s_perf: %d peers, at most %d on the GPU (PERF_MAX_CONNS)\n", op_name,
-              p.nconns, PERF_MAX_CONNS);
-      goto out;
-    }
-    memcpy(p.kconns.c, p.conns, sizeof(*p.conns) * (size_t)p.nconns);
+    CUDA_CHECK_GOTO(cudaMalloc((void **)&p.dconns, sizeof(*p.conns) * (size_t)p.nconns), out);
+    CUDA_CHECK_GOTO(cudaMemcpy(p.dconns, p.conns, sizeof(*p.conns) * (size_t)p.nconns,
+                               cudaMemcpyHostToDevice), out);
     /* The first connection's limit: every one of ours is P2P from the same GPU. */
     if (p.blocks > 0) CUDA_CHECK_GOTO(block_limit(&p.conns[0], &p.block_limit), out);
   }
@@ -694,6 +681,7 @@ out:
   if (p.comm != NULL && mscclppCommDestroy(p.comm) != mscclppSuccess && rc == 0) rc = 1;
 #ifdef PERF_GPU
   /* After destroy: the library may use the buffer until then. */
+  if (p.dconns != NULL) cudaFree(p.dconns);
   if (p.dbuf != NULL) cudaFree(p.dbuf);
   if (p.stream != NULL) cudaStreamDestroy(p.stream);
 #endif

@@ -205,18 +205,6 @@ MSCCLPP_DEVICE_INLINE void addOneSys(uint64_t* p)
 #endif
 }
 
-/* addOneSys() as a release (red.release.sys): everything this thread did before it, and what
- * it observed (by cumulativity: an acquire load's writer's stores), is visible before the add. */
-MSCCLPP_DEVICE_INLINE void addOneSysRelease(uint64_t* p)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-  asm volatile("red.release.sys.global.add.u64 [%0], 1;" ::"l"(p) : "memory");
-#else
-  fenceAcqRelSys();
-  addOneSys(p);
-#endif
-}
-
 /* Copies the whole words of type W at the start of [src, src + n) to dst (both aligned to W)
  * by thread `t` of `nt` threads together: word i goes by thread i % nt, each thread with
  * kInFlight loads before their stores; returns the bytes copied (by all of them). */
