@@ -385,40 +385,29 @@ int main(int argc, char** argv)
   uint64_t* sink = nullptr;
   CUDACHECK(cudaMalloc(&sink, sizeof(uint64_t)));
   uint64_t partRounds = 0;
-  for (int p = 0; parts && p < kParts; p++) {
+  /* The thread ladder (p < kParts), then the block ladder. */
+  for (int p = 0; parts && p < kParts + kBlockParts; p++) {
+    const bool blockLadder = p >= kParts;
     uint64_t base = 0;
     for (int pass = 0; pass < 2; pass++) {
       const int n = pass ? iters : 100;
       MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
-      launchPart(p, c.rank, n, base, d, sink, s);
+      if (blockLadder)
+        launchBlockPart(p - kParts, c.rank, n, base, d, sink, s);
+      else
+        launchPart(p, c.rank, n, base, d, sink, s);
       KERNELCHECK();
       CUDACHECK(cudaStreamSynchronize(s));
       base += n;
       CUDACHECK(cudaMemcpy(h, d, sizeof h[0], cudaMemcpyDeviceToHost));
       if (pass && c.rank == 0) {
         const double us = h[0] / 1e3 / (2.0 * n);
-        printf("%-20s %8.2f us\n", kPartNames[p], us);
-        printf("RESULT parts8 part=%s us=%.3f\n", kPartNames[p], us);
+        const char* name = blockLadder ? kBlockPartNames[p - kParts] : kPartNames[p];
+        printf("%-20s %8.2f us\n", name, us);
+        printf("RESULT %s part=%s us=%.3f\n", blockLadder ? "parts64" : "parts8", name, us);
       }
     }
-    partRounds = base;
-  }
-  for (int p = 0; parts && p < kBlockParts; p++) {
-    uint64_t base = 0;
-    for (int pass = 0; pass < 2; pass++) {
-      const int n = pass ? iters : 100;
-      MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
-      launchBlockPart(p, c.rank, n, base, d, sink, s);
-      KERNELCHECK();
-      CUDACHECK(cudaStreamSynchronize(s));
-      base += n;
-      CUDACHECK(cudaMemcpy(h, d, sizeof h[0], cudaMemcpyDeviceToHost));
-      if (pass && c.rank == 0) {
-        const double us = h[0] / 1e3 / (2.0 * n);
-        printf("%-20s %8.2f us\n", kBlockPartNames[p], us);
-        printf("RESULT parts64 part=%s us=%.3f\n", kBlockPartNames[p], us);
-      }
-    }
+    if (!blockLadder) partRounds = base;
   }
 
   /* Rank 0 alone from here; rank 1 only serves the signals of the push test. */
