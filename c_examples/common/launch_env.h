@@ -6,8 +6,11 @@
  * Options (removed from argv; they override the environment):
  *   -r RANK   -n NRANKS   -a IP:PORT (rank 0's bootstrap address)   -l LOCAL_RANK   -h
  *
- * Environment, the first launcher found wins:
+ * Environment, the first launcher found wins (torchrun second, when its marker
+ * TORCHELASTIC_RUN_ID is set: it runs inside the others, e.g. `srun torchrun`, whose workers
+ * also inherit the Slurm task's SLURM_PROCID/SLURM_NTASKS; without it, RANK/WORLD_SIZE last):
  *   MSCCLPP_RANK, MSCCLPP_NRANKS, MSCCLPP_LOCAL_RANK     scripts/run-local-ranks.sh
+ *   RANK, WORLD_SIZE, LOCAL_RANK + TORCHELASTIC_RUN_ID   torchrun
  *   OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK             Open MPI's mpirun
  *   PMI_RANK, PMI_SIZE, MPI_LOCALRANKID                  MPICH / Intel MPI (hydra)
  *   SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID            Slurm's srun
@@ -64,14 +67,16 @@ static void launch_env_usage(const char *prog)
  * or -1 after printing the reason and the usage to stderr (also for -h). */
 static int launch_env_parse(int *argc, char **argv, launch_env *env)
 {
+  /* marker: a variable that must be set too (NULL: none); see the header comment. */
   static const struct {
-    const char *rank, *nranks, *local, *source;
+    const char *rank, *nranks, *local, *source, *marker;
   } launchers[] = {
-      {"MSCCLPP_RANK", "MSCCLPP_NRANKS", "MSCCLPP_LOCAL_RANK", "MSCCLPP_RANK/MSCCLPP_NRANKS"},
-      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun"},
-      {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "PMI"},
-      {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "Slurm"},
-      {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun"},
+      {"MSCCLPP_RANK", "MSCCLPP_NRANKS", "MSCCLPP_LOCAL_RANK", "MSCCLPP_RANK/MSCCLPP_NRANKS", NULL},
+      {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun", "TORCHELASTIC_RUN_ID"},
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun", NULL},
+      {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "PMI", NULL},
+      {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "Slurm", NULL},
+      {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun", NULL},
   };
   const char *prog = argv[0] ? argv[0] : "example";
   const char *root = NULL;
@@ -117,7 +122,7 @@ static int launch_env_parse(int *argc, char **argv, launch_env *env)
 
   for (i = 0; i < sizeof launchers / sizeof launchers[0]; i++) {
     const char *r = getenv(launchers[i].rank), *n = getenv(launchers[i].nranks);
-    if (r != NULL && n != NULL) {
+    if (r != NULL && n != NULL && (launchers[i].marker == NULL || getenv(launchers[i].marker) != NULL)) {
       env->rank = launch_env_int(r);
       env->nranks = launch_env_int(n);
       env->local_rank = launch_env_int(getenv(launchers[i].local));

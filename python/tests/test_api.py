@@ -160,6 +160,17 @@ def test_launch_env() -> None:
         environ={"MSCCLPP_RANK": "0", "MSCCLPP_NRANKS": "2", "RANK": "5", "WORLD_SIZE": "9", "MSCCLPP_ROOT": "r:1"}
     )
     assert (e.rank, e.nranks, e.source) == (0, 2, "MSCCLPP_RANK/MSCCLPP_NRANKS")
+    # torchrun inside Slurm (srun torchrun, or an sbatch script that runs torchrun): every worker
+    # also inherits the Slurm task's variables; torchrun's, the innermost, win.
+    slurm_torchrun = {
+        "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+        "RANK": "13", "WORLD_SIZE": "16", "LOCAL_RANK": "5", "TORCHELASTIC_RUN_ID": "job7",
+        "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+    }
+    assert m.launch_env(environ=slurm_torchrun) == m.LaunchEnv(13, 16, 5, "10.0.0.1:29501", "torchrun")
+    # Without torchrun's marker, RANK/WORLD_SIZE are names other tools set too: Slurm's win.
+    del slurm_torchrun["TORCHELASTIC_RUN_ID"]
+    assert (m.launch_env(environ=slurm_torchrun).rank, m.launch_env(environ=slurm_torchrun).source) == (1, "Slurm")
     assert (
         m.launch_env(environ={"PMI_RANK": "1", "PMI_SIZE": "2", "MASTER_ADDR": "::1", "MASTER_PORT": "7"}).root
         == "[::1]:8"

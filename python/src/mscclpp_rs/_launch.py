@@ -1,12 +1,16 @@
 """Rank, number of ranks, local rank and root address from the launcher's environment.
 
 The same rules as the C examples' ``c_examples/common/launch_env.h``; the first launcher whose
-two variables are both set wins:
+two variables are both set wins, torchrun first when its own marker ``TORCHELASTIC_RUN_ID`` is
+set (it runs inside the others: under ``srun torchrun`` or an ``sbatch`` script that runs
+torchrun, every worker also inherits the Slurm task's ``SLURM_PROCID``/``SLURM_NTASKS``, which
+name the node's task, not the worker):
 
 =============================  ==================  ======================  =======================
 launcher                       rank                number of ranks         local rank
 =============================  ==================  ======================  =======================
 scripts/run-local-ranks.sh     MSCCLPP_RANK        MSCCLPP_NRANKS          MSCCLPP_LOCAL_RANK
+torchrun (TORCHELASTIC_RUN_ID) RANK                WORLD_SIZE              LOCAL_RANK
 Open MPI's mpirun              OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE   OMPI_COMM_WORLD_LOCAL_RANK
 MPICH / Intel MPI (hydra)      PMI_RANK            PMI_SIZE                MPI_LOCALRANKID
 Slurm's srun                   SLURM_PROCID        SLURM_NTASKS            SLURM_LOCALID
@@ -24,12 +28,16 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+# (rank, nranks, local rank, name, a variable that must also be set, or None). torchrun's
+# RANK/WORLD_SIZE come second when torchrun's marker says it launched us (it is then the
+# innermost launcher); without the marker they are plain names other tools set too, so last.
 _LAUNCHERS = (
-    ("MSCCLPP_RANK", "MSCCLPP_NRANKS", "MSCCLPP_LOCAL_RANK", "MSCCLPP_RANK/MSCCLPP_NRANKS"),
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun"),
-    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "PMI"),
-    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "Slurm"),
-    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun"),
+    ("MSCCLPP_RANK", "MSCCLPP_NRANKS", "MSCCLPP_LOCAL_RANK", "MSCCLPP_RANK/MSCCLPP_NRANKS", None),
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun", "TORCHELASTIC_RUN_ID"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "mpirun", None),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "PMI", None),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "Slurm", None),
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun", None),
 )
 
 
@@ -64,8 +72,8 @@ def launch_env(root: Optional[str] = None, environ: Optional[Mapping[str, str]] 
             root address.
     """
     env = os.environ if environ is None else environ
-    for rank_var, size_var, local_var, source in _LAUNCHERS:
-        if rank_var in env and size_var in env:
+    for rank_var, size_var, local_var, source, marker in _LAUNCHERS:
+        if rank_var in env and size_var in env and (marker is None or marker in env):
             rank = _int(rank_var, env[rank_var])
             nranks = _int(size_var, env[size_var])
             local = _int(local_var, env[local_var]) if env.get(local_var) else rank
