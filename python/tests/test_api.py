@@ -77,6 +77,12 @@ def test_closed_communicator_and_unset_connection(comm1) -> None:
     assert e.value.code == m.Result.INVALID_USAGE
     with pytest.raises(m.InvalidArgumentError, match="offset = -1"):
         conn.put(-1, 8)
+    # C and CUDA order (dst, src, size) does not silently mean (dst, size, src) here.
+    for method in (conn.put, conn.put_with_signal, conn.put_with_signal_and_flush):
+        with pytest.raises(TypeError, match="positional"):
+            method(0, 4096, 1024)  # type: ignore[misc]
+    with pytest.raises(m.InvalidUsageError, match="not set up"):
+        conn.put(0, 8, src_offset=4)
     comm1.close()
     comm1.close()  # idempotent
     assert comm1.closed

@@ -89,7 +89,7 @@ class Connection:
     After setup (:meth:`Communicator.setup`, or entering :meth:`Communicator.proxy`), a host
     thread drives a connection over *host* memory with the methods below, as a kernel does with
     the device methods of ``mscclppDevConn_t``. Offsets are bytes into the two buffers; ``offset``
-    is the destination's, ``src_offset`` (default: the same) the source's. Puts and signals
+    is the destination's, ``src_offset`` (keyword-only; default: the same) the source's. Puts and signals
     need the proxies running (inside :meth:`Communicator.proxy`). Each call is bounded by
     ``MSCCLPP_WAIT_TIMEOUT`` where it waits and raises on a proxy error or a dead peer.
     """
@@ -139,10 +139,14 @@ class Connection:
         src = dst if src_offset is None else _check_int("src_offset", src_offset, _U64_MAX, call)
         return dst, src, _check_int("size", size, _U64_MAX, call)
 
-    def put(self, offset: int, size: int, src_offset: Optional[int] = None) -> None:
+    def put(self, offset: int, size: int, *, src_offset: Optional[int] = None) -> None:
         """Queues a copy of ``size`` bytes from the local buffer at ``src_offset`` to the peer's
         at ``offset`` (``mscclppDevConnPut``). Returns at once; the source must not change until
-        :meth:`flush` returns."""
+        :meth:`flush` returns.
+
+        ``src_offset`` is keyword-only: C and CUDA take ``(dst, src, size)``, so a call ported
+        from a kernel, ``put(0, 4096, 1024)``, raises TypeError here instead of moving 4096
+        bytes from source offset 1024."""
         dst, src, size = self._triple(offset, size, src_offset, "put")
         n.call("mscclppDevConnPut", self._ptr("put"), dst, src, size)
 
@@ -150,12 +154,12 @@ class Connection:
         """The peer's next :meth:`wait` returns once every earlier put has arrived."""
         n.call("mscclppDevConnSignal", self._ptr("signal"))
 
-    def put_with_signal(self, offset: int, size: int, src_offset: Optional[int] = None) -> None:
+    def put_with_signal(self, offset: int, size: int, *, src_offset: Optional[int] = None) -> None:
         """:meth:`put` then :meth:`signal`, in one trigger."""
         dst, src, size = self._triple(offset, size, src_offset, "put_with_signal")
         n.call("mscclppDevConnPutWithSignal", self._ptr("put_with_signal"), dst, src, size)
 
-    def put_with_signal_and_flush(self, offset: int, size: int, src_offset: Optional[int] = None) -> None:
+    def put_with_signal_and_flush(self, offset: int, size: int, *, src_offset: Optional[int] = None) -> None:
         """:meth:`put_with_signal`, then waits until both have completed."""
         dst, src, size = self._triple(offset, size, src_offset, "put_with_signal_and_flush")
         n.call("mscclppDevConnPutWithSignalAndFlush", self._ptr("put_with_signal_and_flush"), dst, src, size)
