@@ -174,7 +174,94 @@ def dead_peer(transport: str, when: str) -> None:
     raise AssertionError("wait() returned although the peer died")
 
 
+def _count_calls() -> list[str]:
+    """Records the name of every C call the package makes from now on (the package calls
+    through _native.call, looked up at each call)."""
+    import mscclpp_rs._native as native
+
+    names: list[str] = []
+    orig = native.call
+
+    def counting(name: str, *args: object) -> None:
+        names.append(name)
+        orig(name, *args)
+
+    native.call = counting
+    return names
+
+
+def dropped(transport: str) -> None:
+    """A communicator whose connections the user still holds is destroyed as soon as its last
+    reference goes, once, on this thread; the kept connection then says so."""
+    import weakref
+
+    calls = _count_calls()
+    comm = m.Communicator.from_env()
+    buf = np.zeros(4096, dtype=np.uint8)
+    conn = comm.connect(1 - comm.rank, buf, transport=transport)
+    comm.setup()
+    comm.barrier()
+    ref = weakref.ref(comm)
+    del comm  # no gc.collect(): reference counting alone
+    assert ref() is None, "the communicator outlived its last reference (a reference cycle?)"
+    assert calls.count("mscclppCommDestroy") == 1, calls
+    try:
+        conn.put(0, 8)
+    except m.InvalidUsageError as e:
+        assert "is gone" in e.message, e
+    else:
+        raise AssertionError("a put on a destroyed communicator's connection did not raise")
+    import gc
+
+    gc.collect()
+    assert calls.count("mscclppCommDestroy") == 1, calls
+    print(f"rank {m.launch_env().rank}: dropped communicator destroyed at once, once")
+
+
+def close_while_waiting(transport: str) -> None:
+    """Rank 0 closes its communicator while another of its threads waits on a connection: the
+    wait ends with an error well before the wait timeout, and close returns."""
+    import contextlib
+    import threading
+
+    comm = m.Communicator.from_env()
+    buf = np.zeros(4096, dtype=np.uint8)
+    conn = comm.connect(1 - comm.rank, buf, transport=transport)
+    comm.setup()
+    comm.launch_proxy()
+    comm.barrier()
+    if comm.rank == 1:
+        # Rank 0 closes meanwhile; what our own stop and close then say does not matter here.
+        time.sleep(3)
+        with contextlib.suppress(m.MscclppError):
+            comm.stop_proxy()
+        with contextlib.suppress(m.MscclppError):
+            comm.close()
+        return
+    ended: list[object] = []
+
+    def waiter() -> None:
+        t0 = time.monotonic()
+        try:
+            conn.wait()
+            ended.append("returned")
+        except m.MscclppError as e:
+            ended.append((type(e).__name__, round(time.monotonic() - t0, 1)))
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    comm.close()
+    t.join(30)
+    assert not t.is_alive(), "the wait did not end after close()"
+    print(f"RESULT closed {time.monotonic() - t0:.1f}s, the wait: {ended}")
+    assert ended and ended[0] != "returned", ended
+
+
 SCENARIOS = {
+    "dropped": dropped,
+    "close_while_waiting": close_while_waiting,
     "allgather": allgather,
     "put_signal_split": put_signal_split,
     "bootstrap": bootstrap,

@@ -92,6 +92,75 @@ def test_closed_communicator_and_unset_connection(comm1) -> None:
         conn.wait()
 
 
+def _destroys() -> list[str]:
+    """Every C call the package makes from now on, by name (restored by the caller)."""
+    import mscclpp_rs._native as native
+
+    names: list[str] = []
+    orig = native.call
+
+    def counting(name: str, *args: object) -> None:
+        names.append(name)
+        orig(name, *args)
+
+    native.call = counting
+    return names
+
+
+@pytest.fixture
+def calls():
+    import mscclpp_rs._native as native
+
+    orig = native.call
+    try:
+        yield _destroys()
+    finally:
+        native.call = orig
+
+
+def test_device_connections_keep_their_communicator(calls) -> None:
+    import weakref
+
+    comm = m.Communicator(f"127.0.0.1:{free_port()}", 0, 1)
+    comm.setup()
+    dc = comm.device_connections()
+    ref = weakref.ref(comm)
+    del comm
+    assert ref() is not None and dc.communicator is ref(), "DeviceConnections let its communicator go"
+    assert calls.count("mscclppCommDestroy") == 0
+    del dc
+    assert ref() is None and calls.count("mscclppCommDestroy") == 1
+
+
+def test_fork_child_neither_uses_nor_destroys(calls) -> None:
+    comm = m.Communicator(f"127.0.0.1:{free_port()}", 0, 1)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running the parent's handlers
+        ok = 0
+        try:
+            try:
+                comm.barrier()
+            except m.InvalidUsageError as e:
+                ok = "fork child" in e.message
+            comm.close()
+            del comm
+            import gc
+
+            gc.collect()
+            ok = ok and calls.count("mscclppCommDestroy") == 0 and "mscclppBootstrapBarrier" not in calls
+        finally:
+            os.write(w, b"1" if ok else b"0")
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 1)
+    os.waitpid(pid, 0)
+    assert got == b"1", "the fork child used or destroyed its parent's communicator"
+    comm.barrier()  # still the parent's, intact
+    comm.close()
+    assert calls.count("mscclppCommDestroy") == 1
+
+
 def test_one_rank_collectives(comm1) -> None:
     assert (comm1.rank, comm1.size) == (0, 1)
     assert comm1.all_gather(b"abc") == [b"abc"]

@@ -57,3 +57,17 @@ def test_missing_peer_at_bootstrap_raises_in_time() -> None:
     kind, code, seconds = _result(r0.out)
     assert kind == "RemoteError" and code == "REMOTE_ERROR", r0.out
     assert seconds < 15, r0.out
+
+
+def test_dropped_communicator_is_destroyed_at_once() -> None:
+    # Connections hold their communicator weakly: dropping it destroys it then and there (not
+    # at a later garbage collection on some other thread), once.
+    assert_all_ok(run_ranks(2, "dropped", "shm"))
+
+
+def test_close_while_another_thread_waits() -> None:
+    r0, r1 = run_ranks(2, "close_while_waiting", "ib", timeout=60)
+    assert r0.returncode == 0, r0.out
+    assert r1.returncode == 0, r1.out
+    m = re.search(r"^RESULT closed ([\d.]+)s", r0.out, re.M)
+    assert m and float(m.group(1)) < 10, r0.out  # a hang bound (the wait timeout is 20 s)

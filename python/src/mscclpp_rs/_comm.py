@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import operator
+import os
 import struct
 import threading
+import warnings
+import weakref
 from typing import Any, Iterator, Optional, Union
 
 from . import _native as n
@@ -16,6 +19,19 @@ from ._native import DEVCONN_BYTES, InvalidArgumentError, InvalidUsageError, Msc
 
 _U64_MAX = (1 << 64) - 1
 _U32_MAX = (1 << 32) - 1
+# How long close() waits for other threads' calls on the communicator to leave the library
+# after its stop released their waits (a bootstrap call is bounded by the bootstrap timeout,
+# 30 s by default); past it the communicator is leaked, with a warning, not freed under them.
+_CALLS_LEAVE_S = 60.0
+
+
+def _gone(what: str, call: str) -> InvalidUsageError:
+    return InvalidUsageError(
+        Result.INVALID_USAGE,
+        f"the communicator of {what} is gone (its last reference was dropped, which destroyed it): "
+        "keep the Communicator while its connections are used",
+        call,
+    )
 
 
 def _check_int(name: str, value: Any, hi: int, call: str, lo: int = 0) -> int:
@@ -103,7 +119,10 @@ class Connection:
         transport: Transport,
         ib_dev: Optional[str],
     ) -> None:
-        self.comm = comm
+        # Weak: the communicator holds its connections, and a strong reference back would make
+        # a cycle, so that only a garbage collection (at any time, on any thread) or the
+        # interpreter's exit would destroy a dropped communicator.
+        self._comm = weakref.ref(comm)
         self.remote_rank = remote_rank
         self.tag = tag
         self.buffer = buffer
@@ -123,16 +142,25 @@ class Connection:
         """Size of the local buffer of this connection."""
         return self.buffer.nbytes
 
-    def _ptr(self, call: str) -> int:
-        self.comm._handle_or_raise(call)
-        if self._devconn is None:
-            raise InvalidUsageError(
-                Result.INVALID_USAGE,
-                f"the connection to rank {self.remote_rank} (tag {self.tag}) is not set up: call "
-                "setup() (or enter proxy()) first",
-                call,
-            )
-        return self._devconn
+    @property
+    def comm(self) -> "Communicator":
+        """The communicator (held weakly: it must be kept by its user while this is used)."""
+        c = self._comm()
+        if c is None:
+            raise _gone(f"the connection to rank {self.remote_rank}", "connection")
+        return c
+
+    def _call(self, fn: str, call: str, *args: Any) -> None:
+        """``fn(devconn, *args)`` while the communicator is held open (see Communicator._use)."""
+        with self.comm._use(call):
+            if self._devconn is None:
+                raise InvalidUsageError(
+                    Result.INVALID_USAGE,
+                    f"the connection to rank {self.remote_rank} (tag {self.tag}) is not set up: call "
+                    "setup() (or enter proxy()) first",
+                    call,
+                )
+            n.call(fn, self._devconn, *args)
 
     def _triple(self, offset: int, size: int, src_offset: Optional[int], call: str) -> tuple[int, int, int]:
         dst = _check_int("offset", offset, _U64_MAX, call)
@@ -148,31 +176,31 @@ class Connection:
         from a kernel, ``put(0, 4096, 1024)``, raises TypeError here instead of moving 4096
         bytes from source offset 1024."""
         dst, src, size = self._triple(offset, size, src_offset, "put")
-        n.call("mscclppDevConnPut", self._ptr("put"), dst, src, size)
+        self._call("mscclppDevConnPut", "put", dst, src, size)
 
     def signal(self) -> None:
         """The peer's next :meth:`wait` returns once every earlier put has arrived."""
-        n.call("mscclppDevConnSignal", self._ptr("signal"))
+        self._call("mscclppDevConnSignal", "signal")
 
     def put_with_signal(self, offset: int, size: int, *, src_offset: Optional[int] = None) -> None:
         """:meth:`put` then :meth:`signal`, in one trigger."""
         dst, src, size = self._triple(offset, size, src_offset, "put_with_signal")
-        n.call("mscclppDevConnPutWithSignal", self._ptr("put_with_signal"), dst, src, size)
+        self._call("mscclppDevConnPutWithSignal", "put_with_signal", dst, src, size)
 
     def put_with_signal_and_flush(self, offset: int, size: int, *, src_offset: Optional[int] = None) -> None:
         """:meth:`put_with_signal`, then waits until both have completed."""
         dst, src, size = self._triple(offset, size, src_offset, "put_with_signal_and_flush")
-        n.call("mscclppDevConnPutWithSignalAndFlush", self._ptr("put_with_signal_and_flush"), dst, src, size)
+        self._call("mscclppDevConnPutWithSignalAndFlush", "put_with_signal_and_flush", dst, src, size)
 
     def flush(self) -> None:
         """Returns once every earlier put and signal on this connection has completed (the source
         may change again)."""
-        n.call("mscclppDevConnFlush", self._ptr("flush"))
+        self._call("mscclppDevConnFlush", "flush")
 
     def wait(self) -> None:
         """Waits for the peer's next signal; the data of every put before it is then readable.
         Consumes one signal per call: use one waiting thread per connection."""
-        n.call("mscclppDevConnWait", self._ptr("wait"))
+        self._call("mscclppDevConnWait", "wait")
 
 
 class DeviceConnections:
@@ -182,13 +210,24 @@ class DeviceConnections:
     ``bytes(dc)`` is the array (``len(dc) * 80`` bytes); :meth:`to_cupy` and :meth:`to_torch`
     copy it to GPU memory, where a kernel takes it as ``const mscclppDevConn_t*`` (or copy the
     bytes into a ``__constant__ mscclppDevConn_t conns[N]``). ``host_address`` is the library's
-    own host array (valid while the communicator lives).
+    own host array. The structs point into the communicator's memory (its FIFOs, epoch blocks,
+    peers' mappings): this object keeps the communicator alive (``communicator``); copies made
+    by :meth:`to_cupy` / :meth:`to_torch` do not, so keep this object (or the communicator)
+    while a kernel uses them.
     """
 
-    def __init__(self, data: bytes, host_address: int, remote_ranks: list[int]) -> None:
+    def __init__(
+        self, data: bytes, host_address: int, remote_ranks: list[int], comm: Optional["Communicator"] = None
+    ) -> None:
         self.data = data
         self.host_address = host_address
         self.remote_ranks = remote_ranks
+        self._comm = comm  # strong: the structs are valid only while it lives
+
+    @property
+    def communicator(self) -> Optional["Communicator"]:
+        """The communicator these connections belong to (kept alive by this object)."""
+        return self._comm
 
     def __len__(self) -> int:
         return len(self.data) // DEVCONN_BYTES
@@ -222,9 +261,17 @@ class RegisteredMemory:
     """A buffer registered with every connected peer (:meth:`Communicator.register_buffer`)."""
 
     def __init__(self, comm: "Communicator", buffer: Buffer, handle: n.RegisteredMemoryStruct) -> None:
-        self.comm = comm
+        self._comm = weakref.ref(comm)  # weak, as Connection's
         self.buffer = buffer
         self._handle = handle
+
+    @property
+    def comm(self) -> "Communicator":
+        """The communicator (held weakly, as a connection's)."""
+        c = self._comm()
+        if c is None:
+            raise _gone("a registered buffer", "write")
+        return c
 
     def write(
         self, src: Any, size: Optional[int] = None, src_offset: int = 0, dst_offset: int = 0, stream: int = 0
@@ -243,16 +290,9 @@ class RegisteredMemory:
                 f"src_offset {so} + size {size} is past the source's {buf.nbytes} bytes",
                 "write",
             )
-        n.call(
-            "mscclppRegisteredBufferWrite",
-            self.comm._handle_or_raise("write"),
-            ctypes.byref(self._handle),
-            buf.address,
-            size,
-            so,
-            do,
-            _check_int("stream", stream, 2**63 - 1, "write"),
-        )
+        st = _check_int("stream", stream, 2**63 - 1, "write")
+        with self.comm._use("write") as h:
+            n.call("mscclppRegisteredBufferWrite", h, ctypes.byref(self._handle), buf.address, size, so, do, st)
 
 
 Root = Union[str, bytes, UniqueId]
@@ -293,7 +333,11 @@ class Communicator:
         else:
             raise TypeError(f"root must be an 'ip:port' str or a UniqueId, not {type(root).__name__}")
         self._handle: Optional[int] = handle.value
+        self._pid = os.getpid()  # a fork child must not destroy (or use) its parent's communicator
         self._lock = threading.Lock()
+        # Calls inside the library on the handle now (_use); close() waits for them to leave.
+        self._calls = 0
+        self._idle = threading.Condition(self._lock)
         self._connections: list[Connection] = []
         self._pending: list[Connection] = []
         self._registered: list[RegisteredMemory] = []
@@ -312,13 +356,35 @@ class Communicator:
 
     def _query(self, name: str) -> int:
         v = ctypes.c_int()
-        n.call(name, self._handle_or_raise(name), ctypes.byref(v))
+        with self._use(name) as h:
+            n.call(name, h, ctypes.byref(v))
         return v.value
 
-    def _handle_or_raise(self, call: str) -> int:
-        if self._handle is None:
-            raise InvalidUsageError(Result.INVALID_USAGE, "the communicator is closed", call)
-        return self._handle
+    @contextlib.contextmanager
+    def _use(self, call: str) -> Iterator[int]:
+        """The handle, held open for the body: :meth:`close` on another thread does not free the
+        communicator (or its connection array, which the connections' calls read) until every
+        body has left. Raises if it is closed, or if this process is a fork child of the one
+        that made it."""
+        with self._lock:
+            if self._handle is None:
+                raise InvalidUsageError(Result.INVALID_USAGE, "the communicator is closed", call)
+            if os.getpid() != self._pid:
+                raise InvalidUsageError(
+                    Result.INVALID_USAGE,
+                    f"the communicator was made by process {self._pid}; this is a fork child "
+                    f"({os.getpid()}): make a communicator of its own",
+                    call,
+                )
+            self._calls += 1
+            h = self._handle
+        try:
+            yield h
+        finally:
+            with self._lock:
+                self._calls -= 1
+                if self._calls == 0:
+                    self._idle.notify_all()
 
     def __repr__(self) -> str:
         state = "closed" if self._handle is None else f"{len(self._connections)} connections"
@@ -330,17 +396,17 @@ class Communicator:
         """Every rank's ``data`` (any length, lengths may differ), indexed by rank, over the
         bootstrap sockets. Collective; bounded by the bootstrap timeout."""
         data = bytes(data)
-        h = self._handle_or_raise("all_gather")
-        lengths = self._gather_fixed(h, struct.pack("<Q", len(data)))
-        sizes = [struct.unpack("<Q", x)[0] for x in lengths]
-        width = max(sizes)
-        if width == 0:
-            return [b""] * self.size
-        if width > 2**31 - 1:
-            raise InvalidArgumentError(
-                Result.INVALID_ARGUMENT, f"{width} bytes per rank: at most 2^31 - 1", "all_gather"
-            )
-        padded = self._gather_fixed(h, data.ljust(width, b"\0"))
+        with self._use("all_gather") as h:
+            lengths = self._gather_fixed(h, struct.pack("<Q", len(data)))
+            sizes = [struct.unpack("<Q", x)[0] for x in lengths]
+            width = max(sizes)
+            if width == 0:
+                return [b""] * self.size
+            if width > 2**31 - 1:
+                raise InvalidArgumentError(
+                    Result.INVALID_ARGUMENT, f"{width} bytes per rank: at most 2^31 - 1", "all_gather"
+                )
+            padded = self._gather_fixed(h, data.ljust(width, b"\0"))
         return [chunk[:size] for chunk, size in zip(padded, sizes)]
 
     def _gather_fixed(self, h: int, mine: bytes) -> list[bytes]:
@@ -353,7 +419,8 @@ class Communicator:
 
     def barrier(self) -> None:
         """Returns once every rank has called it (bounded by the bootstrap timeout)."""
-        n.call("mscclppBootstrapBarrier", self._handle_or_raise("barrier"))
+        with self._use("barrier") as h:
+            n.call("mscclppBootstrapBarrier", h)
 
     # --- Connections -----------------------------------------------------------------------
 
@@ -384,7 +451,6 @@ class Communicator:
 
         Nothing is created until :meth:`setup`.
         """
-        h = self._handle_or_raise("connect")
         buf = as_buffer(buffer)
         size = buf.nbytes
         if nbytes is not None:
@@ -395,16 +461,17 @@ class Communicator:
         tag = _check_int("tag", tag, 2**31 - 1, "connect", lo=-(2**31))
         if ib_dev is not None and not isinstance(ib_dev, str):
             raise TypeError(f"ib_dev must be a str or None, not {type(ib_dev).__name__}")
-        n.call(
-            "mscclppConnect",
-            h,
-            peer,
-            tag,
-            buf.address or None,
-            size,
-            int(t),
-            ib_dev.encode() if ib_dev is not None else None,
-        )
+        with self._use("connect") as h:
+            n.call(
+                "mscclppConnect",
+                h,
+                peer,
+                tag,
+                buf.address or None,
+                size,
+                int(t),
+                ib_dev.encode() if ib_dev is not None else None,
+            )
         conn = Connection(self, peer, tag, buf, t, ib_dev)
         self._connections.append(conn)
         self._pending.append(conn)
@@ -418,35 +485,37 @@ class Communicator:
     def setup(self) -> None:
         """Establishes every connection declared since the last setup (``mscclppConnectionSetup``,
         collective between the peers of each connection). Bounded by the bootstrap timeout."""
-        h = self._handle_or_raise("setup")
-        n.call("mscclppConnectionSetup", h)
-        for conn in self._pending:
-            ptr = ctypes.c_void_p()
-            n.call("mscclppGetDeviceConnection", h, conn.remote_rank, conn.tag, ctypes.byref(ptr))
-            conn._devconn = ptr.value
-        self._pending = []
+        with self._use("setup") as h:
+            n.call("mscclppConnectionSetup", h)
+            for conn in self._pending:
+                ptr = ctypes.c_void_p()
+                n.call("mscclppGetDeviceConnection", h, conn.remote_rank, conn.tag, ctypes.byref(ptr))
+                conn._devconn = ptr.value
+            self._pending = []
 
     def device_connections(self) -> DeviceConnections:
         """The ``mscclppDevConn_t`` array of every connection set up, in :meth:`connect` order
         (``mscclppGetAllDeviceConnections``): hand it to a kernel (see :class:`DeviceConnections`)."""
-        h = self._handle_or_raise("device_connections")
         ptr = ctypes.c_void_p()
         count = ctypes.c_int()
-        n.call("mscclppGetAllDeviceConnections", h, ctypes.byref(ptr), ctypes.byref(count))
-        data = ctypes.string_at(ptr.value or 0, count.value * DEVCONN_BYTES) if count.value else b""
+        with self._use("device_connections") as h:
+            n.call("mscclppGetAllDeviceConnections", h, ctypes.byref(ptr), ctypes.byref(count))
+            data = ctypes.string_at(ptr.value or 0, count.value * DEVCONN_BYTES) if count.value else b""
         ranks = [struct.unpack_from("<i", data, i * DEVCONN_BYTES)[0] for i in range(count.value)]
-        return DeviceConnections(data, ptr.value or 0, ranks)
+        return DeviceConnections(data, ptr.value or 0, ranks, self)
 
     def launch_proxy(self) -> None:
         """Starts the proxy threads (``mscclppProxyLaunch``), after :meth:`setup`."""
-        n.call("mscclppProxyLaunch", self._handle_or_raise("launch_proxy"))
+        with self._use("launch_proxy") as h:
+            n.call("mscclppProxyLaunch", h)
         self._proxy_running = True
 
     def stop_proxy(self) -> None:
         """Lets the proxies finish what was pushed, joins them, and raises the first error any of
         them met (``mscclppProxyStop``)."""
         self._proxy_running = False
-        n.call("mscclppProxyStop", self._handle_or_raise("stop_proxy"))
+        with self._use("stop_proxy") as h:
+            n.call("mscclppProxyStop", h)
 
     @contextlib.contextmanager
     def proxy(self) -> Iterator["Communicator"]:
@@ -469,7 +538,8 @@ class Communicator:
     def async_error(self) -> Optional[MscclppError]:
         """A proxy thread's sticky error (``mscclppCommGetAsyncError``) as an exception, or None."""
         code = ctypes.c_int()
-        n.call("mscclppCommGetAsyncError", self._handle_or_raise("async_error"), ctypes.byref(code))
+        with self._use("async_error") as h:
+            n.call("mscclppCommGetAsyncError", h, ctypes.byref(code))
         if code.value == 0:
             return None
         return n.error(
@@ -483,13 +553,8 @@ class Communicator:
         (``mscclppRegisterBuffer``; collective, after :meth:`setup`)."""
         buf = as_buffer(buffer)
         handle = n.RegisteredMemoryStruct()
-        n.call(
-            "mscclppRegisterBuffer",
-            self._handle_or_raise("register_buffer"),
-            buf.address,
-            buf.nbytes,
-            ctypes.byref(handle),
-        )
+        with self._use("register_buffer") as h:
+            n.call("mscclppRegisterBuffer", h, buf.address, buf.nbytes, ctypes.byref(handle))
         reg = RegisteredMemory(self, buf, handle)
         self._registered.append(reg)
         return reg
@@ -498,13 +563,37 @@ class Communicator:
 
     def close(self) -> None:
         """Stops the proxies and frees the communicator and its connections
-        (``mscclppCommDestroy``). Idempotent. The connections' buffers may be freed after it."""
+        (``mscclppCommDestroy``). Idempotent. The connections' buffers may be freed after it.
+
+        Calls of other threads on it that are inside the library then end (a wait or flush with
+        an error: the stop releases them) before it is freed. Dropping the last reference to the
+        communicator closes it at once (connections hold it weakly). In a fork child it only
+        forgets the handle: the parent's communicator is the parent's to destroy."""
         with self._lock:
             h, self._handle = self._handle, None
-        if h is not None:
-            for c in self._connections:
-                c._devconn = None
-            n.call("mscclppCommDestroy", h)
+            busy = self._calls
+        if h is None:
+            return
+        for c in self._connections:
+            c._devconn = None
+        if os.getpid() != self._pid:
+            return
+        if busy:
+            # Their waits end on the stop's abort; a stop that fails (none running) is fine.
+            with contextlib.suppress(MscclppError):
+                n.call("mscclppProxyStop", h)
+            with self._lock:
+                # Ends when the last call left, or at the bound.
+                left = self._idle.wait_for(lambda: self._calls == 0, timeout=_CALLS_LEAVE_S)
+            if not left:
+                warnings.warn(
+                    f"mscclpp_rs: a call on the communicator did not leave the library within "
+                    f"{_CALLS_LEAVE_S:.0f} s of close(): the communicator is leaked, not freed under it",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                return
+        n.call("mscclppCommDestroy", h)
 
     @property
     def closed(self) -> bool:
