@@ -293,6 +293,40 @@ def test_kernel_source_compiles_with_nvcc(tmp_path: Path) -> None:
     subprocess.run([nvcc, "-arch=sm_90", *m.compile_flags(), "-c", str(src), "-o", str(tmp_path / "k.o")], check=True)
 
 
+def _old_libfabric(tmp_path: Path) -> Path:
+    """A directory holding a libfabric.so.1 whose fi_version() says 1.11 (Ubuntu 22.04's),
+    built with the system's C compiler; skips where there is none."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build a stand-in for an old libfabric")
+    src = tmp_path / "old.c"
+    src.write_text("unsigned fi_version(void) { return (1u << 16) | 11u; }\n")
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-Wl,-soname,libfabric.so.1", "-o", str(tmp_path / "libfabric.so.1"), str(src)],
+        check=True,
+    )
+    return tmp_path
+
+
+def test_old_system_libfabric_is_refused(tmp_path: Path) -> None:
+    # libfabric 1.11 answers the library's FI_VERSION(1, 17) with -FI_ENOSYS on every endpoint.
+    env = dict(os.environ, LD_LIBRARY_PATH=str(_old_libfabric(tmp_path)), MSCCLPP_PY_LIBFABRIC="system")
+    code = "import mscclpp_rs as m; m.version()"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "libfabric 1.11" in out.stderr and "older than 1.17" in out.stderr, out.stderr
+
+
+def test_old_system_libfabric_falls_back_to_the_bundled(tmp_path: Path) -> None:
+    if not (Path(m.__file__).parent / "lib" / "libfabric").is_dir():
+        pytest.skip("this install bundles no libfabric")
+    env = dict(os.environ, LD_LIBRARY_PATH=str(_old_libfabric(tmp_path)), MSCCLPP_PY_LIBFABRIC="auto")
+    code = "import mscclpp_rs as m; assert m.version() == 100; print(m.libfabric_path())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "/mscclpp_rs/lib/libfabric/" in out.stdout, out.stdout
+    assert "older than 1.17" in out.stderr and "loading the bundled libfabric" in out.stderr, out.stderr
+
+
 def test_bundled_libfabric_loads() -> None:
     # A process that takes the wheel's libfabric even where the system has one.
     code = (

@@ -15,6 +15,7 @@ import ctypes
 import enum
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -168,6 +169,36 @@ def _load_bundled_libfabric() -> None:
     )
 
 
+# The libfabric API version the library asks for (FI_VERSION(1, 17), src/transport/net/
+# fabric.rs): an older libfabric answers every fi_getinfo with -FI_ENOSYS ("Requested version
+# is newer than library"), so every IB and SHM endpoint would fail.
+LIBFABRIC_API = (1, 17)
+
+
+def _load_system_libfabric() -> Optional[str]:
+    """Loads the system's libfabric.so.1 if it is recent enough (kept for the process); else
+    unloads it again and returns why not. Raises OSError when there is none."""
+    probe = ctypes.CDLL("libfabric.so.1")
+    fn = probe.fi_version
+    fn.restype = ctypes.c_uint32
+    fn.argtypes = []
+    v = fn()
+    got = (v >> 16, v & 0xFFFF)
+    if got >= LIBFABRIC_API:
+        _keep.append(probe)
+        return None
+    path = libfabric_path() or "libfabric.so.1"
+    # Unloaded again, so that libmscclpp's NEEDED libfabric.so.1 is not bound to it (the
+    # dynamic linker matches an already-loaded library by its soname).
+    import _ctypes
+
+    _ctypes.dlclose(probe._handle)
+    return (
+        f"the system libfabric {got[0]}.{got[1]} ({path}) is older than "
+        f"{LIBFABRIC_API[0]}.{LIBFABRIC_API[1]}, which the library needs"
+    )
+
+
 def _load() -> ctypes.CDLL:
     mode = os.environ.get("MSCCLPP_PY_LIBFABRIC", "auto")
     if mode not in ("auto", "system", "bundled"):
@@ -177,15 +208,17 @@ def _load() -> ctypes.CDLL:
             f"mscclpp_rs: {LIBRARY_PATH} is missing: install the package with "
             "`pip install ./python` from the repository (or a wheel built from it)"
         )
-    system_error = None
+    why_not: Optional[str] = None  # why the system's libfabric is not used
     if mode != "bundled":
         try:
-            _keep.append(ctypes.CDLL("libfabric.so.1"))
+            why_not = _load_system_libfabric()
         except OSError as e:
-            system_error = e
-            if mode == "system":
-                raise ImportError(f"mscclpp_rs: MSCCLPP_PY_LIBFABRIC=system: {e}") from e
-    if mode == "bundled" or system_error is not None:
+            why_not = str(e)
+        if why_not is not None and mode == "system":
+            raise ImportError(f"mscclpp_rs: MSCCLPP_PY_LIBFABRIC=system: {why_not}")
+        if why_not is not None and BUNDLED_LIBFABRIC_DIR.is_dir():
+            warnings.warn(f"mscclpp_rs: {why_not}: loading the bundled libfabric", RuntimeWarning, stacklevel=2)
+    if mode == "bundled" or why_not is not None:
         _load_bundled_libfabric()
     lib = ctypes.CDLL(str(LIBRARY_PATH))
     _declare(lib)
