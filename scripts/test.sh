@@ -193,12 +193,14 @@ soak() {
 }
 
 # The Python package (python/): pip builds it into a venv (scikit-build-core from PyPI; cargo
-# reuses the release build of "cmake install" in $CARGO_TARGET_DIR), then its pytest suite on
-# host memory: 2-4 ranks over tcp and shm, bad arguments, dead peers, README's example.
+# reuses the release build of "cmake install" in $CARGO_TARGET_DIR), the public API's types
+# (`mypy --strict`, python/pyproject.toml), then its pytest suite on host memory: 2-4 ranks
+# over tcp and shm, bad arguments, dead peers, lifetimes, README's example.
 python_pkg() {
   local venv=$build/python-venv
   [[ -x $venv/bin/python ]] || python3 -m venv "$venv" || return 1
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check ./python pytest numpy || return 1
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check ./python pytest numpy mypy || return 1
+  (cd python && "$venv/bin/python" -m mypy) || return 1
   (cd python && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
 }
 
