@@ -259,7 +259,36 @@ def close_while_waiting(transport: str) -> None:
     assert ended and ended[0] != "returned", ended
 
 
+def wait_timeout(transport: str) -> None:
+    """Rank 0 waits for a signal that never comes (MSCCLPP_WAIT_TIMEOUT set small by the test):
+    the error is a TimeoutError as well as a RemoteError."""
+    import contextlib
+
+    comm = m.Communicator.from_env()
+    buf = np.zeros(4096, dtype=np.uint8)
+    conn = comm.connect(1 - comm.rank, buf, transport=transport)
+    comm.setup()
+    comm.launch_proxy()
+    comm.barrier()
+    if comm.rank == 0:
+        t0 = time.monotonic()
+        try:
+            conn.wait()
+        except TimeoutError as e:
+            assert isinstance(e, m.RemoteError) and isinstance(e, m.MscclppTimeoutError), repr(e)
+            assert e.code == m.Result.REMOTE_ERROR and "timed out after" in e.message, e.message
+            print(f"RESULT timeout {time.monotonic() - t0:.1f}s: {e}")
+        else:
+            raise AssertionError("wait() returned without a signal")
+    comm.barrier()  # rank 1 stays until rank 0's wait has ended
+    with contextlib.suppress(m.MscclppError):
+        comm.stop_proxy()
+    with contextlib.suppress(m.MscclppError):
+        comm.close()
+
+
 SCENARIOS = {
+    "wait_timeout": wait_timeout,
     "dropped": dropped,
     "close_while_waiting": close_while_waiting,
     "allgather": allgather,

@@ -71,3 +71,10 @@ def test_close_while_another_thread_waits() -> None:
     assert r1.returncode == 0, r1.out
     m = re.search(r"^RESULT closed ([\d.]+)s", r0.out, re.M)
     assert m and float(m.group(1)) < 10, r0.out  # a hang bound (the wait timeout is 20 s)
+
+
+def test_a_wait_past_its_timeout_is_a_timeout_error() -> None:
+    r0, r1 = run_ranks(2, "wait_timeout", "ib", env={"MSCCLPP_WAIT_TIMEOUT": "2"}, timeout=60)
+    assert r0.returncode == 0, r0.out
+    assert r1.returncode == 0, r1.out
+    assert "RESULT timeout" in r0.out, r0.out

@@ -100,7 +100,14 @@ class RemoteError(MscclppError):
     """``mscclppRemoteError``: a peer failed, went away, or did not answer in time.
 
     Timeouts (bootstrap, waits, flushes) are reported with this code; the message says which.
+    A call that itself ran out of time raises :class:`MscclppTimeoutError`, a subclass.
     """
+
+
+class MscclppTimeoutError(RemoteError, TimeoutError):
+    """A :class:`RemoteError` whose call ran out of its time (``MSCCLPP_WAIT_TIMEOUT`` for
+    waits and flushes): also a built-in ``TimeoutError``, so ``except TimeoutError`` catches it.
+    The library's text for it starts with "timed out after N ms"."""
 
 
 class InProgressError(MscclppError):
@@ -124,6 +131,10 @@ def error(code: int, message: str, call: str) -> MscclppError:
         res = Result(code)
     except ValueError:
         return MscclppError(Result.INTERNAL_ERROR, f"unknown result code {code}: {message}", call)
+    # The library's text is "<call>: <error>"; its timeout error reads "timed out after N ms: ..."
+    # (src/error.rs, Error::Timeout).
+    if res == Result.REMOTE_ERROR and message.removeprefix(f"{call}: ").startswith("timed out after "):
+        return MscclppTimeoutError(res, message, call)
     return _ERRORS.get(res, MscclppError)(res, message, call)
 
 
