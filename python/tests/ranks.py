@@ -287,7 +287,42 @@ def wait_timeout(transport: str) -> None:
         comm.close()
 
 
+def from_torch(port: str) -> None:
+    """Communicators from torch.distributed process groups (gloo, on CPU): the whole job, and
+    a group of ranks 1.. (its rank 0 is global rank 1, the broadcast's source)."""
+    import torch.distributed as dist
+
+    env = m.launch_env()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=env.rank, world_size=env.nranks)
+    try:
+        with m.Communicator.from_torch() as comm:
+            assert (comm.rank, comm.size) == (env.rank, env.nranks), comm
+            assert comm.all_gather(bytes([comm.rank]) * 3) == [bytes([r]) * 3 for r in range(comm.size)]
+        tail = dist.new_group(list(range(1, env.nranks)))  # collective: every rank calls it
+        if env.rank >= 1:
+            with m.Communicator.from_torch(tail) as comm:
+                assert (comm.rank, comm.size) == (env.rank - 1, env.nranks - 1), comm
+                got = comm.all_gather(bytes([env.rank]))
+                assert got == [bytes([r]) for r in range(1, env.nranks)], got
+    finally:
+        dist.destroy_process_group()
+    print(f"rank {env.rank}: from_torch ok")
+
+
+def from_mpi() -> None:
+    """A communicator from mpi4py's COMM_WORLD (run under mpiexec)."""
+    from mpi4py import MPI
+
+    with m.Communicator.from_mpi() as comm:
+        w = MPI.COMM_WORLD
+        assert (comm.rank, comm.size) == (w.Get_rank(), w.Get_size()), comm
+        assert comm.all_gather(bytes([comm.rank])) == [bytes([r]) for r in range(comm.size)]
+    print(f"rank {w.Get_rank()}: from_mpi ok")
+
+
 SCENARIOS = {
+    "from_torch": from_torch,
+    "from_mpi": from_mpi,
     "wait_timeout": wait_timeout,
     "dropped": dropped,
     "close_while_waiting": close_while_waiting,

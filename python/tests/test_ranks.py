@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 
 import pytest
-from conftest import assert_all_ok, run_ranks
+from conftest import RANKS, assert_all_ok, free_port, run_ranks
 
 
 @pytest.mark.parametrize(
@@ -78,3 +82,23 @@ def test_a_wait_past_its_timeout_is_a_timeout_error() -> None:
     assert r0.returncode == 0, r0.out
     assert r1.returncode == 0, r1.out
     assert "RESULT timeout" in r0.out, r0.out
+
+
+def test_from_torch_distributed() -> None:
+    # Where PyTorch is installed (the GPU machine's python3; not CI's venv).
+    pytest.importorskip("torch.distributed")
+    assert_all_ok(run_ranks(3, "from_torch", str(free_port())))
+
+
+def test_from_mpi4py() -> None:
+    # Where mpi4py and an MPI launcher are installed.
+    pytest.importorskip("mpi4py")
+    mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
+    if mpiexec is None:
+        pytest.skip("no mpiexec")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    out = subprocess.run(
+        [mpiexec, "-n", "2", sys.executable, str(RANKS), "from_mpi"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("from_mpi ok") == 2, out.stdout

@@ -354,6 +354,35 @@ class Communicator:
         env = launch_env(root)
         return cls(env.root, env.rank, env.nranks)
 
+    @classmethod
+    def from_torch(cls, group: Any = None) -> "Communicator":
+        """A communicator of the ranks of a ``torch.distributed`` process group (default: the
+        whole job), in the group's rank order, for a job whose process group is up already
+        (``torch.distributed.init_process_group``, any backend): the group's rank 0 makes the
+        unique id (:func:`unique_id`; its host becomes the bootstrap root) and the group
+        broadcasts it (``broadcast_object_list``). Collective over the group."""
+        import torch.distributed as dist  # optional dependency
+
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        obj: list[Any] = [bytes(unique_id()) if rank == 0 else None]
+        # The broadcast's source is a global rank: the group's rank 0's.
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast_object_list(obj, src=src, group=group)
+        return cls(UniqueId(obj[0]), rank, size)
+
+    @classmethod
+    def from_mpi(cls, comm: Any = None) -> "Communicator":
+        """A communicator of the ranks of an mpi4py communicator (default ``MPI.COMM_WORLD``), in
+        its rank order: its rank 0 makes the unique id and ``comm.bcast`` hands it to the
+        others. Collective over ``comm``."""
+        if comm is None:
+            from mpi4py import MPI  # optional dependency
+
+            comm = MPI.COMM_WORLD
+        rank, size = comm.Get_rank(), comm.Get_size()
+        uid = comm.bcast(bytes(unique_id()) if rank == 0 else None, root=0)
+        return cls(UniqueId(uid), rank, size)
+
     def _query(self, name: str) -> int:
         v = ctypes.c_int()
         with self._use(name) as h:
