@@ -129,10 +129,32 @@ def registered_write(transport: str) -> None:
             reg = comm.register_buffer(buf)
             src = pattern(me, 512, 9)
             reg.write(src, dst_offset=512 * me)
+            # The stream as users hold one (each the default stream here: host memory).
+            for stream in (_TorchStream(), _CupyStream(), _ProtocolStream(), 0):
+                reg.write(src, dst_offset=512 * me, stream=stream)
             comm.barrier()
             check(_with_mine(buf, src, me), n, 512, 9, me)
             comm.barrier()
     print(f"rank {me}: registered write ok")
+
+
+class _TorchStream:
+    """The attribute a torch.cuda.Stream has (PyTorch is not installed where this runs)."""
+
+    cuda_stream = 0
+
+
+class _CupyStream:
+    """The attribute a CuPy stream has."""
+
+    ptr = 0
+
+
+class _ProtocolStream:
+    """The __cuda_stream__ protocol (version, handle)."""
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, 0)
 
 
 def _with_mine(buf: np.ndarray, src: np.ndarray, me: int) -> np.ndarray:

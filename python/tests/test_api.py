@@ -161,6 +161,28 @@ def test_fork_child_neither_uses_nor_destroys(calls) -> None:
     assert calls.count("mscclppCommDestroy") == 1
 
 
+def test_stream_arguments() -> None:
+    from mscclpp_rs._comm import _stream_handle
+
+    class Torchish:
+        cuda_stream = 0x7F00
+
+    class Protocol:
+        def __cuda_stream__(self) -> tuple[int, int]:
+            return (0, 0x7F10)
+
+    assert _stream_handle(Torchish(), "write") == 0x7F00
+    assert _stream_handle(Protocol(), "write") == 0x7F10
+    assert _stream_handle(2, "write") == 2
+    with pytest.raises(TypeError, match="torch.cuda.Stream"):
+        _stream_handle("s1", "write")
+    # A CUDA array's producer stream (__cuda_array_interface__ v3) is kept with the buffer.
+    assert m.as_buffer(_CAI(0x1000, (4,), "|u1")).stream is None
+    cai = _CAI(0x1000, (4,), "|u1")
+    cai.__cuda_array_interface__["stream"] = 2
+    assert m.as_buffer(cai).stream == 2
+
+
 def test_one_rank_collectives(comm1) -> None:
     assert (comm1.rank, comm1.size) == (0, 1)
     assert comm1.all_gather(b"abc") == [b"abc"]

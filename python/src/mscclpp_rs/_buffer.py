@@ -29,6 +29,10 @@ class Buffer:
     kind: str  # "cuda_array_interface", "buffer", "dlpack" or "address"
     owner: Any
     device: str = "unknown"  # "cuda", "cpu" or "unknown" (as the object says; the library checks)
+    # The stream the producer said to synchronize with before use (``__cuda_array_interface__``
+    # v3 "stream": 1 the legacy default stream, 2 the per-thread one, else a cudaStream_t), or
+    # None when it said nothing.
+    stream: Optional[int] = None
 
     def __repr__(self) -> str:
         return f"Buffer(address=0x{self.address:x}, nbytes={self.nbytes}, kind={self.kind!r}, device={self.device!r})"
@@ -60,7 +64,15 @@ def _from_cai(obj: Any) -> Buffer:
     strides = cai.get("strides")
     if not _contiguous(shape, None if strides is None else tuple(strides), itemsize):
         raise _bad(f"the array is not contiguous (shape {shape}, strides {strides})")
-    return Buffer(int(address or 0), math.prod(shape) * itemsize, "cuda_array_interface", obj, "cuda")
+    stream = cai.get("stream")
+    return Buffer(
+        int(address or 0),
+        math.prod(shape) * itemsize,
+        "cuda_array_interface",
+        obj,
+        "cuda",
+        None if stream is None else int(stream),
+    )
 
 
 def _from_buffer_protocol(obj: Any) -> Buffer:

@@ -25,6 +25,27 @@ _U32_MAX = (1 << 32) - 1
 _CALLS_LEAVE_S = 60.0
 
 
+def _stream_handle(stream: Any, call: str) -> int:
+    """A ``cudaStream_t`` as an int from what users hold: an int, an object with the
+    ``__cuda_stream__`` protocol (``(version, handle)``), a ``torch.cuda.Stream``
+    (``.cuda_stream``) or a CuPy stream (``.ptr``)."""
+    if hasattr(stream, "__cuda_stream__"):
+        handle = stream.__cuda_stream__()[1]
+    elif hasattr(stream, "cuda_stream"):
+        handle = stream.cuda_stream
+    elif hasattr(stream, "ptr") and not isinstance(stream, int):
+        handle = stream.ptr
+    else:
+        handle = stream
+    try:
+        return _check_int("stream", handle, 2**63 - 1, call)
+    except TypeError:
+        raise TypeError(
+            f"{call}: stream must be an int (a cudaStream_t), a torch.cuda.Stream, a CuPy stream or an "
+            f"object with __cuda_stream__, not {type(stream).__name__}"
+        ) from None
+
+
 def _gone(what: str, call: str) -> InvalidUsageError:
     return InvalidUsageError(
         Result.INVALID_USAGE,
@@ -274,12 +295,15 @@ class RegisteredMemory:
         return c
 
     def write(
-        self, src: Any, size: Optional[int] = None, src_offset: int = 0, dst_offset: int = 0, stream: int = 0
+        self, src: Any, size: Optional[int] = None, src_offset: int = 0, dst_offset: int = 0, stream: Any = None
     ) -> None:
         """Writes ``size`` bytes (default: all of ``src`` from ``src_offset``) of ``src`` at
         ``src_offset`` to ``dst_offset`` of every connected peer's registered buffer, and returns
         once they arrived (``mscclppRegisteredBufferWrite``; for CUDA memory, work queued on
-        ``stream``, a ``cudaStream_t`` as an int, completes first). The peers' proxies must run."""
+        ``stream`` completes first: a ``cudaStream_t`` as an int, a ``torch.cuda.Stream``, a
+        CuPy stream or any object with ``__cuda_stream__``; by default the stream ``src``'s
+        ``__cuda_array_interface__`` names, else the default stream). The peers' proxies must
+        run."""
         buf = as_buffer(src)
         so = _check_int("src_offset", src_offset, _U32_MAX, "write")
         do = _check_int("dst_offset", dst_offset, _U32_MAX, "write")
@@ -290,7 +314,7 @@ class RegisteredMemory:
                 f"src_offset {so} + size {size} is past the source's {buf.nbytes} bytes",
                 "write",
             )
-        st = _check_int("stream", stream, 2**63 - 1, "write")
+        st = _stream_handle(stream, "write") if stream is not None else (buf.stream or 0)
         with self.comm._use("write") as h:
             n.call("mscclppRegisteredBufferWrite", h, ctypes.byref(self._handle), buf.address, size, so, do, st)
 
