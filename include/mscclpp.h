@@ -514,7 +514,9 @@ const char *mscclppGetLastError(void);
 
 /**
  * The first asynchronous error (a proxy thread's) of `comm`, or `mscclppSuccess`. Such an error
- * is sticky: every later call on `comm` that needs the proxies fails with it.
+ * is sticky: every later call on `comm` that needs the proxies fails with it. When it reports
+ * one, `mscclppGetLastError()` on this thread then gives that error's text (the call itself
+ * succeeded: the text is of the failure it reports).
  */
 enum mscclppResult_t mscclppCommGetAsyncError(mscclppComm_t comm, enum mscclppResult_t *asyncError);
 

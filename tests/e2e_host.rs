@@ -1364,8 +1364,15 @@ fn out_of_range_trigger(e: Env) {
             mscclppRemoteError,
             "flush must fail once the proxy refused a trigger"
         );
-        assert_eq!(async_error(c), mscclppInvalidArgument);
         assert!(last_error().contains("aborted"), "{}", last_error());
+        assert_eq!(async_error(c), mscclppInvalidArgument);
+        // The query gives the sticky error's own text, not only its code.
+        assert!(
+            last_error().starts_with("mscclppCommGetAsyncError: ")
+                && last_error().contains("put refused"),
+            "{}",
+            last_error()
+        );
         assert_eq!(mscclppProxyStop(c), mscclppRemoteError);
         // Sticky: later calls that need the proxies report it too.
         assert_eq!(mscclppProxyLaunch(c), mscclppRemoteError);

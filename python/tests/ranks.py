@@ -342,7 +342,39 @@ def from_mpi() -> None:
     print(f"rank {w.Get_rank()}: from_mpi ok")
 
 
+def async_text(transport: str) -> None:
+    """Rank 0 puts past rank 1's buffer: its proxy refuses it, and async_error() carries the
+    library's text for that, not only the code."""
+    import contextlib
+
+    comm = m.Communicator.from_env()
+    buf = np.zeros(4096, dtype=np.uint8)
+    conn = comm.connect(1 - comm.rank, buf, transport=transport)
+    comm.setup()
+    comm.launch_proxy()
+    comm.barrier()
+    if comm.rank == 0:
+        conn.put(4000, 200)  # accepted here; the proxy checks the peer's range
+        try:
+            conn.flush()
+        except m.RemoteError:
+            pass
+        e = comm.async_error()
+        assert isinstance(e, m.InvalidArgumentError) and "put refused" in e.message, repr(e)
+        print(f"RESULT async_error: {e}")
+    else:
+        deadline = time.monotonic() + 20
+        while comm.async_error() is None:  # the peer's abort arrives in milliseconds
+            assert time.monotonic() < deadline, "rank 0's abort never arrived"
+            time.sleep(0.01)
+    with contextlib.suppress(m.MscclppError):
+        comm.stop_proxy()
+    with contextlib.suppress(m.MscclppError):
+        comm.close()
+
+
 SCENARIOS = {
+    "async_text": async_text,
     "from_torch": from_torch,
     "from_mpi": from_mpi,
     "wait_timeout": wait_timeout,

@@ -102,3 +102,10 @@ def test_from_mpi4py() -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("from_mpi ok") == 2, out.stdout
+
+
+def test_async_error_carries_the_library_text() -> None:
+    r0, r1 = run_ranks(2, "async_text", "ib", timeout=60)
+    assert r0.returncode == 0, r0.out
+    assert r1.returncode == 0, r1.out
+    assert "RESULT async_error" in r0.out, r0.out

@@ -197,7 +197,9 @@ pub extern "C" fn mscclppGetLastError() -> *const c_char {
 }
 
 /// The first asynchronous error (a proxy thread's) of `comm`, or `mscclppSuccess`. Such an error
-/// is sticky: every later call on `comm` that needs the proxies fails with it.
+/// is sticky: every later call on `comm` that needs the proxies fails with it. When it reports
+/// one, `mscclppGetLastError()` on this thread then gives that error's text (the call itself
+/// succeeded: the text is of the failure it reports).
 #[no_mangle]
 pub extern "C" fn mscclppCommGetAsyncError(
     comm: mscclppComm_t,
@@ -208,11 +210,13 @@ pub extern "C" fn mscclppCommGetAsyncError(
         let cell = get_comm(comm)?;
         // Not through `with_comm`'s lock on the whole comm: reading the sticky error must work
         // while another thread is inside a long call on the same comm.
-        let r = cell
-            .sticky
-            .get()
-            .map(|x| x.0)
-            .unwrap_or(mscclppResult_t::mscclppSuccess);
+        let r = match cell.sticky.get() {
+            Some((code, msg)) => {
+                super::set_last_error(&format!("mscclppCommGetAsyncError: {msg}"));
+                code
+            }
+            None => mscclppResult_t::mscclppSuccess,
+        };
         put_out(asyncError, r);
         Ok(())
     })

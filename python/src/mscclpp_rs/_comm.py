@@ -589,17 +589,16 @@ class Communicator:
             self.stop_proxy()
 
     def async_error(self) -> Optional[MscclppError]:
-        """A proxy thread's sticky error (``mscclppCommGetAsyncError``) as an exception, or None."""
+        """A proxy thread's sticky error (``mscclppCommGetAsyncError``) as an exception with the
+        library's text for it, or None. Does not stop the proxies."""
         code = ctypes.c_int()
         with self._use("async_error") as h:
             n.call("mscclppCommGetAsyncError", h, ctypes.byref(code))
+            # The library sets this thread's last-error text to the error it reports.
+            text = n.last_error() if code.value != 0 else ""
         if code.value == 0:
             return None
-        return n.error(
-            code.value,
-            "a proxy thread failed (its error was logged; stop_proxy() raises it)",
-            "mscclppCommGetAsyncError",
-        )
+        return n.error(code.value, text or "a proxy thread failed", "mscclppCommGetAsyncError")
 
     def register_buffer(self, buffer: Any) -> RegisteredMemory:
         """Registers ``buffer`` with every connection and exchanges it with the connected peers
