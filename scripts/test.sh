@@ -195,13 +195,24 @@ soak() {
 # The Python package (python/): pip builds it into a venv (scikit-build-core from PyPI; cargo
 # reuses the release build of "cmake install" in $CARGO_TARGET_DIR), the public API's types
 # (`mypy --strict`, python/pyproject.toml), then its pytest suite on host memory: 2-4 ranks
-# over tcp and shm, bad arguments, dead peers, lifetimes, README's example.
+# over tcp and shm, bad arguments, dead peers, lifetimes, README's example; then an editable
+# install (`pip install -e ./python`) loads its library.
 python_pkg() {
   local venv=$build/python-venv
   [[ -x $venv/bin/python ]] || python3 -m venv "$venv" || return 1
   "$venv/bin/python" -m pip install -q --disable-pip-version-check ./python pytest numpy mypy || return 1
   (cd python && "$venv/bin/python" -m mypy) || return 1
-  (cd python && "$venv/bin/python" -m pytest -q -p no:cacheprovider)
+  (cd python && "$venv/bin/python" -m pytest -q -p no:cacheprovider) || return 1
+  # An editable install (pip install -e: scikit-build-core keeps the Python files in the
+  # source tree and installs the built library into site-packages) finds its library and
+  # headers.
+  local ev=$build/python-venv-editable
+  [[ -x $ev/bin/python ]] || python3 -m venv "$ev" || return 1
+  "$ev/bin/python" -m pip install -q --disable-pip-version-check -e ./python || return 1
+  (cd / && "$ev/bin/python" -c 'import os, mscclpp_rs as m
+assert m.version() == 100, m.version()
+assert os.path.isfile(os.path.join(m.include_dir(), "mscclpp.h")), m.include_dir()
+print("editable install: version", m.version(), "headers in", m.include_dir())')
 }
 
 total_start=$SECONDS

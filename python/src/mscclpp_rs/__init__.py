@@ -82,7 +82,7 @@ __all__ = [
 
 def include_dir() -> str:
     """The folder holding ``mscclpp.h`` and ``mscclpp/`` (pass it as ``-I``)."""
-    return str(_native.PACKAGE_DIR / "include")
+    return str(_native.DATA_DIR / "include")
 
 
 def lib_dir() -> str:

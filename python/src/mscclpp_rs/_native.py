@@ -14,13 +14,29 @@ from __future__ import annotations
 import ctypes
 import enum
 import os
+import sys
 import threading
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-LIB_DIR = PACKAGE_DIR / "lib"
+PACKAGE_DIR = Path(__file__).resolve().parent  # the Python files (and nvrtc/)
+
+
+def _data_dir() -> Path:
+    """The folder that holds what the build installed (lib/, include/): the package's own, or,
+    in an editable install (``pip install -e``: scikit-build-core's redirect mode keeps the
+    Python files in the source tree and installs the built ones into site-packages, and the
+    package's ``__path__`` lists both), the first ``__path__`` entry that has the library."""
+    pkg = sys.modules.get(__package__ or "")
+    for entry in getattr(pkg, "__path__", None) or []:
+        if (Path(entry) / "lib" / "libmscclpp.so.0").exists():
+            return Path(entry).resolve()
+    return PACKAGE_DIR
+
+
+DATA_DIR = _data_dir()
+LIB_DIR = DATA_DIR / "lib"
 LIBRARY_PATH = LIB_DIR / "libmscclpp.so.0"
 BUNDLED_LIBFABRIC_DIR = LIB_DIR / "libfabric"
 
