@@ -185,6 +185,16 @@ extern "C" {
 #define MSCCLPP_FIFO_DEV_RAW 8
 
 /**
+ * Word of a CUDA FIFO's device block where a push that gave up records its ticket: 1 + the
+ * highest ticket a producer took but never wrote, because the abort found it waiting for room
+ * (atomicMax; 0: none). Its slot may hold the zero that an earlier trigger's retirement left,
+ * which a wait would take for its own completion: while the word is not 0, no device wait on
+ * the FIFO reports completion (`waitCompleted`). `mscclppProxyLaunch` retires every ticket
+ * below it as a no-op and clears it (`Fifo::retire_abandoned`).
+ */
+#define MSCCLPP_FIFO_DEV_ABANDONED 9
+
+/**
  * The wait record: 8 words of pinned host memory at `triggerFifoTail + 8` (the cache line
  * after `[tail, abort]`), where a kernel whose wait has lasted the warn threshold says what it
  * waits for. Written by the owner only, as a sequence lock: SEQ odd while it writes.

@@ -80,6 +80,13 @@ pub const MSCCLPP_FIFO_DEV_RECORD_OWNER: usize = 7;
 /// connection on the FIFO waits until the FIFO's done word has passed it
 /// (include/mscclpp/devconn_methods.inc, `directPath`): it cannot tell whose work it is.
 pub const MSCCLPP_FIFO_DEV_RAW: usize = 8;
+/// Word of a CUDA FIFO's device block where a push that gave up records its ticket: 1 + the
+/// highest ticket a producer took but never wrote, because the abort found it waiting for room
+/// (atomicMax; 0: none). Its slot may hold the zero that an earlier trigger's retirement left,
+/// which a wait would take for its own completion: while the word is not 0, no device wait on
+/// the FIFO reports completion (`waitCompleted`). `mscclppProxyLaunch` retires every ticket
+/// below it as a no-op and clears it (`Fifo::retire_abandoned`).
+pub const MSCCLPP_FIFO_DEV_ABANDONED: usize = 9;
 
 /// The wait record: 8 words of pinned host memory at `triggerFifoTail + 8` (the cache line
 /// after `[tail, abort]`), where a kernel whose wait has lasted the warn threshold says what it
@@ -307,6 +314,9 @@ const _: () = {
     assert!(MSCCLPP_TRIGGER_CHUNK <= MSCCLPP_TRIGGER_SIZE_MASK);
     // The device block has DEV_WORDS (16) words; the record fills one 64-byte line.
     assert!(MSCCLPP_FIFO_DEV_RAW < 16 && MSCCLPP_RECORD_OTHERS_EXPIRED < 8);
+    assert!(
+        MSCCLPP_FIFO_DEV_ABANDONED == MSCCLPP_FIFO_DEV_RAW + 1 && MSCCLPP_FIFO_DEV_ABANDONED < 16
+    );
     // The epoch block: the peer's words (1, 3) in the first 32 bytes, which is what a P2P
     // block exports; the read-only words on the next 32; every word inside the block.
     assert!(MSCCLPP_EPOCH_DIRECT == 3 && MSCCLPP_EPOCH_DIRECT_BYTES == 4);

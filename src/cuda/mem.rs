@@ -55,6 +55,22 @@ impl DeviceMem {
         let _g = CtxGuard::enter(self.device)?;
         with_util_stream(self.device, |s| s.upload(self.ptr + offset as u64, &bytes))
     }
+    /// Reads the u64 at byte `offset` (8-byte aligned, inside the allocation): a private
+    /// stream and a wait, as in `write_words`; not for the hot path.
+    pub fn read_u64(&self, offset: usize) -> Result<u64> {
+        if offset % 8 != 0 || offset + 8 > self.len {
+            return Err(crate::error::Error::internal(format!(
+                "8-byte load at offset {offset} of a {}-byte device allocation",
+                self.len
+            )));
+        }
+        let mut b = [0u8; 8];
+        let _g = CtxGuard::enter(self.device)?;
+        with_util_stream(self.device, |s| {
+            s.download(self.ptr + offset as u64, &mut b)
+        })?;
+        Ok(u64::from_ne_bytes(b))
+    }
     pub fn len(&self) -> usize {
         self.len
     }

@@ -102,6 +102,20 @@ impl Stream {
         self.wait(|| "a copy of a few bytes into device memory".into())
     }
 
+    /// Copies `bytes.len()` bytes from device address `src` into `bytes` and waits for the copy
+    /// (bounded): for reads of a few words outside the hot path.
+    pub fn download(&self, src: u64, bytes: &mut [u8]) -> Result<()> {
+        check(
+            // SAFETY: `src..src + len` is device memory owned by the caller; `bytes` outlives the
+            // copy, which the wait below completes before returning; context current.
+            unsafe {
+                sys::cuMemcpyDtoHAsync_v2(bytes.as_mut_ptr().cast(), src, bytes.len(), self.raw)
+            },
+            || format!("cuMemcpyDtoHAsync({src:#x}, {} bytes)", bytes.len()),
+        )?;
+        self.wait(|| "a copy of a few bytes out of device memory".into())
+    }
+
     /// Queues a zero fill of `len` bytes at device address `addr`.
     pub fn memset0(&self, addr: u64, len: u64) -> Result<()> {
         // SAFETY: `addr..addr+len` is device memory owned by the caller; context current.

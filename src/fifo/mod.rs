@@ -291,8 +291,9 @@ const CTRL_BYTES: usize = 128;
 /// Words of a CUDA FIFO's device block: the ticket counter, the producers' tail cache, the
 /// done word, the switch that tells producers to poll it (see [`Fifo::done_word`]), their
 /// poll hint (`pollEither` in include/mscclpp/device.h), the device wait bounds
-/// (`MSCCLPP_FIFO_DEV_WARN_NS`, `..._LIMIT_NS`, `..._RECORD_OWNER`) and the last raw push
-/// with work (`MSCCLPP_FIFO_DEV_RAW`); two 64-byte lines.
+/// (`MSCCLPP_FIFO_DEV_WARN_NS`, `..._LIMIT_NS`, `..._RECORD_OWNER`), the last raw push
+/// with work (`MSCCLPP_FIFO_DEV_RAW`) and the mark of tickets given up on the abort
+/// (`MSCCLPP_FIFO_DEV_ABANDONED`); two 64-byte lines.
 const DEV_HEAD: usize = 0;
 const DEV_DONE: usize = 2;
 const DEV_DONE_ON: usize = 3;
@@ -554,6 +555,40 @@ impl Fifo {
             self.publish_tail();
         }
         n
+    }
+
+    /// CUDA FIFOs, at `mscclppProxyLaunch` after a stop that raised the abort (after
+    /// [`Fifo::discard`]): the tickets kernels took but never wrote, because the abort found
+    /// them waiting for room (`MSCCLPP_FIFO_DEV_ABANDONED`, 1 + the highest), are retired as
+    /// no-ops with every ticket before them, and the mark is cleared: the consumer does not
+    /// wait at their empty slots forever, and waits on later tickets trust a zero slot again.
+    /// Returns how many were retired. A kernel still pushing into the full FIFO while this runs
+    /// may give up a ticket after the mark was read; its slot then stays empty (said in
+    /// docs/DESIGN.md 5.1). Host FIFOs: 0 (their producers withdraw, `abandoned.rs`).
+    pub fn retire_abandoned(&mut self) -> Result<u64> {
+        let FifoMem::Cuda { _head, .. } = &*self._mem else {
+            return Ok(0);
+        };
+        let mark = _head.read_u64(MSCCLPP_FIFO_DEV_ABANDONED * 8)?;
+        let mut n = 0;
+        // Ends at the mark: every ticket below it was taken before it was read (the FIFO's
+        // head passed it), and written or given up long before (the stop's drain alone is a
+        // second).
+        while self.tail < mark {
+            let (w0, w1) = self.slot_words(self.tail);
+            w1.store(0, Ordering::Relaxed);
+            // Release, as in `pop`.
+            w0.store(0, Ordering::Release);
+            self.tail += 1;
+            n += 1;
+        }
+        if n > 0 {
+            self.publish_tail();
+        }
+        if mark != 0 {
+            _head.write_u64(MSCCLPP_FIFO_DEV_ABANDONED * 8, 0)?;
+        }
+        Ok(n)
     }
 
     fn slot_words(&self, idx: u64) -> (&AtomicU64, &AtomicU64) {

@@ -146,6 +146,17 @@ impl ProxyWork {
                     self.name
                 );
             }
+            match self.fifo.retire_abandoned() {
+                Ok(0) => {}
+                Ok(k) => crate::warn!(
+                    "{}: {k} tickets that kernels took but gave up on at the last stop's abort (the FIFO was full) were retired as no-ops (at mscclppProxyLaunch)",
+                    self.name
+                ),
+                Err(e) => crate::warn!(
+                    "{}: reading or clearing the FIFO's mark of given-up tickets failed ({e}): flushes on it may keep failing",
+                    self.name
+                ),
+            }
         }
     }
 
