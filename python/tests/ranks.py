@@ -196,20 +196,26 @@ def dead_peer(transport: str, when: str) -> None:
     raise AssertionError("wait() returned although the peer died")
 
 
-def _count_calls() -> list[str]:
-    """Records the name of every C call the package makes from now on (the package calls
-    through _native.call, looked up at each call)."""
-    import mscclpp_rs._native as native
+def _running_pair(transport: str) -> tuple[m.Communicator, m.Connection]:
+    """Two ranks' communicator, each connected to the other over 4 KiB, set up, proxies
+    running, past a barrier."""
+    comm = m.Communicator.from_env()
+    buf = np.zeros(4096, dtype=np.uint8)
+    conn = comm.connect(1 - comm.rank, buf, transport=transport)
+    comm.setup()
+    comm.launch_proxy()
+    comm.barrier()
+    return comm, conn
 
-    names: list[str] = []
-    orig = native.call
 
-    def counting(name: str, *args: object) -> None:
-        names.append(name)
-        orig(name, *args)
+def _quiet_close(comm: m.Communicator) -> None:
+    """Stop and close, whatever they say (after a test that failed the communicator)."""
+    import contextlib
 
-    native.call = counting
-    return names
+    with contextlib.suppress(m.MscclppError):
+        comm.stop_proxy()
+    with contextlib.suppress(m.MscclppError):
+        comm.close()
 
 
 def dropped(transport: str) -> None:
@@ -217,7 +223,9 @@ def dropped(transport: str) -> None:
     reference goes, once, on this thread; the kept connection then says so."""
     import weakref
 
-    calls = _count_calls()
+    from calls import count_calls
+
+    calls, _ = count_calls()
     comm = m.Communicator.from_env()
     buf = np.zeros(4096, dtype=np.uint8)
     conn = comm.connect(1 - comm.rank, buf, transport=transport)
@@ -243,22 +251,13 @@ def dropped(transport: str) -> None:
 def close_while_waiting(transport: str) -> None:
     """Rank 0 closes its communicator while another of its threads waits on a connection: the
     wait ends with an error well before the wait timeout, and close returns."""
-    import contextlib
     import threading
 
-    comm = m.Communicator.from_env()
-    buf = np.zeros(4096, dtype=np.uint8)
-    conn = comm.connect(1 - comm.rank, buf, transport=transport)
-    comm.setup()
-    comm.launch_proxy()
-    comm.barrier()
+    comm, conn = _running_pair(transport)
     if comm.rank == 1:
         # Rank 0 closes meanwhile; what our own stop and close then say does not matter here.
         time.sleep(3)
-        with contextlib.suppress(m.MscclppError):
-            comm.stop_proxy()
-        with contextlib.suppress(m.MscclppError):
-            comm.close()
+        _quiet_close(comm)
         return
     ended: list[object] = []
 
@@ -284,14 +283,7 @@ def close_while_waiting(transport: str) -> None:
 def wait_timeout(transport: str) -> None:
     """Rank 0 waits for a signal that never comes (MSCCLPP_WAIT_TIMEOUT set small by the test):
     the error is a TimeoutError as well as a RemoteError."""
-    import contextlib
-
-    comm = m.Communicator.from_env()
-    buf = np.zeros(4096, dtype=np.uint8)
-    conn = comm.connect(1 - comm.rank, buf, transport=transport)
-    comm.setup()
-    comm.launch_proxy()
-    comm.barrier()
+    comm, conn = _running_pair(transport)
     if comm.rank == 0:
         t0 = time.monotonic()
         try:
@@ -303,10 +295,7 @@ def wait_timeout(transport: str) -> None:
         else:
             raise AssertionError("wait() returned without a signal")
     comm.barrier()  # rank 1 stays until rank 0's wait has ended
-    with contextlib.suppress(m.MscclppError):
-        comm.stop_proxy()
-    with contextlib.suppress(m.MscclppError):
-        comm.close()
+    _quiet_close(comm)
 
 
 def from_torch(port: str) -> None:
@@ -345,14 +334,7 @@ def from_mpi() -> None:
 def async_text(transport: str) -> None:
     """Rank 0 puts past rank 1's buffer: its proxy refuses it, and async_error() carries the
     library's text for that, not only the code."""
-    import contextlib
-
-    comm = m.Communicator.from_env()
-    buf = np.zeros(4096, dtype=np.uint8)
-    conn = comm.connect(1 - comm.rank, buf, transport=transport)
-    comm.setup()
-    comm.launch_proxy()
-    comm.barrier()
+    comm, conn = _running_pair(transport)
     if comm.rank == 0:
         conn.put(4000, 200)  # accepted here; the proxy checks the peer's range
         try:
@@ -367,10 +349,7 @@ def async_text(transport: str) -> None:
         while comm.async_error() is None:  # the peer's abort arrives in milliseconds
             assert time.monotonic() < deadline, "rank 0's abort never arrived"
             time.sleep(0.01)
-    with contextlib.suppress(m.MscclppError):
-        comm.stop_proxy()
-    with contextlib.suppress(m.MscclppError):
-        comm.close()
+    _quiet_close(comm)
 
 
 SCENARIOS = {

@@ -92,30 +92,16 @@ def test_closed_communicator_and_unset_connection(comm1) -> None:
         conn.wait()
 
 
-def _destroys() -> list[str]:
-    """Every C call the package makes from now on, by name (restored by the caller)."""
-    import mscclpp_rs._native as native
-
-    names: list[str] = []
-    orig = native.call
-
-    def counting(name: str, *args: object) -> None:
-        names.append(name)
-        orig(name, *args)
-
-    native.call = counting
-    return names
-
-
 @pytest.fixture
 def calls():
-    import mscclpp_rs._native as native
+    """The names of the package's C calls during the test."""
+    from calls import count_calls
 
-    orig = native.call
+    names, restore = count_calls()
     try:
-        yield _destroys()
+        yield names
     finally:
-        native.call = orig
+        restore()
 
 
 def test_device_connections_keep_their_communicator(calls) -> None:
