@@ -33,12 +33,13 @@
  *     transport working on this GPU (the P2P SM copy engine) stores "every ticket below d has
  *     completed" there, and flush() ends on it without a round trip through the proxy; the
  *     P2P direct path reads it to know a connection's proxied work complete.
- *     triggerFifoHead[4]: flush()'s poll hint; [5..8]: the bounds of device waits and the
+ *     triggerFifoHead[4]: flush()'s poll hint; [5..7]: the bounds of device waits and the
  *     owner of the wait record (WaitWatch below); [8]: 1 + the ticket of the last trigger
  *     with work that fifo.push()/pushPut() queued when called directly, not through a
  *     connection's method (MSCCLPP_FIFO_DEV_RAW: no connection goes direct until the done
- *     word passed it). Who may change each word, and what a reader may conclude from it:
- *     docs/DESIGN.md 5.1.
+ *     word passed it); [9]: 1 + the highest ticket a push gave up on the abort without
+ *     writing its slot (MSCCLPP_FIFO_DEV_ABANDONED: no wait reports completion while set).
+ *     Who may change each word, and what a reader may conclude from it: docs/DESIGN.md 5.1.
  *   - localSignalEpochId / waitEpochId: the connection's epoch block, device memory of the
  *     buffer's GPU (words: MSCCLPP_EPOCH_* in mscclpp.h). wait() polls it in L2: word 1
  *     (`proxy`), where the peer's SM copy engine or copy engine stores the count of the

@@ -566,27 +566,25 @@ impl Fifo {
     /// may give up a ticket after the mark was read; its slot then stays empty (said in
     /// docs/DESIGN.md 5.1). Host FIFOs: 0 (their producers withdraw, `abandoned.rs`).
     pub fn retire_abandoned(&mut self) -> Result<u64> {
-        let FifoMem::Cuda { _head, .. } = &*self._mem else {
-            return Ok(0);
+        let mark = match &*self._mem {
+            FifoMem::Host { .. } => return Ok(0),
+            FifoMem::Cuda { _head, .. } => _head.read_u64(MSCCLPP_FIFO_DEV_ABANDONED * 8)?,
         };
-        let mark = _head.read_u64(MSCCLPP_FIFO_DEV_ABANDONED * 8)?;
         let mut n = 0;
         // Ends at the mark: every ticket below it was taken before it was read (the FIFO's
         // head passed it), and written or given up long before (the stop's drain alone is a
         // second).
         while self.tail < mark {
-            let (w0, w1) = self.slot_words(self.tail);
-            w1.store(0, Ordering::Relaxed);
-            // Release, as in `pop`.
-            w0.store(0, Ordering::Release);
-            self.tail += 1;
+            self.pop(false);
             n += 1;
         }
         if n > 0 {
             self.publish_tail();
         }
         if mark != 0 {
-            _head.write_u64(MSCCLPP_FIFO_DEV_ABANDONED * 8, 0)?;
+            if let FifoMem::Cuda { _head, .. } = &*self._mem {
+                _head.write_u64(MSCCLPP_FIFO_DEV_ABANDONED * 8, 0)?;
+            }
         }
         Ok(n)
     }
