@@ -104,7 +104,10 @@ impl Drop for IpcMapping {
         // SAFETY: `ptr` came from cuIpcOpenMemHandle in `open` and is closed once. Its owner
         // (the P2P endpoint) drops it only once its engine kernel and streams are seen ended,
         // and teardown drops that endpoint only once the process's kernels are (they may
-        // store through the mapping, `remoteBuff`); on any other path the mapping is leaked.
+        // store through the mapping, `remoteBuff`); on any other path the mapping is leaked,
+        // except when the last region imported from it is forgotten (`Endpoint::forget`,
+        // mscclppUnregisterBuffer): every copy into it was flushed, and no kernel was given
+        // its address (a connection's region in it would still hold it).
         let r = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
         if r != sys::CUresult::CUDA_SUCCESS {
             crate::warn!(

@@ -131,8 +131,19 @@ pub trait Endpoint: Send {
     /// (every write from it was flushed); its id may be handed out again. A source whose
     /// flush failed is not released: the endpoint's teardown closes it after its drain.
     fn release_source(&mut self, src: MrId) -> Result<()>;
+    /// Releases a `register` registration (`mscclppUnregisterBuffer`): the libfabric MR is
+    /// closed, the bookkeeping dropped, and the id may be handed out again. Called only once
+    /// every peer that imported the region has said it dropped that import, with nothing of
+    /// theirs in flight into it (their writes were flushed); `register` deduplicates, so the
+    /// caller releases a region only when its last use goes. A source is refused.
+    fn deregister(&mut self, mr: MrId) -> Result<()>;
     /// Imports a region a peer registered (its blob); validated before use.
     fn import(&mut self, peer: PeerId, blob: &[u8]) -> Result<RemoteId>;
+    /// Drops an imported region that this side will not write to again, with no write to it in
+    /// flight (the caller flushed): what mapped it (a CUDA IPC mapping no other import uses)
+    /// is closed. Its id is never handed out again, so an id held elsewhere cannot come to
+    /// name another region; using it is an error.
+    fn forget(&mut self, remote: RemoteId) -> Result<()>;
     /// The length in bytes of an imported region, as its blob declares it (None: unknown id).
     fn remote_len(&self, remote: RemoteId) -> Option<u64>;
     /// Direct pointer to an imported region, where this process can load/store it

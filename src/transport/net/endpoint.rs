@@ -833,10 +833,20 @@ impl Endpoint for NetEndpoint {
         self.regions.release_source(&mut self.ops, src)
     }
 
+    fn deregister(&mut self, mr: MrId) -> Result<()> {
+        self.regions.deregister(&mut self.ops, mr)
+    }
+
     fn import(&mut self, peer: PeerId, blob: &[u8]) -> Result<RemoteId> {
         self.check_peer(peer)?;
         self.regions
             .import(&self.peers, peer, blob::first_rail(blob)?)
+    }
+
+    fn forget(&mut self, remote: RemoteId) -> Result<()> {
+        self.regions.forget(&self.ops, remote)?;
+        self.ops.outgoing.forget(remote);
+        Ok(())
     }
 
     fn remote_len(&self, remote: RemoteId) -> Option<u64> {

@@ -82,12 +82,13 @@ pub struct RailStats {
 pub struct Rails {
     rails: Vec<Rail>,
     peers: Vec<RailPeer>,
-    /// Our regions (`MrId` indexes this); a source's id is freed by `release_source` and
+    /// Our regions (`MrId` indexes this); an id freed by `release_source` or `deregister` is
     /// reused.
     regions: Slots<RailRegion>,
     /// Rail 0's region id -> ours (registering a region twice returns the same id).
     by_first: HashMap<MrId, MrId>,
-    remotes: Vec<RemoteRails>,
+    /// Indexed by `RemoteId`; None once forgotten, never reused (as each rail's own).
+    remotes: Vec<Option<RemoteRails>>,
     chunk: u64,
 }
 
@@ -252,14 +253,25 @@ impl Rails {
     /// Releases the sources `ids` (rail 0 first) on their rails; every one is attempted, the
     /// first failure returned.
     fn release_ids(&mut self, ids: &[MrId]) -> Result<()> {
-        self.release_ids_from(0, ids)
+        self.on_rails(0, ids, NetEndpoint::release_source)
     }
 
     /// `release_ids` for ids of rails `first..`.
     fn release_ids_from(&mut self, first: usize, ids: &[MrId]) -> Result<()> {
+        self.on_rails(first, ids, NetEndpoint::release_source)
+    }
+
+    /// `op` with `ids[i]` on rail `first + i`, for every one: a release that fails on one rail
+    /// still releases the others. The first failure, naming its rail, is returned.
+    fn on_rails(
+        &mut self,
+        first: usize,
+        ids: &[usize],
+        op: fn(&mut NetEndpoint, usize) -> Result<()>,
+    ) -> Result<()> {
         let mut res = Ok(());
         for (r, &m) in ids.iter().enumerate().map(|(i, m)| (first + i, m)) {
-            if let Err(e) = self.rails[r].ep.release_source(m) {
+            if let Err(e) = op(&mut self.rails[r].ep, m) {
                 let e = e.within(&self.label(r));
                 crate::warn!("net: {e}");
                 if res.is_ok() {
@@ -376,7 +388,7 @@ impl Rails {
     fn remote_of(&self, peer: PeerId, dst: RemoteId) -> Result<&RemoteRails> {
         let rank = self.peer(peer)?.rank;
         match self.remotes.get(dst) {
-            Some(d) if d.peer == peer => Ok(d),
+            Some(Some(d)) if d.peer == peer => Ok(d),
             _ => Err(Error::invalid_arg(format!(
                 "remote region {dst} is not one of rank {rank}'s on {}",
                 self.describe()
@@ -589,6 +601,22 @@ impl Endpoint for Rails {
         self.release_ids(&ids)
     }
 
+    /// Released on every rail it was registered on, as a source is.
+    fn deregister(&mut self, mr: MrId) -> Result<()> {
+        let ids = self
+            .regions
+            .remove_if(mr, |g| g.blob.is_some())
+            .map(|g| g.ids)
+            .ok_or_else(|| {
+                Error::internal(format!(
+                    "{}: deregistering region {mr}, which is not a held registration",
+                    self.describe()
+                ))
+            })?;
+        self.by_first.remove(&ids[0]);
+        self.on_rails(0, &ids, NetEndpoint::deregister)
+    }
+
     fn import(&mut self, peer: PeerId, b: &[u8]) -> Result<RemoteId> {
         let ids = self.peer(peer)?.ids.clone();
         let parts = blob::decode_rails(b)?;
@@ -606,14 +634,28 @@ impl Endpoint for Rails {
             }
             rids.push(id);
         }
-        self.remotes.push(RemoteRails { peer, ids: rids });
+        self.remotes.push(Some(RemoteRails { peer, ids: rids }));
         Ok(self.remotes.len() - 1)
     }
 
+    fn forget(&mut self, remote: RemoteId) -> Result<()> {
+        let ids = self
+            .remotes
+            .get_mut(remote)
+            .and_then(Option::take)
+            .map(|d| d.ids)
+            .ok_or_else(|| {
+                Error::internal(format!(
+                    "{}: forgetting remote region {remote}, which is not held",
+                    self.describe()
+                ))
+            })?;
+        self.on_rails(0, &ids, NetEndpoint::forget)
+    }
+
     fn remote_len(&self, remote: RemoteId) -> Option<u64> {
-        self.rails[0]
-            .ep
-            .remote_len(self.remotes.get(remote)?.ids[0])
+        let d = self.remotes.get(remote)?.as_ref()?;
+        self.rails[0].ep.remote_len(d.ids[0])
     }
 
     fn write(
@@ -644,7 +686,8 @@ impl Endpoint for Rails {
                 s.peers[peer].ids[r],
                 // (Held: checked above; an unknown id would be refused by the rail.)
                 s.region(src).map_or(MrId::MAX, |g| g.ids[r]),
-                s.remotes[dst].ids[r],
+                // (Held: checked above, as `remote_of`.)
+                s.remotes[dst].as_ref().map_or(RemoteId::MAX, |d| d.ids[r]),
             )
         };
         // Rails over which both regions are registered (all of them, or rail 0 alone), and

@@ -57,12 +57,15 @@ pub(super) struct Regions {
     pub policy: mr::Policy,
     /// The provider registers GPU memory with FI_HMEM (`try_hmem`), or why not.
     hmem: std::result::Result<(), &'static str>,
-    /// Regions handed out by `register` (deduplicated by `region_ids`, kept until the
-    /// endpoint closes) and by `register_source` (until `release_source`). `MrId` indexes
-    /// this; a released id is reused, so that a registration per call does not grow it.
+    /// Regions handed out by `register` (deduplicated by `region_ids`, kept until
+    /// `deregister` or the endpoint closes) and by `register_source` (until `release_source`).
+    /// `MrId` indexes this; a released id is reused, so that a registration per call does not
+    /// grow it.
     local: Slots<LocalRegion>,
     region_ids: HashMap<Region, MrId>,
-    remotes: Vec<Remote>,
+    /// Indexed by `RemoteId`; None once forgotten, never reused: the proxy's connections and
+    /// registered buffers hold ids, and a reused one would send their writes elsewhere.
+    remotes: Vec<Option<Remote>>,
     /// Unit tests only: host regions registered from now on stand in for FI_HMEM memory of
     /// this CUDA device (values to them are relayed after a GPUDirect flush), so that the
     /// relay and its flush run without a GPU (`tests.rs`).
@@ -304,6 +307,29 @@ impl Regions {
         }
     }
 
+    /// `Endpoint::deregister`: closes an exported region's registration, refuses values and
+    /// records into it from now on, and frees its id.
+    pub fn deregister(&mut self, ops: &mut Ops, id: MrId) -> Result<()> {
+        let r = self.local.remove_if(id, |r| !r.source).ok_or_else(|| {
+            Error::internal(format!(
+                "{}: deregistering local region {id}, which is not a held registration",
+                ops.describe()
+            ))
+        })?;
+        self.region_ids.remove(&r.region);
+        ops.incoming.refuse(id as u32);
+        crate::info!(
+            "net: {} region {id} {:#x}+{} deregistered",
+            ops.describe(),
+            r.region.addr,
+            r.region.len
+        );
+        match r.backing {
+            Backing::Mr(i) | Backing::Hmem(i, _) => mr::close(&mut ops.mr_ops(), &mut self.mrs, i),
+            Backing::Staged => Ok(()),
+        }
+    }
+
     /// Keeps `r` (in a released id's place if there is one); returns its id.
     fn hold(&mut self, r: LocalRegion) -> MrId {
         self.local.insert(r)
@@ -420,20 +446,49 @@ impl Regions {
     pub fn import(&mut self, peers: &Peers, peer: PeerId, blob: &[u8]) -> Result<RemoteId> {
         let b = MrBlob::decode(blob, self.policy.virt_addr, self.policy.key_size)
             .map_err(|e| Error::remote(format!("{}: {e}", peers.name(peer))))?;
-        self.remotes.push(Remote { peer, blob: b });
+        self.remotes.push(Some(Remote { peer, blob: b }));
         Ok(self.remotes.len() - 1)
+    }
+
+    /// `Endpoint::forget`, for the regions' part (`ops.outgoing` keeps the rest).
+    pub fn forget(&mut self, ops: &Ops, dst: RemoteId) -> Result<()> {
+        match self.remotes.get_mut(dst).and_then(Option::take) {
+            Some(_) => Ok(()),
+            None => Err(Error::internal(format!(
+                "{}: forgetting remote region {dst}, which is not held",
+                ops.describe()
+            ))),
+        }
     }
 
     /// The length an imported region's blob declares.
     pub fn remote_len(&self, dst: RemoteId) -> Option<u64> {
-        self.remotes.get(dst).map(|r| r.blob.len)
+        self.remotes.get(dst)?.as_ref().map(|r| r.blob.len)
+    }
+
+    /// Imported regions held now (not forgotten).
+    #[cfg(test)]
+    pub fn remotes_held(&self) -> usize {
+        self.remotes.iter().flatten().count()
     }
 
     /// The imported region `dst`, which must belong to `peer`.
     pub fn remote(&self, ops: &Ops, peers: &Peers, peer: PeerId, dst: RemoteId) -> Result<MrBlob> {
-        let r = self.remotes.get(dst).ok_or_else(|| {
-            Error::invalid_arg(format!("unknown remote region {dst} on {}", ops.describe()))
-        })?;
+        let r = match self.remotes.get(dst) {
+            Some(Some(r)) => r,
+            Some(None) => {
+                return Err(Error::invalid_arg(format!(
+                    "remote region {dst} on {} was released",
+                    ops.describe()
+                )))
+            }
+            None => {
+                return Err(Error::invalid_arg(format!(
+                    "unknown remote region {dst} on {}",
+                    ops.describe()
+                )))
+            }
+        };
         if r.peer != peer {
             return Err(Error::invalid_arg(format!(
                 "remote region {dst} belongs to {}, not {}",

@@ -111,14 +111,22 @@ impl Incoming {
         self.activity + self.counted + self.stored + self.stale
     }
 
-    /// Region `id` (host memory, `len` bytes at `addr`, registered and exported for as long as
-    /// this endpoint lives) may be named by CQ-data values.
+    /// Region `id` (host memory, `len` bytes at `addr`, registered and exported until `refuse`
+    /// or the endpoint closes) may be named by CQ-data values.
     pub fn accept(&mut self, id: u32, addr: u64, len: u64) {
         let i = id as usize;
         if self.targets.len() <= i {
             self.targets.resize(i + 1, None);
         }
         self.targets[i] = Some(Target { addr, len });
+    }
+
+    /// Region `id` was deregistered: a value naming it is refused from now on rather than
+    /// stored into memory its user may have freed (and `accept` may give the id to another).
+    pub fn refuse(&mut self, id: u32) {
+        if let Some(t) = self.targets.get_mut(id as usize) {
+            *t = None;
+        }
     }
 
     /// Stores the value CQ data `data` carries (module doc), or says why it cannot.
@@ -171,8 +179,8 @@ impl Incoming {
 
     /// The address of the word at `off` of region `region`, if values may go there: an
     /// aligned word (regions start 8-aligned: `accept`'s callers register epoch blocks and
-    /// user buffers) inside host memory that stays registered, exported and alive while this
-    /// endpoint lives (`accept`). Every other writer (an older value's RMA write, a waiter's
+    /// user buffers) inside host memory that stays registered, exported and alive until
+    /// `refuse` or the endpoint closes (`accept`). Every other writer (an older value's RMA write, a waiter's
     /// reads) uses it atomically as well.
     fn word_addr(&self, region: u32, off: u64) -> Result<u64, String> {
         let t = self
@@ -253,6 +261,13 @@ impl Outgoing {
             },
         );
         true
+    }
+
+    /// Imported region `remote` was dropped: a flush must not write its values again
+    /// (`rode_to`) into memory its owner has released.
+    pub fn forget(&mut self, remote: usize) {
+        self.last.retain(|&(r, _), _| r != remote);
+        self.uncounted.retain(|&(r, _)| r != remote);
     }
 
     /// The words of `peer`'s regions whose latest value rode: (region, offset, value).
@@ -378,5 +393,32 @@ mod tests {
             "too far"
         );
         out.take(3, (1, 8), MAX_STEP, true).unwrap();
+    }
+
+    /// A deregistered region takes no more values; a forgotten import is not written again by
+    /// a flush, and its words start afresh (nothing else is touched).
+    #[test]
+    fn released_regions_take_and_send_no_values() {
+        let mut words = [0u64; 2];
+        let mut inc = Incoming::default();
+        inc.accept(1, words.as_mut_ptr() as u64, 16);
+        inc.apply(encode(1, 0, 4).unwrap()).unwrap();
+        inc.refuse(1);
+        inc.refuse(9);
+        assert!(inc
+            .apply(encode(1, 0, 5).unwrap())
+            .unwrap_err()
+            .contains("region 1"));
+        assert_eq!(words, [4, 0]);
+        let mut out = Outgoing::default();
+        out.take(3, (0, 8), 7, true).unwrap();
+        out.take(3, (1, 8), 2, true).unwrap();
+        assert!(!out.take_counted(3, (0, 16), 5));
+        out.forget(0);
+        assert_eq!(out.rode_to(3), [(1, 8, 2)]);
+        assert!(
+            out.take_counted(3, (0, 16), 1),
+            "no longer marked uncounted"
+        );
     }
 }

@@ -1759,6 +1759,58 @@ fn sources_of_registered_writes_are_released_after_their_flush() {
     }
 }
 
+/// `mscclppUnregisterBuffer`'s two halves: the writer forgets its import (the id is dead, not
+/// reused), the owner deregisters its region (the MR closed: the owner's regions and MRs are
+/// back to what they were before the registration), and the same range registered again is a
+/// new registration that a new import writes into. Deregistering twice, or a source, is
+/// refused.
+#[test]
+fn deregistered_regions_close_their_mr_and_forgotten_imports_are_dead() {
+    for kind in [Kind::Tcp, Kind::Shm] {
+        let dst = vec![0u64; 64];
+        let src: Vec<u64> = (0..64).map(|i| i * 11 + 5).collect();
+        with_pair(kind, &NetConfig::default(), |a, b, pa| {
+            let s = a.register(region(&src)).unwrap().0;
+            let before = b.lock().unwrap().regions.held();
+            let (id, blob) = b.lock().unwrap().register(region(&dst)).unwrap();
+            assert_eq!(
+                b.lock().unwrap().regions.held(),
+                (before.0 + 1, before.1 + 1)
+            );
+            let d = a.import(pa, &blob).unwrap();
+            a.write(pa, s, 0, d, 0, 256).unwrap();
+            a.flush(pa).unwrap();
+            assert_eq!(word(&dst, 31), src[31], "{kind:?}");
+            let remotes = a.regions.remotes_held();
+            a.forget(d).unwrap();
+            assert!(a.forget(d).is_err(), "{kind:?}: forgotten twice");
+            assert_eq!(a.regions.remotes_held(), remotes - 1);
+            assert_eq!(a.remote_len(d), None);
+            let e = a.write(pa, s, 0, d, 0, 8).unwrap_err();
+            assert!(e.to_string().contains("released"), "{kind:?}: {e}");
+            {
+                let mut b = b.lock().unwrap();
+                b.deregister(id).unwrap();
+                assert_eq!(b.regions.held(), before, "{kind:?}: region and MR released");
+                assert!(b.deregister(id).is_err(), "{kind:?}: deregistered twice");
+                let src_id = b.register_source(region(&src)).unwrap();
+                assert!(b.deregister(src_id).is_err(), "{kind:?}: a source");
+                b.release_source(src_id).unwrap();
+            }
+            let blob2 = b.lock().unwrap().register(region(&dst)).unwrap().1;
+            let d2 = a.import(pa, &blob2).unwrap();
+            assert_ne!(d2, d, "{kind:?}: a forgotten id is not reused");
+            a.write(pa, s, 256, d2, 256, 256).unwrap();
+            a.flush(pa).unwrap();
+            assert_eq!(
+                word(&dst, 63),
+                src[63],
+                "{kind:?}: through the new registration"
+            );
+        });
+    }
+}
+
 /// The same through staging (the copy out of a staged source into a bounce slot), and a peer's
 /// staging record that names the id of a source is refused: a source is never exported.
 #[test]

@@ -217,6 +217,14 @@ impl Endpoint for P2p {
         self.regions.release_source(src)
     }
 
+    fn deregister(&mut self, mr: MrId) -> Result<()> {
+        self.regions.deregister(mr)
+    }
+
+    fn forget(&mut self, remote: RemoteId) -> Result<()> {
+        self.regions.forget(remote)
+    }
+
     fn import(&mut self, peer: PeerId, blob: &[u8]) -> Result<RemoteId> {
         let b = RegionBlob::decode(blob)?;
         let (rank, peer_nonce) = {

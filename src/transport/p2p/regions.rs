@@ -1,6 +1,7 @@
 //! The P2P endpoint's regions: local registrations (exported as IPC handles of their
-//! allocation), peers' regions imported through CUDA IPC (one mapping per allocation), and the
-//! checked addresses of a put or a flag into them.
+//! allocation), peers' regions imported through CUDA IPC (one mapping per allocation, closed
+//! when the last region imported from it is forgotten), and the checked addresses of a put or
+//! a flag into them.
 
 use super::blob::{process_nonce, RegionBlob};
 use crate::cuda::{self, IpcMapping, IPC_HANDLE_BYTES};
@@ -8,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::transport::slots::Slots;
 use crate::transport::{MemKind, MrId, PeerId, Region, RemoteId};
 use std::collections::HashMap;
+use std::hash::Hash;
 
 struct Local {
     region: Region,
@@ -22,6 +24,8 @@ struct Remote {
     len: u64,
     /// Mapped through CUDA IPC (peer access enabled), so kernels may store to it.
     mapped: bool,
+    /// The mapping it lies in (`Regions::maps`), which it holds.
+    map: Option<MapKey>,
 }
 
 /// A checked put: this process's addresses of both ends.
@@ -49,13 +53,63 @@ type MapKey = (u64, u64, [u8; IPC_HANDLE_BYTES]);
 pub(super) struct Regions {
     /// The endpoint's device: peers' allocations are mapped there.
     device: i32,
-    /// Regions of `register` (deduplicated by `local_ids`, kept) and of `register_source`
-    /// (until `release_source`); `MrId` indexes this, and a released id is reused, so that a
-    /// registration per call does not grow it.
+    /// Regions of `register` (deduplicated by `local_ids`, kept until `deregister`) and of
+    /// `register_source` (until `release_source`); `MrId` indexes this, and a released id is
+    /// reused, so that a registration per call does not grow it.
     locals: Slots<Local>,
     local_ids: HashMap<Region, MrId>,
-    remotes: Vec<Remote>,
-    maps: HashMap<MapKey, IpcMapping>,
+    /// Indexed by `RemoteId`; None once forgotten, never reused: connections and registered
+    /// buffers hold ids, and a reused one would send their writes elsewhere.
+    remotes: Vec<Option<Remote>>,
+    /// A registered buffer and a connection's buffer may lie in one allocation of the peer's,
+    /// mapped once: forgetting the one keeps the mapping the other uses.
+    maps: Shared<MapKey, IpcMapping>,
+}
+
+/// Values opened once per key and kept while some user holds them (the CUDA IPC mappings,
+/// held by the regions imported from them).
+pub(super) struct Shared<K, V> {
+    items: HashMap<K, (V, usize)>,
+}
+
+impl<K: Eq + Hash, V> Default for Shared<K, V> {
+    fn default() -> Self {
+        Shared {
+            items: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Eq + Hash + Copy, V> Shared<K, V> {
+    /// One more user of `key`'s value, opened by `open` if none holds it.
+    pub(super) fn acquire(&mut self, key: K, open: impl FnOnce() -> Result<V>) -> Result<&V> {
+        let e = match self.items.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert((open()?, 0)),
+        };
+        e.1 += 1;
+        Ok(&e.0)
+    }
+
+    /// One user fewer of `key`'s value; the value, to be dropped, when that was the last.
+    pub(super) fn release(&mut self, key: &K) -> Option<V> {
+        let e = self.items.get_mut(key)?;
+        e.1 -= 1;
+        if e.1 > 0 {
+            return None;
+        }
+        self.items.remove(key).map(|(v, _)| v)
+    }
+
+    /// Values open now.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.items.clear();
+    }
 }
 
 impl Regions {
@@ -65,7 +119,7 @@ impl Regions {
             locals: Slots::default(),
             local_ids: HashMap::new(),
             remotes: Vec::new(),
-            maps: HashMap::new(),
+            maps: Shared::default(),
         }
     }
 
@@ -149,6 +203,18 @@ impl Regions {
         }
     }
 
+    /// `Endpoint::deregister`: a `register` region's bookkeeping (its IPC handle names the
+    /// allocation, which the peers' mappings keep until they forget their imports).
+    pub(super) fn deregister(&mut self, id: MrId) -> Result<()> {
+        let l = self.locals.remove_if(id, |l| !l.source).ok_or_else(|| {
+            Error::internal(format!(
+                "P2P: deregistering local region {id}, which is not a held registration"
+            ))
+        })?;
+        self.local_ids.remove(&l.region);
+        Ok(())
+    }
+
     /// Keeps `l` (in a released id's place if there is one); returns its id.
     fn hold(&mut self, l: Local) -> MrId {
         self.locals.insert(l)
@@ -179,45 +245,66 @@ impl Regions {
             )));
         }
         let mapped = b.nonce != process_nonce();
-        let ptr = if !mapped {
+        let (ptr, map) = if !mapped {
             // Same process (ranks as threads): the exporter's address is ours.
-            b.base + b.offset
+            (b.base + b.offset, None)
         } else {
             let key = (b.nonce, b.base, b.handle);
-            if !self.maps.contains_key(&key) {
-                let m = IpcMapping::open(self.device, &b.handle, b.alloc_size).map_err(|e| {
+            let device = self.device;
+            let m = self.maps.acquire(key, || {
+                IpcMapping::open(device, &b.handle, b.alloc_size).map_err(|e| {
                     Error::remote(format!("rank {rank}: opening its CUDA IPC handle: {e}"))
-                })?;
-                self.maps.insert(key, m);
-            }
-            let m = &self.maps[&key];
-            if b.offset + b.len > m.size() {
+                })
+            })?;
+            let (base, size) = (m.ptr(), m.size());
+            if b.offset.checked_add(b.len).is_none_or(|e| e > size) {
+                self.maps.release(&key);
                 return Err(Error::remote(format!(
-                    "rank {rank}: region [{}, +{}) exceeds the {}-byte allocation its handle maps",
-                    b.offset,
-                    b.len,
-                    m.size()
+                    "rank {rank}: region [{}, +{}) exceeds the {size}-byte allocation its handle maps",
+                    b.offset, b.len,
                 )));
             }
-            m.ptr() + b.offset
+            (base + b.offset, Some(key))
         };
-        self.remotes.push(Remote {
+        self.remotes.push(Some(Remote {
             peer,
             ptr,
             len: b.len,
             mapped,
-        });
+            map,
+        }));
         Ok(self.remotes.len() - 1)
+    }
+
+    /// `Endpoint::forget`: the region's id is dead; its mapping closes (dropped here) when no
+    /// other imported region holds it.
+    pub(super) fn forget(&mut self, remote: RemoteId) -> Result<()> {
+        let r = self
+            .remotes
+            .get_mut(remote)
+            .and_then(Option::take)
+            .ok_or_else(|| {
+                Error::internal(format!(
+                    "P2P: forgetting remote region {remote}, which is not held"
+                ))
+            })?;
+        if let Some(key) = r.map {
+            // Closed here if it was the last: nothing is in flight into this region (the
+            // caller flushed), and kernels store only into connections' regions (`remoteBuff`),
+            // which are never forgotten and hold the mapping of their own allocation.
+            drop(self.maps.release(&key));
+        }
+        Ok(())
     }
 
     /// `Endpoint::remote_len`.
     pub(super) fn remote_len(&self, remote: RemoteId) -> Option<u64> {
-        self.remotes.get(remote).map(|r| r.len)
+        self.remotes.get(remote)?.as_ref().map(|r| r.len)
     }
 
     /// `Endpoint::remote_ptr`.
     pub(super) fn remote_ptr(&self, remote: RemoteId) -> Option<u64> {
-        self.remotes.get(remote).map(|r| r.ptr)
+        self.remotes.get(remote)?.as_ref().map(|r| r.ptr)
     }
 
     /// Where a kernel of ours would reach region `r` of `peer`: its address, length, and
@@ -228,9 +315,20 @@ impl Regions {
     }
 
     fn remote(&self, r: RemoteId, peer: PeerId) -> Result<&Remote> {
-        let rem = self.remotes.get(r).ok_or_else(|| {
-            Error::internal(format!("P2P remote id {r} of {}", self.remotes.len()))
-        })?;
+        let rem = match self.remotes.get(r) {
+            Some(Some(rem)) => rem,
+            Some(None) => {
+                return Err(Error::internal(format!(
+                    "P2P remote region {r} was forgotten"
+                )))
+            }
+            None => {
+                return Err(Error::internal(format!(
+                    "P2P remote id {r} of {}",
+                    self.remotes.len()
+                )))
+            }
+        };
         if rem.peer != peer {
             return Err(Error::internal(format!(
                 "P2P remote region {r} belongs to peer {}, not {peer}",
@@ -341,5 +439,97 @@ mod tests {
         );
         assert_eq!(r.locals.get(conn).unwrap().region, host(0x10_0000, 4096));
         assert!(r.register_source(host(0, 8)).is_err());
+    }
+
+    /// A deregistered region is gone (a second deregister is refused, a source never is one),
+    /// and registering the same range again makes a new registration.
+    #[test]
+    fn deregistered_regions_are_gone_and_sources_refused() {
+        let mut r = Regions::new(0);
+        let (a, _) = r.register(host(0x10_0000, 4096)).unwrap();
+        let (b, _) = r.register(host(0x30_0000, 64)).unwrap();
+        let s = r.register_source(host(0x20_0000, 8)).unwrap();
+        assert!(
+            r.deregister(s).is_err(),
+            "a source is released, not deregistered"
+        );
+        r.deregister(a).unwrap();
+        assert!(r.deregister(a).is_err(), "deregistered twice");
+        assert!(r.deregister(99).is_err(), "never handed out");
+        assert_eq!(r.held(), 2, "the other region and the source stay");
+        assert!(r.put_target(0, a, 0, 0, 0, 8).is_err());
+        let (again, _) = r.register(host(0x10_0000, 4096)).unwrap();
+        assert_eq!(r.locals.get(again).unwrap().region, host(0x10_0000, 4096));
+        assert_eq!(r.register(host(0x30_0000, 64)).unwrap().0, b);
+        r.release_source(s).unwrap();
+    }
+
+    /// Device memory of this same process (ranks as threads): imported at its own address,
+    /// without a mapping; a forgotten region's id is dead and not reused, the others stay.
+    #[test]
+    fn forgotten_imports_are_dead_and_their_ids_never_reused() {
+        let mut r = Regions::new(0);
+        let blob = |base: u64, len: u64| RegionBlob {
+            nonce: process_nonce(),
+            device: Some(0),
+            base,
+            alloc_size: 1 << 20,
+            offset: 0,
+            len,
+            handle: [0; IPC_HANDLE_BYTES],
+        };
+        let who = (1, process_nonce());
+        let x = r.import(3, who, blob(0x40_0000, 4096)).unwrap();
+        let y = r.import(3, who, blob(0x50_0000, 64)).unwrap();
+        r.forget(x).unwrap();
+        assert!(r.forget(x).is_err(), "forgotten twice");
+        assert!(r.forget(7).is_err(), "never imported");
+        assert_eq!((r.remote_len(x), r.remote_ptr(x)), (None, None));
+        assert!(r.kernel_view(x, 3).is_none());
+        assert!(r.flag_target(3, x, 0, 1).is_err());
+        assert_eq!(r.remote_len(y), Some(64), "the other stays");
+        let z = r.import(3, who, blob(0x40_0000, 4096)).unwrap();
+        assert!(z != x && z != y, "a new id, not the forgotten one");
+        assert_eq!(r.maps.len(), 0, "same process: nothing mapped");
+    }
+
+    /// A mapping shared by regions imported from one allocation is opened once and closed
+    /// (dropped) with its last user, whatever order they go in; an open that fails holds
+    /// nothing.
+    #[test]
+    fn shared_mappings_close_with_their_last_user() {
+        use std::cell::Cell;
+        use std::rc::Rc;
+        struct Mapping(Rc<Cell<u32>>);
+        impl Drop for Mapping {
+            fn drop(&mut self) {
+                self.0.set(self.0.get() + 1);
+            }
+        }
+        let (opened, closed) = (Rc::new(Cell::new(0)), Rc::new(Cell::new(0)));
+        let mut maps: Shared<u64, Mapping> = Shared::default();
+        let open = || {
+            opened.set(opened.get() + 1);
+            Ok(Mapping(closed.clone()))
+        };
+        for _ in 0..3 {
+            maps.acquire(1, open).unwrap();
+        }
+        maps.acquire(2, open).unwrap();
+        assert_eq!((opened.get(), maps.len()), (2, 2));
+        assert!(maps.release(&1).is_none());
+        assert!(maps.release(&1).is_none());
+        assert_eq!(closed.get(), 0, "allocation 1 still has a user");
+        drop(maps.release(&1));
+        assert_eq!((closed.get(), maps.len()), (1, 1));
+        assert!(maps.release(&1).is_none(), "no user left to release");
+        assert!(maps
+            .acquire(3, || Err(Error::remote("cannot map")))
+            .is_err());
+        assert_eq!(maps.len(), 1, "a failed open holds nothing");
+        maps.acquire(1, open).unwrap();
+        assert_eq!(opened.get(), 3, "reopened after its close");
+        maps.clear();
+        assert_eq!(closed.get(), 3);
     }
 }

@@ -492,3 +492,50 @@ fn sources_stripe_and_are_released_on_every_rail() {
     });
     assert!(a.rail_stats()[1].bytes > 0, "the sources' puts striped");
 }
+
+/// A region striped over both rails is deregistered on both (each rail's regions and MRs, and
+/// the striped table, back to what they were), and a forgotten import is dead on every rail.
+#[test]
+fn deregistered_regions_are_released_on_every_rail() {
+    let (mut a, mut b) = pair();
+    let pa = connect(&mut a, &mut b);
+    let words = (4 * CHUNK / 8) as usize;
+    let dst = vec![0u64; words];
+    let src: Vec<u64> = (0..words as u64).map(|i| pattern(7, i as usize)).collect();
+    let held = |x: &Rails| {
+        let rails: Vec<_> = x.rails.iter().map(|r| r.ep.regions.held()).collect();
+        (rails, x.regions.held(), x.by_first.len())
+    };
+    let before = held(&b);
+    let (id, blob) = b.register(region(&dst)).unwrap();
+    assert_eq!(
+        b.region(id).unwrap().ids.len(),
+        2,
+        "registered on both rails"
+    );
+    let d = a.import(pa, &blob).unwrap();
+    let s = a.register(region(&src)).unwrap().0;
+    let ((), mut b) = with_target(b, || {
+        a.write(pa, s, 0, d, 0, words as u64 * 8).unwrap();
+        a.flush(pa).unwrap();
+    });
+    assert_eq!(word(&dst, words - 1), src[words - 1]);
+    assert!(a.rail_stats()[1].bytes > 0, "the put striped");
+    let imported: Vec<usize> = a
+        .rails
+        .iter()
+        .map(|r| r.ep.regions.remotes_held())
+        .collect();
+    a.forget(d).unwrap();
+    assert!(a.forget(d).is_err(), "forgotten twice");
+    for (r, n) in a.rails.iter().zip(imported) {
+        assert_eq!(r.ep.regions.remotes_held(), n - 1, "{}", r.ep.describe());
+    }
+    assert!(a.write(pa, s, 0, d, 0, 8).is_err());
+    assert_eq!(a.remote_len(d), None);
+    b.deregister(id).unwrap();
+    assert_eq!(held(&b), before, "released on both rails");
+    assert!(b.deregister(id).is_err(), "deregistered twice");
+    let (again, _) = b.register(region(&dst)).unwrap();
+    assert_eq!(b.region(again).unwrap().ids.len(), 2, "registered anew");
+}
