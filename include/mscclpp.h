@@ -14,14 +14,15 @@
  * mscclppConnectionSetup, up to the bootstrap timeout). mscclppCommGetAsyncError does not take
  * that lock and answers at once. Collective calls (mscclppCommInitRank*,
  * mscclppBootstrapAllGather, mscclppBootstrapBarrier, mscclppConnectionSetup,
- * mscclppRegisterBuffer) must be made in the same order on every rank: make a communicator's
- * collectives from one thread at a time. On one host-memory connection, mscclppDevConnPut,
- * ...Signal, ...PutWithSignal, ...PutWithSignalAndFlush and ...Flush may be called from several
- * threads at once (the FIFO is multi-producer): each thread's calls stay in order, and a flush
- * returns once every trigger queued before it, by any thread, is done. mscclppDevConnWait
- * consumes one signal per call: use one waiter per connection. Do not destroy a communicator
- * while another thread still uses it or its connections. mscclppSetLogHandler may be called at
- * any time; mscclppSetBootstrapConnTimeout applies to communicators created afterwards.
+ * mscclppRegisterBuffer, mscclppUnregisterBuffer) must be made in the same order on every rank:
+ * make a communicator's collectives from one thread at a time. On one host-memory connection,
+ * mscclppDevConnPut, ...Signal, ...PutWithSignal, ...PutWithSignalAndFlush and ...Flush may be
+ * called from several threads at once (the FIFO is multi-producer): each thread's calls stay in
+ * order, and a flush returns once every trigger queued before it, by any thread, is done.
+ * mscclppDevConnWait consumes one signal per call: use one waiter per connection. Do not destroy
+ * a communicator while another thread still uses it or its connections. mscclppSetLogHandler may
+ * be called at any time; mscclppSetBootstrapConnTimeout applies to communicators created
+ * afterwards.
  */
 
 #ifndef MSCCLPP_H_
@@ -428,6 +429,32 @@ enum mscclppResult_t mscclppRegisterBuffer(mscclppComm_t comm,
                                            void *local_memory,
                                            size_t size,
                                            struct mscclppRegisteredMemory *regMem);
+
+/**
+ * Unregisters the registration `regMem` (an extension of the 2023 API): a collective between
+ * the connected peers, as `mscclppRegisterBuffer` is, every connected rank unregistering the
+ * same registration (ranks may unregister registrations in any order, as long as both ends of
+ * each connection unregister the same one at a time). This rank first drops what it holds of
+ * the peers' buffers of that registration, then tells each peer so over the bootstrap, then
+ * waits for each peer to say the same (each within the bootstrap timeout), and only then
+ * releases its own registration. On `mscclppSuccess` no peer writes into this rank's buffer
+ * through the registration any more and the library holds nothing of it: the memory may be
+ * freed. A region that is also a connection's buffer (`mscclppConnect`) stays registered for
+ * the connection. Neither side's proxy needs to run.
+ *
+ * Afterwards the handle is dead: `mscclppRegisteredBufferWrite` and a second
+ * `mscclppUnregisterBuffer` with it return `mscclppInvalidArgument` (its text says it was
+ * unregistered), changing nothing. If a peer unregisters a different registration, or none
+ * within the bootstrap timeout, the call fails (`mscclppRemoteError`), the handle is dead all
+ * the same, and this rank keeps its registration until `mscclppCommDestroy`: the buffer must
+ * then stay allocated until the communicator is destroyed, since the peer may still hold it.
+ * NULL `regMem`, a handle this communicator never returned, a call before
+ * `mscclppConnectionSetup` or after an asynchronous error: an error before anything is sent,
+ * the handle unchanged. `*regMem` itself is never modified. Thread-safety as every call on
+ * `comm` (serialised with them).
+ */
+enum mscclppResult_t mscclppUnregisterBuffer(mscclppComm_t comm,
+                                             struct mscclppRegisteredMemory *regMem);
 
 /**
  * Writes `size` bytes from `srcBuff + srcOffset` to offset `dstOffset` of every connected

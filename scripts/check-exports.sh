@@ -13,7 +13,7 @@ api_2023=(mscclppGetUniqueId mscclppCommInitRank mscclppCommInitRankFromId msccl
   mscclppRegisterBuffer mscclppRegisteredBufferWrite)
 additions=(mscclppGetVersion mscclppGetLastError mscclppCommGetAsyncError mscclppDevConnPut
   mscclppDevConnSignal mscclppDevConnPutWithSignal mscclppDevConnPutWithSignalAndFlush
-  mscclppDevConnFlush mscclppDevConnWait)
+  mscclppDevConnFlush mscclppDevConnWait mscclppUnregisterBuffer)
 exported=$(nm -D --defined-only "$lib" | awk '$2 == "T" { print $3 }')
 missing=()
 for f in "${api_2023[@]}" "${additions[@]}"; do

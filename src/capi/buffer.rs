@@ -26,6 +26,40 @@ pub extern "C" fn mscclppRegisterBuffer(
     })
 }
 
+/// Unregisters the registration `regMem` (an extension of the 2023 API): a collective between
+/// the connected peers, as `mscclppRegisterBuffer` is, every connected rank unregistering the
+/// same registration (ranks may unregister registrations in any order, as long as both ends of
+/// each connection unregister the same one at a time). This rank first drops what it holds of
+/// the peers' buffers of that registration, then tells each peer so over the bootstrap, then
+/// waits for each peer to say the same (each within the bootstrap timeout), and only then
+/// releases its own registration. On `mscclppSuccess` no peer writes into this rank's buffer
+/// through the registration any more and the library holds nothing of it: the memory may be
+/// freed. A region that is also a connection's buffer (`mscclppConnect`) stays registered for
+/// the connection. Neither side's proxy needs to run.
+///
+/// Afterwards the handle is dead: `mscclppRegisteredBufferWrite` and a second
+/// `mscclppUnregisterBuffer` with it return `mscclppInvalidArgument` (its text says it was
+/// unregistered), changing nothing. If a peer unregisters a different registration, or none
+/// within the bootstrap timeout, the call fails (`mscclppRemoteError`), the handle is dead all
+/// the same, and this rank keeps its registration until `mscclppCommDestroy`: the buffer must
+/// then stay allocated until the communicator is destroyed, since the peer may still hold it.
+/// NULL `regMem`, a handle this communicator never returned, a call before
+/// `mscclppConnectionSetup` or after an asynchronous error: an error before anything is sent,
+/// the handle unchanged. `*regMem` itself is never modified. Thread-safety as every call on
+/// `comm` (serialised with them).
+#[no_mangle]
+pub extern "C" fn mscclppUnregisterBuffer(
+    comm: mscclppComm_t,
+    regMem: *mut mscclppRegisteredMemory,
+) -> mscclppResult_t {
+    ffi_boundary!("mscclppUnregisterBuffer", {
+        check_null!(regMem);
+        // SAFETY: checked non-NULL; the caller passes the struct `mscclppRegisterBuffer` filled.
+        let handle = unsafe { (*regMem).handle };
+        with_comm(comm, |c| c.unregister_buffer(handle))
+    })
+}
+
 /// Writes `size` bytes from `srcBuff + srcOffset` to offset `dstOffset` of every connected
 /// peer's buffer of the registration `regMem`, and returns once the bytes have arrived. With
 /// CUDA memory, work already queued on `stream` completes first: a `cudaStream_t`, or 0 for

@@ -17,6 +17,10 @@ pub const TAG_ACK: u64 = 2 << 56;
 pub const TAG_REG: u64 = 3 << 56;
 /// Tag of "this rank has closed its mappings of your memory" at destroy (`comm::teardown`).
 pub const TAG_UNMAPPED: u64 = 4 << 56;
+/// Tag space of "this rank dropped its imports of registration n" (`mscclppUnregisterBuffer`,
+/// `TAG_UNREG | tag as u32`): apart from `TAG_REG`, whose tags name the registration, so
+/// that a peer unregistering another one is told at once rather than at the timeout.
+pub const TAG_UNREG: u64 = 5 << 56;
 
 /// One rank's half of a connection, sent to the peer on `TAG_CONN | tag` during setup: magic,
 /// version, transport, tag, sender rank (u32 LE each), buffer size (u64 LE), then the

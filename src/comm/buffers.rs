@@ -1,7 +1,8 @@
-//! Registered buffers (`mscclppRegisterBuffer`, `mscclppRegisteredBufferWrite`): regions every
-//! connected peer registers and exchanges after setup, written to from the host.
+//! Registered buffers (`mscclppRegisterBuffer`, `mscclppRegisteredBufferWrite`,
+//! `mscclppUnregisterBuffer`): regions every connected peer registers and exchanges after
+//! setup, written to from the host, and released again by all of them.
 
-use super::{Comm, Conn, Registered, TAG_REG};
+use super::{Comm, Conn, RegState, Registered, TAG_REG, TAG_UNREG};
 use crate::error::{Error, Result};
 use crate::sync::lock;
 use crate::transport::{MrId, Region};
@@ -21,12 +22,14 @@ impl Comm {
         let kind = crate::cuda::mem_kind(ptr);
         let seq = self.registered.len() as u64;
         let tag_of = |c: &Conn| TAG_REG | (seq & 0xff_ffff) << 32 | c.tag as u32 as u64;
+        let mut locals = Vec::with_capacity(self.conns.len());
         for c in &self.conns {
-            let (_, blob) = lock(&self.slots[c.slot].ep).register(Region {
+            let (mr, blob) = lock(&self.slots[c.slot].ep).register(Region {
                 addr: ptr,
                 len: size,
                 kind,
             })?;
+            locals.push((c.slot, mr));
             let msg = Writer::new().u64(seq).u64(size).bytes(&blob).finish();
             self.boot.send(c.remote_rank, tag_of(c), &msg)?;
         }
@@ -42,8 +45,116 @@ impl Comm {
             let id = lock(&self.slots[c.slot].ep).import(c.peer, blob)?;
             remotes.push((c.slot, c.peer, id, rsize));
         }
-        self.registered.push(Registered { remotes });
+        // Counted only now: a registration that failed half-way is not unregistered (the
+        // endpoints keep what it registered until destroy, or until a later registration of
+        // the same region is unregistered).
+        for &(slot, mr) in &locals {
+            self.hold_region(slot, mr);
+        }
+        self.registered.push(Registered {
+            remotes,
+            locals,
+            state: RegState::Live,
+        });
         Ok(seq + 1)
+    }
+
+    /// Unregisters registration `handle` on this rank, which every connected peer does too
+    /// (mscclppUnregisterBuffer), in this order: this rank's imports of the peers' regions are
+    /// dropped, a "released" message goes to every peer, and once every peer's has come, our
+    /// registration is released. So when it is released, no peer writes into it any more, nor
+    /// ever will; if a peer's message does not come (a mismatch, a dead or slow peer), ours is
+    /// kept until destroy and the handle is dead all the same.
+    pub fn unregister_buffer(&mut self, handle: u64) -> Result<()> {
+        self.require_ready("mscclppUnregisterBuffer")?;
+        self.check_sticky()?;
+        let seq = self.live_registration(handle)?;
+        let reg = &mut self.registered[seq];
+        // Dead from here: whatever fails below, its imports are going or gone.
+        reg.state = RegState::Kept;
+        let remotes = std::mem::take(&mut reg.remotes);
+        // No write of ours into them is in flight: calls on a communicator are serialised,
+        // and mscclppRegisteredBufferWrite returns once its bytes arrived.
+        for &(slot, _, rid, _) in &remotes {
+            lock(&self.slots[slot].ep).forget(rid)?;
+        }
+        let msg = Writer::new().u64(seq as u64).finish();
+        for c in &self.conns {
+            self.boot
+                .send(c.remote_rank, TAG_UNREG | c.tag as u32 as u64, &msg)?;
+        }
+        for c in &self.conns {
+            let m = self
+                .boot
+                .recv(c.remote_rank, TAG_UNREG | c.tag as u32 as u64)
+                .map_err(|e| {
+                    Error::remote(format!(
+                        "registered buffer {handle}: rank {} (connection tag {}) did not unregister it: {e}; this rank keeps its registration until the communicator is destroyed",
+                        c.remote_rank, c.tag
+                    ))
+                })?;
+            let mut rd = Reader::new(&m, "unregister message");
+            let rseq = rd.u64()?;
+            rd.finish()?;
+            if rseq != seq as u64 {
+                return Err(Error::remote(format!(
+                    "rank {} unregistered registered buffer {} where this rank unregistered {handle} (every connected rank unregisters the same one); this rank keeps its registration until the communicator is destroyed",
+                    c.remote_rank,
+                    rseq.saturating_add(1)
+                )));
+            }
+        }
+        let locals = std::mem::take(&mut self.registered[seq].locals);
+        self.registered[seq].state = RegState::Released;
+        // Every release is attempted: the peers are done with each of them.
+        let mut first = Ok(());
+        for (slot, mr) in locals {
+            if let Err(e) = self.drop_region(slot, mr) {
+                crate::warn!("unregistering registered buffer {handle}: {e}");
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
+
+    /// The index of registration `handle`, if it is live.
+    fn live_registration(&self, handle: u64) -> Result<usize> {
+        let i = handle
+            .checked_sub(1)
+            .filter(|&i| i < self.registered.len() as u64)
+            .ok_or_else(|| {
+                Error::invalid_arg(format!("unknown registered-memory handle {handle}"))
+            })? as usize;
+        match self.registered[i].state {
+            RegState::Live => Ok(i),
+            RegState::Released => Err(Error::invalid_arg(format!(
+                "registered-memory handle {handle} was unregistered (mscclppUnregisterBuffer)"
+            ))),
+            RegState::Kept => Err(Error::invalid_arg(format!(
+                "registered-memory handle {handle} was unregistered (mscclppUnregisterBuffer failed: its registration is kept until the communicator is destroyed)"
+            ))),
+        }
+    }
+
+    /// One more use of registration `mr` of slot `slot`'s endpoint.
+    pub(super) fn hold_region(&mut self, slot: usize, mr: MrId) {
+        *self.region_uses.entry((slot, mr)).or_default() += 1;
+    }
+
+    /// One use fewer of registration `mr` of slot `slot`'s endpoint, which releases it with
+    /// the last.
+    fn drop_region(&mut self, slot: usize, mr: MrId) -> Result<()> {
+        let n = self.region_uses.get_mut(&(slot, mr)).ok_or_else(|| {
+            Error::internal(format!(
+                "releasing registration {mr} of endpoint {slot}, which has no use"
+            ))
+        })?;
+        *n -= 1;
+        if *n > 0 {
+            return Ok(());
+        }
+        self.region_uses.remove(&(slot, mr));
+        lock(&self.slots[slot].ep).deregister(mr)
     }
 
     /// Writes `size` bytes from `src + src_off` into every peer's buffer of registration
@@ -58,12 +169,7 @@ impl Comm {
     ) -> Result<()> {
         self.require_ready("mscclppRegisteredBufferWrite")?;
         self.check_sticky()?;
-        let reg = handle
-            .checked_sub(1)
-            .and_then(|i| self.registered.get(i as usize))
-            .ok_or_else(|| {
-                Error::invalid_arg(format!("unknown registered-memory handle {handle}"))
-            })?;
+        let reg = &self.registered[self.live_registration(handle)?];
         if src == 0 || size == 0 {
             return Err(Error::invalid_arg("srcBuff is NULL or size is 0"));
         }

@@ -14,7 +14,7 @@ pub mod hang;
 mod setup;
 mod teardown;
 
-pub use blob::{ConnBlob, TAG_ACK, TAG_CONN, TAG_REG, TAG_UNMAPPED};
+pub use blob::{ConnBlob, TAG_ACK, TAG_CONN, TAG_REG, TAG_UNMAPPED, TAG_UNREG};
 
 use crate::abi::*;
 use crate::bootstrap::Bootstrap;
@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::proxy::{self, Running, SharedEndpoint, SharedWork, Sticky};
 use crate::sync::lock;
 use crate::transport::epoch::EpochMem;
-use crate::transport::{Caps, EndpointKey, MemKind, PeerId, RemoteId};
+use crate::transport::{Caps, EndpointKey, MemKind, MrId, PeerId, RemoteId};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -82,6 +82,21 @@ struct Conn {
 struct Registered {
     /// Per established connection: (slot, peer, the peer's imported region, its size).
     remotes: Vec<(usize, PeerId, RemoteId, u64)>,
+    /// Per established connection: (slot, our registration there), each counted in
+    /// `Comm::region_uses`.
+    locals: Vec<(usize, MrId)>,
+    state: RegState,
+}
+
+/// Where a registered buffer stands (`mscclppUnregisterBuffer`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RegState {
+    Live,
+    /// Unregistered on this rank and its peers; nothing of it is held.
+    Released,
+    /// An unregister failed after this rank dropped its imports: the handle is dead, and our
+    /// registration stays until destroy, since a peer may not have dropped its import yet.
+    Kept,
 }
 
 pub struct Comm {
@@ -93,7 +108,13 @@ pub struct Comm {
     dev_conns: Vec<mscclppDevConn>,
     slots: Vec<Slot>,
     sticky: Arc<Sticky>,
+    /// Indexed by registration (handle - 1); an unregistered one stays, so that the numbering
+    /// both sides share (`register_buffer`'s `seq`) never shifts.
     registered: Vec<Registered>,
+    /// Uses of each registration of an endpoint (slot, id): connections' buffers and epoch
+    /// blocks, registered buffers. The endpoints return one id for the same region, so a
+    /// registered buffer that is also a connection's buffer is released only with its last use.
+    region_uses: HashMap<(usize, MrId), usize>,
     proxies_running: bool,
     /// Between a stop and the next launch (or destroy): the thread that keeps the network
     /// endpoints progressing for peers still flushing to us (`proxy::Keeper`).
@@ -139,6 +160,7 @@ impl Comm {
             dev_conns: Vec::new(),
             slots: Vec::new(),
             registered: Vec::new(),
+            region_uses: HashMap::new(),
             proxies_running: false,
             keeper: None,
             hang: None,

@@ -151,12 +151,14 @@ impl Comm {
             len: r.size,
             kind: r.kind,
         })?;
-        let (_, epoch_blob) = ep.register(Region {
+        let (epoch_mr, epoch_blob) = ep.register(Region {
             addr: epoch.ptr() as u64,
             len: epoch.export_len(),
             kind: r.kind,
         })?;
         drop(ep);
+        self.hold_region(s, src);
+        self.hold_region(s, epoch_mr);
         let msg = ConnBlob {
             transport: r.transport as u32,
             tag: r.tag,
