@@ -1346,6 +1346,250 @@ fn registered_write_many_ranges_shm_2() {
     );
 }
 
+// ---- unregistering (mscclppUnregisterBuffer) -----------------------------------------------
+
+/// `mscclppRegisteredBufferWrite` of `len` bytes from `src` (at `src_off`) to `dst_off`.
+fn reg_write(
+    c: mscclpp::capi::mscclppComm_t,
+    reg: &mut RegMem,
+    src: &mut [u8],
+    len: usize,
+    dst_off: usize,
+) -> mscclpp::abi::mscclppResult_t {
+    mscclppRegisteredBufferWrite(c, reg, src.as_mut_ptr().cast(), len, 0, dst_off as u32, 0)
+}
+
+/// Asserts that `r` is mscclppInvalidArgument with a text that contains `part`.
+#[track_caller]
+fn refused(r: mscclpp::abi::mscclppResult_t, part: &str) {
+    assert_eq!(r, mscclppInvalidArgument, "{}", last_error());
+    assert!(last_error().contains(part), "{part:?}: {}", last_error());
+}
+
+/// Two registered buffers, both written; the first unregistered on both ranks: its libfabric
+/// registration is closed (the process's count goes back by what registering it added), a
+/// write with its handle and a second unregister are refused naming it unregistered, and
+/// writes through the second still arrive. NULL, unknown and zero handles are refused; none of
+/// those refusals sends anything (the next unregister would take a stray message and fail).
+/// Unregistering the second brings the count back to before either.
+fn unregister_one_of_two(e: Env) {
+    const LEN: usize = 1000;
+    let live = mscclpp::transport::net::live_registrations;
+    let peer = 1 - e.rank;
+    let (mut conn_buf, mut first, mut second) = (vec![0u8; 64], vec![0u8; LEN], vec![0u8; LEN]);
+    let c = connected_pair(&e, 9, &mut conn_buf);
+    let base = live();
+    let mut reg1 = register(c, &mut first);
+    let one = live() - base;
+    assert!(
+        one > 0,
+        "a registered buffer holds a libfabric registration"
+    );
+    let mut reg2 = register(c, &mut second);
+    let mut src: Vec<u8> = (0..LEN).map(|i| pattern(e.rank, i)).collect();
+    ok(reg_write(c, &mut reg1, &mut src, LEN, 0));
+    ok(reg_write(c, &mut reg2, &mut src, LEN, 0));
+    ok(mscclppBootstrapBarrier(c));
+    for (name, buf) in [("first", &first), ("second", &second)] {
+        for (i, &b) in buf.iter().enumerate() {
+            assert_eq!(b, pattern(peer, i), "{name} buffer, byte {i}");
+        }
+    }
+    ok(mscclppUnregisterBuffer(c, &mut reg1));
+    assert_eq!(live(), base + one, "the first's registration is closed");
+    refused(reg_write(c, &mut reg1, &mut src, LEN, 0), "unregistered");
+    // The second still carries bytes, new ones.
+    let mut src: Vec<u8> = (0..LEN).map(|i| pattern(e.rank + 2, i)).collect();
+    ok(reg_write(c, &mut reg2, &mut src, LEN, 0));
+    ok(mscclppBootstrapBarrier(c));
+    for (i, &b) in second.iter().enumerate() {
+        assert_eq!(
+            b,
+            pattern(peer + 2, i),
+            "second buffer after the unregister, byte {i}"
+        );
+    }
+    refused(mscclppUnregisterBuffer(c, &mut reg1), "unregistered");
+    refused(mscclppUnregisterBuffer(c, std::ptr::null_mut()), "NULL");
+    for handle in [0, 77] {
+        let mut bogus = RegMem { handle };
+        refused(mscclppUnregisterBuffer(c, &mut bogus), "unknown");
+    }
+    assert_eq!(live(), base + one, "the refusals changed nothing");
+    ok(mscclppUnregisterBuffer(c, &mut reg2));
+    assert_eq!(live(), base, "both registrations closed");
+    // The library holds nothing of them: the memory may go.
+    drop((first, second));
+    refused(reg_write(c, &mut reg2, &mut src, LEN, 0), "unregistered");
+    finish(c);
+}
+
+#[test]
+fn unregister_one_of_two_tcp_2() {
+    ranks(
+        "unregister_one_of_two_tcp_2",
+        2,
+        "tcp",
+        unregister_one_of_two,
+    );
+}
+#[test]
+fn unregister_one_of_two_shm_2() {
+    ranks(
+        "unregister_one_of_two_shm_2",
+        2,
+        "shm",
+        unregister_one_of_two,
+    );
+}
+
+/// A registered buffer that is also the connection's own buffer (the same range): registering
+/// it adds no libfabric registration (the endpoint returns the connection's), unregistering it
+/// closes none, and the connection's puts still move bytes both ways afterwards.
+fn unregister_connection_buffer(e: Env) {
+    const HALF: usize = 2048;
+    let live = mscclpp::transport::net::live_registrations;
+    let peer = 1 - e.rank;
+    let mut buf = vec![0u8; 2 * HALF];
+    let c = connected_pair(&e, 0, &mut buf);
+    let base = live();
+    let mut reg = register(c, &mut buf);
+    assert_eq!(live(), base, "the connection's registration, shared");
+    // Rank r's 512 bytes land at HALF + 512 r of the peer's buffer.
+    let mut src: Vec<u8> = (0..512).map(|i| pattern(e.rank, i)).collect();
+    ok(reg_write(c, &mut reg, &mut src, 512, HALF + 512 * e.rank));
+    ok(mscclppBootstrapBarrier(c));
+    for i in 0..512 {
+        assert_eq!(
+            buf[HALF + 512 * peer + i],
+            pattern(peer, i),
+            "registered write, byte {i}"
+        );
+    }
+    ok(mscclppUnregisterBuffer(c, &mut reg));
+    assert_eq!(live(), base, "the connection keeps its registration");
+    refused(reg_write(c, &mut reg, &mut src, 512, 0), "unregistered");
+    // Rank r's 1024 bytes go from [1024 r, +1024) of its buffer to the same place in the peer's.
+    let d = &mut dev_conns(c)[0];
+    let off = 1024 * e.rank;
+    for i in 0..1024 {
+        buf[off + i] = pattern(e.rank + 4, i);
+    }
+    put(d, off as u64, off as u64, 512);
+    put_signal(d, (off + 512) as u64, (off + 512) as u64, 512);
+    flush(d);
+    wait(d);
+    for i in 0..1024 {
+        assert_eq!(
+            buf[1024 * peer + i],
+            pattern(peer + 4, i),
+            "put after the unregister, byte {i}"
+        );
+    }
+    finish(c);
+    assert_eq!(live(), 0, "destroy closes the rest");
+}
+
+#[test]
+fn unregister_connection_buffer_tcp_2() {
+    ranks(
+        "unregister_connection_buffer_tcp_2",
+        2,
+        "tcp",
+        unregister_connection_buffer,
+    );
+}
+#[test]
+fn unregister_connection_buffer_shm_2() {
+    ranks(
+        "unregister_connection_buffer_shm_2",
+        2,
+        "shm",
+        unregister_connection_buffer,
+    );
+}
+
+/// The bootstrap timeout of the mismatch tests, in seconds.
+const MISMATCH_BOOT_S: u64 = 5;
+
+/// Rank 0 unregisters registration 1 while rank 1 unregisters registration 2: both fail at
+/// once (not at the timeout), each naming what the other unregistered; each keeps its
+/// registration (the peer may still hold it) and its handle is dead all the same. Then rank 0
+/// unregisters registration 2 while rank 1 unregisters nothing: rank 0 fails at the bootstrap
+/// timeout, not later. Destroy closes what was kept.
+fn unregister_mismatch(e: Env) {
+    let live = mscclpp::transport::net::live_registrations;
+    let peer = 1 - e.rank;
+    let (mut conn_buf, mut a, mut b) = (vec![0u8; 64], vec![0u8; 256], vec![0u8; 256]);
+    let c = connected_pair(&e, 3, &mut conn_buf);
+    let mut regs = [register(c, &mut a), register(c, &mut b)];
+    let held = live();
+    let (r, t) = timed(|| mscclppUnregisterBuffer(c, &mut regs[e.rank]));
+    let why = last_error();
+    println!(
+        "rank {}: mismatched unregister {r:?} after {t:?}: {why}",
+        e.rank
+    );
+    assert_eq!(r, mscclppRemoteError, "{why}");
+    let theirs = format!("rank {peer} unregistered registered buffer {}", peer + 1);
+    assert!(why.contains(&theirs), "{theirs:?}: {why}");
+    assert!(t < Duration::from_secs(MISMATCH_BOOT_S), "took {t:?}");
+    assert_eq!(live(), held, "kept: the peer may still write into it");
+    let mut src = vec![1u8; 8];
+    refused(
+        reg_write(c, &mut regs[e.rank], &mut src, 8, 0),
+        "unregistered",
+    );
+    refused(
+        mscclppUnregisterBuffer(c, &mut regs[e.rank]),
+        "unregistered",
+    );
+    if e.rank == 0 {
+        let (r, t) = timed(|| mscclppUnregisterBuffer(c, &mut regs[1]));
+        let why = last_error();
+        println!("rank 0: unanswered unregister {r:?} after {t:?}: {why}");
+        assert_eq!(r, mscclppRemoteError, "{why}");
+        assert!(
+            why.contains("rank 1 (connection tag 3) did not unregister it"),
+            "{why}"
+        );
+        let bound = Duration::from_secs(MISMATCH_BOOT_S);
+        assert!(
+            t >= bound - Duration::from_millis(500) && t < 4 * bound,
+            "took {t:?}"
+        );
+        assert_eq!(live(), held, "kept as well");
+        mark("r0_timed_out", "");
+    } else {
+        wait_mark("r0_timed_out", Duration::from_secs(60)).expect("rank 0 never timed out");
+    }
+    finish(c);
+    assert_eq!(live(), 0, "destroy closes what was kept");
+}
+
+/// Runs `unregister_mismatch` as test `name`'s two ranks over `provider`.
+fn unregister_mismatch_ranks(name: &str, provider: &str) {
+    if skip_missing_provider(name, provider) {
+        return;
+    }
+    if is_rank(name) {
+        return unregister_mismatch(env());
+    }
+    let d = Dir::new(name);
+    let (k, v) = d.env();
+    let boot = MISMATCH_BOOT_S.to_string();
+    let e = with(transport_env(provider), "MSCCLPP_BOOTSTRAP_TIMEOUT", &boot);
+    spawn(name, 2, &with(e, k, &v)).expect_success(DEADLINE);
+}
+#[test]
+fn unregister_mismatch_fails_both_ranks_tcp() {
+    unregister_mismatch_ranks("unregister_mismatch_fails_both_ranks_tcp", "tcp");
+}
+#[test]
+fn unregister_mismatch_fails_both_ranks_shm() {
+    unregister_mismatch_ranks("unregister_mismatch_fails_both_ranks_shm", "shm");
+}
+
 // ---- faults ---------------------------------------------------------------------------------
 
 /// A put beyond the peer's buffer is refused by the sender's proxy: nothing is written, the
