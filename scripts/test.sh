@@ -192,15 +192,21 @@ soak() {
   done
 }
 
-# The Python package (python/): pip builds it into a venv (scikit-build-core from PyPI; cargo
-# reuses the release build of "cmake install" in $CARGO_TARGET_DIR), the public API's types
-# (`mypy --strict`, python/pyproject.toml), then its pytest suite on host memory: 2-4 ranks
-# over tcp and shm, bad arguments, dead peers, lifetimes, README's example; then an editable
-# install (`pip install -e ./python`) loads its library.
+# The Python package (python/): pip builds its wheel (scikit-build-core from PyPI; cargo
+# reuses the release build of "cmake install" in $CARGO_TARGET_DIR), python/manylinux.py gives
+# it the manylinux tag it meets, and that wheel goes into a venv; then the public API's types
+# (`mypy --strict`, python/pyproject.toml) and its pytest suite on host memory: 2-4 ranks
+# over tcp and shm, bad arguments, dead peers, lifetimes, Ctrl-C, README's example; then an
+# editable install (`pip install -e ./python`) loads its library.
 python_pkg() {
-  local venv=$build/python-venv
+  local venv=$build/python-venv wheels=$build/python-wheel
   [[ -x $venv/bin/python ]] || python3 -m venv "$venv" || return 1
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check ./python pytest numpy mypy || return 1
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check pytest numpy mypy wheel || return 1
+  rm -rf "$wheels" && "$venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps -w "$wheels" ./python || return 1
+  local whl
+  whl=$("$venv/bin/python" python/manylinux.py "$wheels"/mscclpp_rs-*-linux_*.whl) || return 1
+  echo "wheel: $(basename "$whl")"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$whl" || return 1
   (cd python && "$venv/bin/python" -m mypy) || return 1
   (cd python && "$venv/bin/python" -m pytest -q -p no:cacheprovider) || return 1
   # An editable install (pip install -e: scikit-build-core keeps the Python files in the

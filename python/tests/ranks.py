@@ -138,6 +138,36 @@ def registered_write(transport: str) -> None:
     print(f"rank {me}: registered write ok")
 
 
+def unregister(transport: str) -> None:
+    """Two registered buffers on 2 ranks; the first unregistered: its writes are refused, the
+    second's still arrive, a second unregister is refused."""
+    with m.Communicator.from_env() as comm:
+        me = comm.rank
+        buf = np.zeros(1024, dtype=np.uint8)
+        comm.connect(1 - me, buf, transport=transport)
+        a, b = np.zeros(512, dtype=np.uint8), np.zeros(512, dtype=np.uint8)
+        with comm.proxy():
+            ra, rb = comm.register_buffer(a), comm.register_buffer(b)
+            src = pattern(me, 256, 3)
+            ra.write(src)
+            comm.barrier()
+            assert (a[:256] == pattern(1 - me, 256, 3)).all(), "the write before unregister did not arrive"
+            ra.unregister()
+            for call in (lambda: ra.write(src), ra.unregister):
+                try:
+                    call()
+                except m.InvalidArgumentError as e:
+                    assert "unregistered" in e.message, e.message
+                else:
+                    raise AssertionError("a call with an unregistered buffer did not raise")
+            rb.write(src, dst_offset=256)
+            comm.barrier()
+            assert (b[256:512] == pattern(1 - me, 256, 3)).all(), "the second buffer's write did not arrive"
+            rb.unregister()
+            comm.barrier()
+    print(f"rank {me}: unregister ok")
+
+
 class _TorchStream:
     """The attribute a torch.cuda.Stream has (PyTorch is not installed where this runs)."""
 
@@ -352,7 +382,149 @@ def async_text(transport: str) -> None:
     _quiet_close(comm)
 
 
+def _interrupt_self_after(seconds: float) -> None:
+    """SIGINT to this process in ``seconds`` (as Ctrl-C in its terminal sends it), from a
+    thread, while the main thread is inside a library call."""
+    import signal
+    import threading
+
+    threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+
+def interrupt_wait(transport: str) -> None:
+    """Ctrl-C while rank 0's main thread waits for a signal that never comes: KeyboardInterrupt
+    at once (not at the wait timeout), the communicator aborted; rank 1 then sees its peer
+    go (its own wait ends with an error, not a hang)."""
+    comm, conn = _running_pair(transport)
+    if comm.rank == 1:
+        t0 = time.monotonic()
+        try:
+            conn.wait()
+        except m.MscclppError as e:
+            print(f"RESULT peer {type(e).__name__} after {time.monotonic() - t0:.1f}s")
+        else:
+            raise AssertionError("rank 1's wait returned without a signal")
+        _quiet_close(comm)
+        return
+    _interrupt_self_after(1.0)
+    t0 = time.monotonic()
+    try:
+        conn.wait()
+    except KeyboardInterrupt as e:
+        took = time.monotonic() - t0
+        notes = getattr(e, "__notes__", [])
+        assert sys.version_info < (3, 11) or any("was aborted" in x for x in notes), notes
+    else:
+        raise AssertionError("wait() returned without a signal")
+    assert comm.closed and comm.aborted == "Ctrl-C interrupted wait()", comm.aborted
+    try:
+        comm.barrier()
+    except m.InvalidUsageError as e:
+        assert "aborted (Ctrl-C interrupted wait())" in e.message, e.message
+    else:
+        raise AssertionError("a call on an aborted communicator did not raise")
+    print(f"RESULT interrupted {took:.1f}s")
+
+
+def abort_calls(transport: str) -> None:
+    """abort() from another thread: a wait of the main thread ends with an error, a barrier
+    that holds the communicator does not hold up abort(), and the communicator is destroyed
+    once, by the last call to leave."""
+    import threading
+
+    from calls import count_calls
+
+    calls, _ = count_calls()
+    comm, conn = _running_pair(transport)
+    if comm.rank == 1:
+        # Not a wait: a peer's destroy (abort's included) does not end its peers' waits
+        # before their wait timeout; only its process's exit does (interrupt_wait).
+        time.sleep(3)
+        _quiet_close(comm)
+        return
+    t = threading.Timer(0.5, comm.abort)
+    t.start()
+    t0 = time.monotonic()
+    try:
+        conn.wait()
+    except m.MscclppError as e:
+        print(f"RESULT wait ended by abort() after {time.monotonic() - t0:.1f}s: {type(e).__name__}")
+    else:
+        raise AssertionError("wait() returned without a signal")
+    t.join()
+    deadline = time.monotonic() + 20
+    while calls.count("mscclppCommDestroy") == 0:  # the stop's thread leaves last
+        assert time.monotonic() < deadline, "the aborted communicator was never destroyed"
+        time.sleep(0.01)
+    comm.abort()  # again: nothing
+    comm.close()
+    assert calls.count("mscclppCommDestroy") == 1, calls
+
+    # With nothing inside the library, abort() destroys at once.
+    solo = m.Communicator(m.unique_id(), 0, 1)
+    before = calls.count("mscclppCommDestroy")
+    solo.abort()
+    assert calls.count("mscclppCommDestroy") == before + 1, "an idle communicator is not destroyed by abort()"
+    print("RESULT abort ok")
+
+
+def abort_barrier(transport: str) -> None:
+    """Rank 0's main thread is in a barrier that rank 1 never enters (it holds the library's
+    lock of the communicator until the bootstrap timeout, 3 s here): abort() from another
+    thread returns at once all the same, and the communicator is destroyed once the barrier
+    has left."""
+    import threading
+
+    from calls import count_calls
+
+    calls, _ = count_calls()
+    comm, _conn = _running_pair(transport)
+    if comm.rank == 1:
+        time.sleep(6)  # past rank 0's barrier timeout
+        _quiet_close(comm)
+        return
+    took: list[float] = []
+
+    def abort() -> None:
+        t0 = time.monotonic()
+        comm.abort()
+        took.append(time.monotonic() - t0)
+
+    t = threading.Timer(0.5, abort)
+    t.start()
+    try:
+        comm.barrier()
+    except m.MscclppError as e:
+        print(f"RESULT barrier ended: {type(e).__name__}")
+    else:
+        raise AssertionError("a barrier of one rank of two returned")
+    t.join()
+    print(f"RESULT abort took {took[0]:.2f}s")
+    deadline = time.monotonic() + 20
+    while calls.count("mscclppCommDestroy") == 0:
+        assert time.monotonic() < deadline, "the aborted communicator was never destroyed"
+        time.sleep(0.01)
+    assert calls.count("mscclppCommDestroy") == 1, calls
+
+
+def interrupt_bootstrap(port: str) -> None:
+    """Ctrl-C while rank 0 waits at creation for a rank that never comes."""
+    _interrupt_self_after(1.0)
+    t0 = time.monotonic()
+    try:
+        m.Communicator(f"127.0.0.1:{port}", 0, 2)
+    except KeyboardInterrupt:
+        print(f"RESULT interrupted {time.monotonic() - t0:.1f}s")
+    else:
+        raise AssertionError("a communicator of 2 was made by one rank")
+
+
 SCENARIOS = {
+    "interrupt_wait": interrupt_wait,
+    "interrupt_bootstrap": interrupt_bootstrap,
+    "abort_calls": abort_calls,
+    "unregister": unregister,
+    "abort_barrier": abort_barrier,
     "async_text": async_text,
     "from_torch": from_torch,
     "from_mpi": from_mpi,

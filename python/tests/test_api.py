@@ -147,6 +147,31 @@ def test_fork_child_neither_uses_nor_destroys(calls) -> None:
     assert calls.count("mscclppCommDestroy") == 1
 
 
+def test_loading_keeps_the_signal_handlers() -> None:
+    # Debian's libfabric loads libpsm-infinipath, whose constructor replaces the handlers of
+    # SIGINT, SIGTERM, SIGSEGV, ... with its own (exit(1)): the package puts them back, so that
+    # Ctrl-C is still Python's KeyboardInterrupt. A fresh interpreter: loading happens once.
+    code = """
+import ctypes, signal, sys
+import mscclpp_rs as m
+libc = ctypes.CDLL(None)
+def handler(sig):
+    a = ctypes.create_string_buffer(256)
+    assert libc.sigaction(sig, None, a) == 0
+    return a.raw[:8]
+sigs = [signal.SIGINT, signal.SIGTERM, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGABRT]
+before = [handler(s) for s in sigs]
+m.version()  # loads the library and libfabric
+after = [handler(s) for s in sigs]
+changed = [s.name for s, b, a in zip(sigs, before, after) if b != a]
+assert not changed, f"loading the library changed the handlers of {changed}"
+assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+print("kept")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "kept" in out.stdout, out.stdout + out.stderr
+
+
 def test_stream_arguments() -> None:
     from mscclpp_rs._comm import _stream_handle
 

@@ -84,6 +84,43 @@ def test_a_wait_past_its_timeout_is_a_timeout_error() -> None:
     assert "RESULT timeout" in r0.out, r0.out
 
 
+@pytest.mark.parametrize("transport", ["ib", "shm"])
+def test_unregister_buffer(transport: str) -> None:
+    assert_all_ok(run_ranks(2, "unregister", transport))
+
+
+def test_ctrl_c_interrupts_a_wait_and_aborts() -> None:
+    # MSCCLPP_WAIT_TIMEOUT is 20 s (conftest): KeyboardInterrupt must come long before it.
+    r0, r1 = run_ranks(2, "interrupt_wait", "ib", timeout=60)
+    assert r0.returncode == 0, r0.out
+    assert r1.returncode == 0, r1.out
+    m = re.search(r"^RESULT interrupted ([\d.]+)s", r0.out, re.M)
+    assert m and float(m.group(1)) < 10, r0.out  # a hang bound (the wait timeout is 20 s)
+    assert "RESULT peer" in r1.out, r1.out
+
+
+def test_ctrl_c_interrupts_communicator_creation() -> None:
+    # One rank of two: creation waits for the other up to the bootstrap timeout (60 s here).
+    (r0,) = run_ranks(
+        1, "interrupt_bootstrap", str(free_port()), env={"MSCCLPP_BOOTSTRAP_TIMEOUT": "60"}, timeout=40
+    )
+    assert r0.returncode == 0, r0.out
+    m = re.search(r"^RESULT interrupted ([\d.]+)s", r0.out, re.M)
+    assert m and float(m.group(1)) < 10, r0.out
+
+
+def test_abort_releases_calls_and_destroys_once() -> None:
+    assert_all_ok(run_ranks(2, "abort_calls", "ib", timeout=60))
+
+
+def test_abort_does_not_wait_behind_a_barrier() -> None:
+    r0, r1 = run_ranks(2, "abort_barrier", "ib", env={"MSCCLPP_BOOTSTRAP_TIMEOUT": "3"}, timeout=60)
+    assert r0.returncode == 0, r0.out
+    assert r1.returncode == 0, r1.out
+    m = re.search(r"^RESULT abort took ([\d.]+)s", r0.out, re.M)
+    assert m and float(m.group(1)) < 1.5, r0.out  # the barrier holds the lock for 3 s
+
+
 def test_from_torch_distributed() -> None:
     # Where PyTorch is installed (the GPU machine's python3; not CI's venv).
     pytest.importorskip("torch.distributed")

@@ -6,6 +6,10 @@ connections for kernels, host-side put/signal/flush/wait, and the bootstrap's al
 barrier. The wheel carries ``libmscclpp.so`` and the headers: :func:`include_dir` and
 :func:`compile_flags` give what a kernel that includes ``mscclpp.h`` needs.
 
+A blocking call made on the main thread (a wait, a flush, a barrier, setup, communicator
+creation) is interruptible by Ctrl-C, which aborts its communicator (:meth:`Communicator.abort`);
+:func:`set_interruptible` turns that off.
+
 Every failed library call raises a :class:`MscclppError` subclass carrying the library's result
 code (``.code``) and message (``.message``). The library is loaded on first use.
 
@@ -18,6 +22,7 @@ from typing import Optional
 
 from . import _native
 from ._buffer import Buffer, as_buffer
+from ._interrupt import interruptible, set_interruptible
 from ._comm import (
     Communicator,
     Connection,
@@ -69,12 +74,14 @@ __all__ = [
     "as_buffer",
     "compile_flags",
     "include_dir",
+    "interruptible",
     "launch_env",
     "lib_dir",
     "libfabric_path",
     "library_path",
     "link_flags",
     "set_bootstrap_timeout",
+    "set_interruptible",
     "unique_id",
     "version",
 ]

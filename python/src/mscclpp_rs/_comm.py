@@ -10,8 +10,9 @@ import struct
 import threading
 import warnings
 import weakref
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 
+from . import _interrupt
 from . import _native as n
 from ._buffer import Buffer, as_buffer
 from ._launch import launch_env
@@ -23,6 +24,7 @@ _U32_MAX = (1 << 32) - 1
 # after its stop released their waits (a bootstrap call is bounded by the bootstrap timeout,
 # 30 s by default); past it the communicator is leaked, with a warning, not freed under them.
 _CALLS_LEAVE_S = 60.0
+_T = TypeVar("_T")
 
 
 def _stream_handle(stream: Any, call: str) -> int:
@@ -64,6 +66,14 @@ def _check_int(name: str, value: Any, hi: int, call: str, lo: int = 0) -> int:
     if not lo <= v <= hi:
         raise InvalidArgumentError(Result.INVALID_ARGUMENT, f"{name} = {v} is out of range [{lo}, {hi}]", call)
     return v
+
+
+def _destroy_quietly(handle: Optional[int]) -> None:
+    """``mscclppCommDestroy`` where nobody is left to hear its error (an aborted communicator,
+    one made after its creation was interrupted)."""
+    if handle:
+        with contextlib.suppress(MscclppError):
+            n.call("mscclppCommDestroy", handle)
 
 
 class UniqueId(bytes):
@@ -171,9 +181,11 @@ class Connection:
             raise _gone(f"the connection to rank {self.remote_rank}", "connection")
         return c
 
-    def _call(self, fn: str, call: str, *args: Any) -> None:
-        """``fn(devconn, *args)`` while the communicator is held open (see Communicator._use)."""
-        with self.comm._use(call):
+    def _call(self, fn: str, call: str, *args: Any, blocking: bool = False) -> None:
+        """``fn(devconn, *args)`` while the communicator is held open (see Communicator._use);
+        a ``blocking`` one so that Ctrl-C interrupts it (see Communicator._blocking)."""
+
+        def body(_h: int) -> None:
             if self._devconn is None:
                 raise InvalidUsageError(
                     Result.INVALID_USAGE,
@@ -182,6 +194,13 @@ class Connection:
                     call,
                 )
             n.call(fn, self._devconn, *args)
+
+        comm = self.comm
+        if blocking:
+            comm._blocking(call, body)
+        else:
+            with comm._use(call) as h:
+                body(h)
 
     def _triple(self, offset: int, size: int, src_offset: Optional[int], call: str) -> tuple[int, int, int]:
         dst = _check_int("offset", offset, _U64_MAX, call)
@@ -211,17 +230,19 @@ class Connection:
     def put_with_signal_and_flush(self, offset: int, size: int, *, src_offset: Optional[int] = None) -> None:
         """:meth:`put_with_signal`, then waits until both have completed."""
         dst, src, size = self._triple(offset, size, src_offset, "put_with_signal_and_flush")
-        self._call("mscclppDevConnPutWithSignalAndFlush", "put_with_signal_and_flush", dst, src, size)
+        self._call(
+            "mscclppDevConnPutWithSignalAndFlush", "put_with_signal_and_flush", dst, src, size, blocking=True
+        )
 
     def flush(self) -> None:
         """Returns once every earlier put and signal on this connection has completed (the source
         may change again)."""
-        self._call("mscclppDevConnFlush", "flush")
+        self._call("mscclppDevConnFlush", "flush", blocking=True)
 
     def wait(self) -> None:
         """Waits for the peer's next signal; the data of every put before it is then readable.
         Consumes one signal per call: use one waiting thread per connection."""
-        self._call("mscclppDevConnWait", "wait")
+        self._call("mscclppDevConnWait", "wait", blocking=True)
 
 
 class DeviceConnections:
@@ -315,8 +336,24 @@ class RegisteredMemory:
                 "write",
             )
         st = _stream_handle(stream, "write") if stream is not None else (buf.stream or 0)
-        with self.comm._use("write") as h:
-            n.call("mscclppRegisteredBufferWrite", h, ctypes.byref(self._handle), buf.address, size, so, do, st)
+        self.comm._blocking(
+            "write",
+            lambda h: n.call(
+                "mscclppRegisteredBufferWrite", h, ctypes.byref(self._handle), buf.address, size, so, do, st
+            ),
+        )
+
+    def unregister(self) -> None:
+        """Releases the registration on this rank and every connected peer
+        (``mscclppUnregisterBuffer``; collective between the connected peers, each
+        unregistering this same registration): when it returns, no peer writes into this
+        buffer through it, the library holds nothing of it, and the buffer may be freed. A
+        buffer that is also a connection's stays registered for the connection. Afterwards
+        :meth:`write` and another ``unregister`` raise InvalidArgumentError. Bounded by the
+        bootstrap timeout; on a failure (a peer unregistered another one, or none in time) the
+        handle is dead all the same and the library keeps its registration until the
+        communicator is destroyed."""
+        self.comm._blocking("unregister", lambda h: n.call("mscclppUnregisterBuffer", h, ctypes.byref(self._handle)))
 
 
 Root = Union[str, bytes, UniqueId]
@@ -344,24 +381,40 @@ class Communicator:
     """
 
     def __init__(self, root: Root, rank: int, nranks: int) -> None:
-        handle = ctypes.c_void_p()
         rank = _check_int("rank", rank, 2**31 - 1, "Communicator", lo=-(2**31))
         nranks = _check_int("nranks", nranks, 2**31 - 1, "Communicator", lo=-(2**31))
+        init: Callable[[], Optional[int]]
         if isinstance(root, str):
-            n.call("mscclppCommInitRank", ctypes.byref(handle), nranks, root.encode(), rank)
+            addr = root.encode()
+
+            def init() -> Optional[int]:
+                handle = ctypes.c_void_p()
+                n.call("mscclppCommInitRank", ctypes.byref(handle), nranks, addr, rank)
+                return handle.value
+
         elif isinstance(root, (bytes, bytearray, memoryview)):
-            uid = UniqueId(bytes(root))
-            s = n.UniqueIdStruct()
-            ctypes.memmove(ctypes.addressof(s), uid, n.UNIQUE_ID_BYTES)
-            n.call("mscclppCommInitRankFromId", ctypes.byref(handle), nranks, s, rank)
+            uid = n.UniqueIdStruct()
+            ctypes.memmove(ctypes.addressof(uid), UniqueId(bytes(root)), n.UNIQUE_ID_BYTES)
+
+            def init() -> Optional[int]:
+                handle = ctypes.c_void_p()
+                n.call("mscclppCommInitRankFromId", ctypes.byref(handle), nranks, uid, rank)
+                return handle.value
+
         else:
             raise TypeError(f"root must be an 'ip:port' str or a UniqueId, not {type(root).__name__}")
-        self._handle: Optional[int] = handle.value
+        # Returns once every rank joined: Ctrl-C ends the wait (nothing to abort yet), and a
+        # communicator made after the interrupt after all is destroyed by the worker.
+        self._handle: Optional[int] = _interrupt.call(init, lambda: None, late=_destroy_quietly)
         self._pid = os.getpid()  # a fork child must not destroy (or use) its parent's communicator
         self._lock = threading.Lock()
         # Calls inside the library on the handle now (_use); close() waits for them to leave.
         self._calls = 0
         self._idle = threading.Condition(self._lock)
+        # Set by abort(): why later calls are refused, and the handle that the last call to
+        # leave the library destroys.
+        self._aborted: Optional[str] = None
+        self._doomed: Optional[int] = None
         self._connections: list[Connection] = []
         self._pending: list[Connection] = []
         self._registered: list[RegisteredMemory] = []
@@ -421,7 +474,8 @@ class Communicator:
         that made it."""
         with self._lock:
             if self._handle is None:
-                raise InvalidUsageError(Result.INVALID_USAGE, "the communicator is closed", call)
+                why = f"aborted ({self._aborted})" if self._aborted else "closed"
+                raise InvalidUsageError(Result.INVALID_USAGE, f"the communicator is {why}", call)
             if os.getpid() != self._pid:
                 raise InvalidUsageError(
                     Result.INVALID_USAGE,
@@ -434,10 +488,34 @@ class Communicator:
         try:
             yield h
         finally:
-            with self._lock:
-                self._calls -= 1
-                if self._calls == 0:
-                    self._idle.notify_all()
+            self._leave()
+
+    def _leave(self) -> None:
+        """One call left the library; the last one out destroys an aborted communicator."""
+        with self._lock:
+            self._calls -= 1
+            doomed = None
+            if self._calls == 0:
+                self._idle.notify_all()
+                doomed, self._doomed = self._doomed, None
+        if doomed is not None:
+            _destroy_quietly(doomed)
+
+    def _blocking(self, call: str, body: Callable[[int], _T]) -> _T:
+        """``body(handle)`` inside :meth:`_use`, for a call that may block (a wait, a flush, a
+        collective): made on the main thread, Ctrl-C interrupts it, which aborts the
+        communicator (:meth:`abort`: the call itself cannot be taken back) and raises
+        KeyboardInterrupt at once."""
+
+        def run() -> _T:
+            with self._use(call) as h:
+                return body(h)
+
+        def interrupted() -> str:
+            self.abort(f"Ctrl-C interrupted {call}()")
+            return f"mscclpp_rs: the communicator (rank {self.rank}) was aborted: Ctrl-C interrupted {call}()"
+
+        return _interrupt.call(run, interrupted)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         state = "closed" if self._handle is None else f"{len(self._connections)} connections"
@@ -449,7 +527,8 @@ class Communicator:
         """Every rank's ``data`` (any length, lengths may differ), indexed by rank, over the
         bootstrap sockets. Collective; bounded by the bootstrap timeout."""
         data = bytes(data)
-        with self._use("all_gather") as h:
+
+        def body(h: int) -> list[bytes]:
             lengths = self._gather_fixed(h, struct.pack("<Q", len(data)))
             sizes = [struct.unpack("<Q", x)[0] for x in lengths]
             width = max(sizes)
@@ -460,7 +539,9 @@ class Communicator:
                     Result.INVALID_ARGUMENT, f"{width} bytes per rank: at most 2^31 - 1", "all_gather"
                 )
             padded = self._gather_fixed(h, data.ljust(width, b"\0"))
-        return [chunk[:size] for chunk, size in zip(padded, sizes)]
+            return [chunk[:size] for chunk, size in zip(padded, sizes)]
+
+        return self._blocking("all_gather", body)
 
     def _gather_fixed(self, h: int, mine: bytes) -> list[bytes]:
         width = len(mine)
@@ -472,8 +553,7 @@ class Communicator:
 
     def barrier(self) -> None:
         """Returns once every rank has called it (bounded by the bootstrap timeout)."""
-        with self._use("barrier") as h:
-            n.call("mscclppBootstrapBarrier", h)
+        self._blocking("barrier", lambda h: n.call("mscclppBootstrapBarrier", h))
 
     # --- Connections -----------------------------------------------------------------------
 
@@ -538,13 +618,16 @@ class Communicator:
     def setup(self) -> None:
         """Establishes every connection declared since the last setup (``mscclppConnectionSetup``,
         collective between the peers of each connection). Bounded by the bootstrap timeout."""
-        with self._use("setup") as h:
+
+        def body(h: int) -> None:
             n.call("mscclppConnectionSetup", h)
             for conn in self._pending:
                 ptr = ctypes.c_void_p()
                 n.call("mscclppGetDeviceConnection", h, conn.remote_rank, conn.tag, ctypes.byref(ptr))
                 conn._devconn = ptr.value
             self._pending = []
+
+        self._blocking("setup", body)
 
     def device_connections(self) -> DeviceConnections:
         """The ``mscclppDevConn_t`` array of every connection set up, in :meth:`connect` order
@@ -605,13 +688,60 @@ class Communicator:
         (``mscclppRegisterBuffer``; collective, after :meth:`setup`)."""
         buf = as_buffer(buffer)
         handle = n.RegisteredMemoryStruct()
-        with self._use("register_buffer") as h:
-            n.call("mscclppRegisterBuffer", h, buf.address, buf.nbytes, ctypes.byref(handle))
+        self._blocking(
+            "register_buffer", lambda h: n.call("mscclppRegisterBuffer", h, buf.address, buf.nbytes, ctypes.byref(handle))
+        )
         reg = RegisteredMemory(self, buf, handle)
         self._registered.append(reg)
         return reg
 
     # --- Lifetime --------------------------------------------------------------------------
+
+    def abort(self, reason: str = "abort() was called") -> None:
+        """Ends the communicator now, from any thread, without waiting for anything.
+
+        Every later call raises InvalidUsageError ("the communicator is aborted"). Waits and
+        flushes of other threads end with an error (the proxies are stopped, which releases
+        them); a bootstrap call in progress (barrier, setup, ...) ends at the latest at the
+        bootstrap timeout. The communicator is destroyed by the last of those calls to leave
+        the library, or here if none is inside. Its peers see this rank's connections fail
+        (their waits end with an error, at the latest at their wait timeout). A Ctrl-C during
+        a blocking call on the main thread aborts the communicator this way."""
+        with self._lock:
+            h, self._handle = self._handle, None
+            if h is None:
+                return
+            self._aborted = reason
+            busy = self._calls > 0
+            if busy:
+                self._doomed = h
+                self._calls += 1  # the stop below, so that nobody destroys under it
+        for c in self._connections:
+            c._devconn = None
+        if os.getpid() != self._pid:
+            with self._lock:
+                self._doomed = None  # the parent's to destroy
+            return
+        if not busy:
+            _destroy_quietly(h)
+            return
+
+        def stop() -> None:
+            # The stop releases the waits and flushes; it takes the library's lock of the
+            # communicator, so it runs here, not on the caller's thread, to not wait behind a
+            # bootstrap call that holds it.
+            try:
+                with contextlib.suppress(MscclppError):
+                    n.call("mscclppProxyStop", h)
+            finally:
+                self._leave()
+
+        threading.Thread(target=stop, name="mscclpp_rs abort", daemon=True).start()
+
+    @property
+    def aborted(self) -> Optional[str]:
+        """Why :meth:`abort` ended the communicator, or None."""
+        return self._aborted
 
     def close(self) -> None:
         """Stops the proxies and frees the communicator and its connections
@@ -649,7 +779,7 @@ class Communicator:
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` ran."""
+        """Whether :meth:`close` or :meth:`abort` ran."""
         return self._handle is None
 
     def __enter__(self) -> "Communicator":

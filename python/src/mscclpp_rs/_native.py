@@ -11,6 +11,7 @@ the interpreter's other threads; each is bounded by the library's timeouts
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import enum
 import os
@@ -18,7 +19,7 @@ import sys
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 PACKAGE_DIR = Path(__file__).resolve().parent  # the Python files (and nvrtc/)
 
@@ -226,7 +227,43 @@ def _load_system_libfabric() -> Optional[str]:
     )
 
 
+# Signals whose handlers a library loaded with libfabric may replace (below), 1 to 31 less
+# SIGKILL and SIGSTOP.
+_SIGNALS = [s for s in range(1, 32) if s not in (9, 19)]
+
+
+@contextlib.contextmanager
+def _signal_dispositions_kept() -> Iterator[None]:
+    """Puts back every signal disposition that loading the libraries changed.
+
+    Debian's libfabric1 is linked with libpsm-infinipath (its psm provider), whose library
+    constructor installs handlers of its own for SIGINT, SIGTERM, SIGSEGV, SIGBUS, SIGILL and
+    SIGABRT when it is loaded: they clean up and exit(1) (seen with strace, the handlers'
+    address inside libinfinipath.so.4, 2026-11-29). Loaded into Python, it replaces Python's
+    SIGINT handler, so that Ctrl-C ended the process with status 1 and no KeyboardInterrupt.
+    A package must not change the interpreter's signal handling."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    # struct sigaction is 152 bytes on x86-64 and arm64 glibc; the handler is its first word.
+    before = {}
+    for sig in _SIGNALS:
+        act = ctypes.create_string_buffer(256)
+        if libc.sigaction(sig, None, act) == 0:
+            before[sig] = act
+    try:
+        yield
+    finally:
+        for sig, old in before.items():
+            now = ctypes.create_string_buffer(256)
+            if libc.sigaction(sig, None, now) == 0 and now.raw[:8] != old.raw[:8]:
+                libc.sigaction(sig, old, None)
+
+
 def _load() -> ctypes.CDLL:
+    with _signal_dispositions_kept():
+        return _load_unguarded()
+
+
+def _load_unguarded() -> ctypes.CDLL:
     mode = os.environ.get("MSCCLPP_PY_LIBFABRIC", "auto")
     if mode not in ("auto", "system", "bundled"):
         raise ImportError(f"MSCCLPP_PY_LIBFABRIC={mode!r}: expected auto, system or bundled")
@@ -322,6 +359,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "mscclppDevConnFlush": (c_int, [c_voidp]),
     "mscclppDevConnWait": (c_int, [c_voidp]),
     "mscclppRegisterBuffer": (c_int, [c_voidp, c_voidp, ctypes.c_size_t, ctypes.POINTER(RegisteredMemoryStruct)]),
+    "mscclppUnregisterBuffer": (c_int, [c_voidp, ctypes.POINTER(RegisteredMemoryStruct)]),
     "mscclppRegisteredBufferWrite": (
         c_int,
         [
