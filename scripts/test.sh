@@ -112,7 +112,7 @@ cmake_install() {
 }
 
 examples_build() {
-  build_examples "$build/c_examples" "$prefix" -DCMAKE_C_FLAGS=-Werror
+  build_examples "$build/c_examples" "$prefix" -DCMAKE_C_FLAGS=-Werror -DCMAKE_CXX_FLAGS=-Werror
 }
 
 # A consumer that knows only pkg-config: compile and run one example with its flags.
@@ -133,6 +133,9 @@ run_examples() {
     scripts/run-local-ranks.sh 3 "$build/c_examples/bootstrap_demo_static" &&
     scripts/run-local-ranks.sh 3 "$build/c_examples/allgather_host" -s 1048576 -i 5 &&
     scripts/run-local-ranks.sh 3 "$build/c_examples/allgather_host_static" -t shm -s 1048576 -i 5 &&
+    scripts/run-local-ranks.sh 2 "$build/c_examples/ep/ep_host" &&
+    scripts/run-local-ranks.sh 4 "$build/c_examples/ep/ep_host" -t shm &&
+    scripts/run-local-ranks.sh 3 "$build/c_examples/ep/ep_host" --experts 24 --topk 8 --tokens 7,32 --steps 6 &&
     perf_runs
 }
 

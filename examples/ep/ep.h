@@ -1,0 +1,224 @@
+/*
+ * ep.h: the shape, buffer layout, routing and arithmetic of the expert-parallel dispatch and
+ * combine (examples/ep), shared by the GPU kernels (ep.cu) and the host-memory driver
+ * (ep_host.cpp), so that both move and check the same bytes.
+ *
+ * Every rank holds T tokens (at most Tmax) of H BF16 values and routes each token to K of E
+ * experts (top-K), the experts spread over the R ranks, L = E / R per rank (expert e lives on
+ * rank e / L as its local expert e % L).
+ *   dispatch: token t of rank src goes to each of its K experts: into the expert's rank's
+ *     receive rows DR[src][l][slot], slot = how many earlier tokens of src chose that expert
+ *     (so each (src, expert) is a dense run of rows, in token order); then, per peer, the L
+ *     counts of that run, put and signalled after the rows (the "tokens, then a count ordered
+ *     after them" of every EP library); the receiver waits once per peer.
+ *   expert: each expert scales its rows in place, y = bf16(x * s_e), s_e = 1 + (e % 8) / 8
+ *     (stands in for the expert MLP and makes a row that reached the wrong expert visible).
+ *   combine: each expert rank puts its rows back to their source rank, CR[expert rank][l][slot]
+ *     there, and signals each peer; the source waits once per peer and reduces
+ *     out[t] = bf16(sum over k in order of w[t][k] * y_k) in float with fmaf (fused, in both
+ *     the kernel and the host reference, so the result is the same bits).
+ * Buffers are double-buffered by step parity q = step & 1 (DR, CR, the counts and their
+ * staging): step s+1 writes other rows than step s, so nothing waits for the previous step's
+ * rows to be read.
+ *
+ * One buffer per rank, the same layout on every rank (puts name offsets into it on both
+ * sides): X (the tokens, Tmax rows), then per parity DR (R*L*Tmax rows), CR (R*L*Tmax rows),
+ * the counts received DC (R*L u32) and the counts to send SC (R*L u32, the put's source).
+ */
+#ifndef MSCCLPP_EXAMPLES_EP_H
+#define MSCCLPP_EXAMPLES_EP_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <vector>
+
+#if defined(__CUDACC__)
+#define EP_HD __host__ __device__ __forceinline__
+#else
+#define EP_HD inline
+#endif
+
+namespace ep {
+
+struct Shape {
+  int R;    /* ranks */
+  int E;    /* experts in all */
+  int K;    /* experts per token (top-K) */
+  int H;    /* hidden size, BF16 values per token (a multiple of 8) */
+  int Tmax; /* tokens per rank the buffers are sized for (at most 128: slot masks) */
+  EP_HD int L() const { return E / R; }
+  EP_HD uint64_t row() const { return (uint64_t)H * 2; }
+  EP_HD uint64_t rows() const { return (uint64_t)R * L() * Tmax; } /* of one DR or CR */
+  /* Offsets of the layout (bytes). */
+  EP_HD uint64_t x(int t) const { return (uint64_t)t * row(); }
+  EP_HD uint64_t parityBase(int q) const
+  {
+    const uint64_t counts = align((uint64_t)R * L() * 4);
+    return (uint64_t)Tmax * row() + (uint64_t)q * (2 * rows() * row() + 2 * counts);
+  }
+  EP_HD uint64_t dr(int q, int src, int l, int slot) const
+  {
+    return parityBase(q) + (((uint64_t)src * L() + l) * Tmax + slot) * row();
+  }
+  EP_HD uint64_t cr(int q, int expertRank, int l, int slot) const
+  {
+    return parityBase(q) + rows() * row() + (((uint64_t)expertRank * L() + l) * Tmax + slot) * row();
+  }
+  /* Counts received from `src`: L u32, and the staging of the L counts sent to `dst`. */
+  EP_HD uint64_t dc(int q, int src) const { return parityBase(q) + 2 * rows() * row() + (uint64_t)src * L() * 4; }
+  EP_HD uint64_t sc(int q, int dst) const
+  {
+    return parityBase(q) + 2 * rows() * row() + align((uint64_t)R * L() * 4) + (uint64_t)dst * L() * 4;
+  }
+  EP_HD uint64_t bytes() const { return parityBase(2); }
+  static EP_HD uint64_t align(uint64_t n) { return (n + 255) & ~(uint64_t)255; }
+};
+
+/* A hash of (a, b, c), for the inputs. */
+EP_HD uint32_t mix(uint32_t a, uint32_t b, uint32_t c)
+{
+  uint32_t h = a * 0x9E3779B1u ^ (b + 0x7F4A7C15u) * 0x85EBCA77u ^ (c + 0x165667B1u) * 0xC2B2AE3Du;
+  h ^= h >> 15;
+  h *= 0x2C1B3C6Du;
+  h ^= h >> 12;
+  h *= 0x297A2D39u;
+  return h ^ (h >> 15);
+}
+
+/* BF16 as its 16 bits. */
+typedef uint16_t bf16;
+
+EP_HD float bf16ToFloat(bf16 v)
+{
+  const uint32_t u = (uint32_t)v << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* Round to nearest, ties to even (the inputs here are finite). */
+EP_HD bf16 floatToBf16(float f)
+{
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return (bf16)(u >> 16);
+}
+
+/* Token t of rank src, value h: a multiple of 1/64 in [-2, 2) (exact in BF16). `step` varies
+ * it from step to step, so a row left from an earlier step is seen. */
+EP_HD bf16 token(int src, int t, int h, uint32_t step)
+{
+  return floatToBf16((float)((int)(mix(src, t * 8191 + h, step) % 255u) - 127) / 64.0f);
+}
+
+/* Expert k of token t of rank src: K distinct experts of E, from a hash (probing on). */
+EP_HD int expertOf(const Shape& s, int src, int t, int k, uint32_t step)
+{
+  int chosen[16];
+  for (int j = 0; j <= k; j++) {
+    int e = (int)(mix(src * 977 + t, j, step ^ 0xE5u) % (uint32_t)s.E);
+    for (bool again = true; again;) { /* ends: K <= 16 < E leaves a free expert */
+      again = false;
+      for (int i = 0; i < j; i++)
+        if (chosen[i] == e) {
+          e = (e + 1) % s.E;
+          again = true;
+        }
+    }
+    chosen[j] = e;
+  }
+  return chosen[k];
+}
+
+/* The weight of expert k of a token: positive, a multiple of 1/256. */
+EP_HD float weightOf(int src, int t, int k, uint32_t step)
+{
+  return (float)(1 + mix(src, t, k ^ (step << 4)) % 64u) / 256.0f;
+}
+
+EP_HD float scaleOf(int e) { return 1.0f + (float)(e % 8) / 8.0f; }
+
+/* y = bf16(x * s_e): the expert. */
+EP_HD bf16 expertValue(bf16 x, int e) { return floatToBf16(bf16ToFloat(x) * scaleOf(e)); }
+
+/* The combined value of token t, value h, of rank src: the reference (host) and the kernel
+ * reduce in this order with fmaf. */
+EP_HD bf16 combined(const Shape& s, int src, int t, int h, uint32_t step)
+{
+  float acc = 0.0f;
+  for (int k = 0; k < s.K; k++) {
+    const int e = expertOf(s, src, t, k, step);
+    acc = fmaf(weightOf(src, t, k, step), bf16ToFloat(expertValue(token(src, t, h, step), e)), acc);
+  }
+  return floatToBf16(acc);
+}
+
+/* The slot of token t's k-th expert in its (src, expert) run: the tokens before t of rank src
+ * that chose the same expert (the kernels count the same with bit masks). */
+inline int slotOf(const Shape& s, int src, int t, int k, uint32_t step)
+{
+  const int e = expertOf(s, src, t, k, step);
+  int n = 0;
+  for (int u = 0; u < t; u++)
+    for (int j = 0; j < s.K; j++) n += expertOf(s, src, u, j, step) == e;
+  return n;
+}
+
+/* The check of one step on rank `me`, on the host: the counts received, every received row
+ * after the expert, and every output value, against the reference. `read(offset, dst, bytes)`
+ * copies from the rank's buffer (device or host memory); `out` is the step's output on the
+ * host. Prints the first few wrong values; returns how many there are. */
+template <class Read>
+uint64_t checkStep(const Shape& s, int me, int T, uint32_t step, int q, Read read, const bf16* out)
+{
+  const int L = s.L();
+  uint64_t wrong = 0;
+  std::vector<uint32_t> counts((size_t)s.R * L);
+  read(s.dc(q, 0), counts.data(), counts.size() * 4);
+  std::vector<bf16> row(s.H);
+  for (int src = 0; src < s.R; src++) {
+    /* The tokens of src per local expert of ours, in token order: the runs expected. */
+    std::vector<std::vector<int>> runs(L);
+    for (int t = 0; t < T; t++)
+      for (int k = 0; k < s.K; k++) {
+        const int e = expertOf(s, src, t, k, step);
+        if (e / L == me) runs[e % L].push_back(t);
+      }
+    for (int l = 0; l < L; l++) {
+      const uint32_t got = counts[(size_t)src * L + l];
+      if (got != runs[l].size()) {
+        if (wrong < 5)
+          printf("rank %d step %u: count from rank %d for expert %d is %u, expected %zu\n", me, step,
+                 src, me * L + l, got, runs[l].size());
+        wrong++;
+        continue;
+      }
+      for (size_t slot = 0; slot < runs[l].size(); slot++) {
+        read(s.dr(q, src, l, (int)slot), row.data(), s.row());
+        for (int h = 0; h < s.H; h++) {
+          const bf16 want = expertValue(token(src, runs[l][slot], h, step), me * L + l);
+          if (row[h] != want && wrong++ < 5)
+            printf("rank %d step %u: rank %d's token %d at expert %d, value %d: 0x%04x, expected "
+                   "0x%04x\n",
+                   me, step, src, runs[l][slot], me * L + l, h, row[h], want);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < T; t++)
+    for (int h = 0; h < s.H; h++) {
+      const bf16 want = combined(s, me, t, h, step);
+      if (out[(size_t)t * s.H + h] != want && wrong++ < 5)
+        printf("rank %d step %u: output of token %d, value %d: 0x%04x, expected 0x%04x\n", me, step,
+               t, h, out[(size_t)t * s.H + h], want);
+    }
+  return wrong;
+}
+
+} // namespace ep
+
+#endif
