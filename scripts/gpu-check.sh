@@ -42,7 +42,7 @@
 # GPU_CHECK_NVSHMEM=0 and GPU_CHECK_STUCK=0 leave out the perf tools (2b), the NVSHMEM
 # comparison (2c) and the stuck teardown cases (3b), so that a check fits one device call.
 # GPU_CHECK_ONLY="STEP ...": after the package and the examples are built, only the named
-# steps run (conformance perf nvshmem tests stuck net python extra), e.g. "nvshmem extra" to
+# steps run (conformance perf nvshmem tests stuck net python ep extra), e.g. "nvshmem extra" to
 # measure against NVSHMEM and run GPU_CHECK_EXTRA alone.
 # Logs and results go to $OUT (gpu-check.log, results.txt, perf-results.txt, perf.png).
 #
@@ -235,10 +235,11 @@ build_examples() {
       -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES=90 \
       -DCMAKE_BUILD_TYPE=Release -DMSCCLPP_EXAMPLES_STATIC=OFF &&
     cmake --build "$WORK/ex" -j 8 --target allgather pingpong bandwidth regwrite bigput stuck \
-      stuck_teardown direct allgather_perf alltoall_perf sendrecv_perf &&
+      stuck_teardown direct allgather_perf alltoall_perf sendrecv_perf ep &&
     cp "$WORK/ex/allgather" "$WORK/ex/pingpong" "$WORK/ex/bandwidth" "$WORK/ex/regwrite" \
       "$WORK/ex/bigput" "$WORK/ex/stuck" "$WORK/ex/stuck_teardown" "$WORK/ex/direct" \
-      "$WORK/ex/allgather_perf" "$WORK/ex/alltoall_perf" "$WORK/ex/sendrecv_perf" "$BIN/"
+      "$WORK/ex/allgather_perf" "$WORK/ex/alltoall_perf" "$WORK/ex/sendrecv_perf" \
+      "$WORK/ex/ep/ep" "$BIN/"
 }
 build_examples_nvcc() {
   mkdir -p "$BIN" && for ex in allgather pingpong bandwidth regwrite bigput stuck stuck_teardown direct; do
@@ -253,6 +254,9 @@ build_examples_nvcc() {
       -I"$ROOT/c_examples/common" -o "$BIN/${op}_perf" "$ROOT/c_examples/perf/perf.cu" \
       -L"$PREFIX/lib" -lmscclpp -Xlinker -rpath -Xlinker "$PREFIX/lib" || return 1
   done
+  "$NVCC" -O2 -std=c++17 -arch=sm_90 -I"$PREFIX/include" -I"$ROOT/c_examples/common" \
+    -I"$ROOT/c_examples/cuda" -o "$BIN/ep" "$ROOT/examples/ep/ep.cu" \
+    -L"$PREFIX/lib" -lmscclpp -Xlinker -rpath -Xlinker "$PREFIX/lib" || return 1
 }
 export -f build_examples build_examples_nvcc
 run_step build-examples 200 bash -c build_examples ||
@@ -797,6 +801,68 @@ if [[ -n $wheel ]] && only python; then
   mps_down
 else
   echo "SKIPPED the Python examples: no $CARRY/mscclpp_rs-*.whl (pip wheel --no-deps -w .carry ./python)"
+fi
+
+# 5f. Expert parallelism (issue 44): examples/ep's dispatch and combine (BF16, hidden 7168, 256
+#     experts, top-8, 1 to 128 tokens per rank, GPU_CHECK_EP_STEPS timed steps each, 1000 by
+#     default), 2 and 4 ranks on GPU 0 under MPS, each rank CUDA_MPS_ACTIVE_THREAD_PERCENTAGE =
+#     100 / ranks so that every rank's spinning kernel stays resident: the direct path, every
+#     operation through the proxy (MSCCLPP_P2P_DIRECT_BYTES=0 MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0),
+#     and, fewer steps and tokens, the network path (MSCCLPP_EXAMPLE_TRANSPORT=ib, libfabric
+#     tcp, GPU memory staged); then the NVSHMEM peer (bench/gpu/nvshmem_ep.cu, ours, written
+#     as NVSHMEM's users write it) on the same shape. Every run checks every count, row and
+#     output value (exit 1 on a wrong one); RESULT lines to $OUT/ep.txt, the table after.
+ep_case() { # NP LABEL [VAR=VALUE...] -- ARGS...
+  local np=$1 label=$2 vars=()
+  shift 2
+  while [[ $1 != -- ]]; do vars+=("$1"); shift; done
+  shift
+  echo "## ep $label ranks=$np"
+  env "${vars[@]}" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / np)) \
+    spawn_ranks "$np" env CUDA_VISIBLE_DEVICES=0 "$BIN/ep" "$@" >"$WORK/ep.out" 2>&1
+  local rc=$?
+  grep -v '^RESULT' "$WORK/ep.out" | grep -E 'operations issued|ep: ok|wrong|FAILED|failed|error' | head -20
+  sed -n "s/^RESULT ep impl=mscclpp /RESULT ep impl=mscclpp-$label /p" "$WORK/ep.out" | tee -a "$OUT/ep.txt"
+  ((rc == 0)) || { echo "FAILED: ep $label ranks=$np (exit $rc)"; tail -20 "$WORK/ep.out"; }
+  return $rc
+}
+ep_nvshmem() { # NP ARGS...
+  local np=$1 r pids=() rc=0 bin
+  shift
+  source "$ROOT/bench/gpu/nvshmem.sh"
+  nvshmem_home >/dev/null || { echo "SKIPPED the NVSHMEM peer: no NVSHMEM wheel"; return 0; }
+  bin=$(nvshmem_build "$WORK/nvshmem" nvshmem_ep) || return 1
+  nvshmem_env
+  rm -f "$WORK/nvshmem/ep.uid"
+  echo "## ep nvshmem ranks=$np"
+  for ((r = 0; r < np; r++)); do
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / np)) timeout -k 5 200 "$bin" $r "$np" "$WORK/nvshmem/ep.uid" "$@" \
+      >"$WORK/nvshmem/ep.$r" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${pids[@]}"; do wait "$r" || rc=$?; done
+  grep -h '^RESULT ep' "$WORK/nvshmem/ep.0" | tee -a "$OUT/ep.txt"
+  ((rc == 0)) || { echo "FAILED: nvshmem_ep ranks=$np (exit $rc)"; tail -8 "$WORK"/nvshmem/ep.*; }
+  return $rc
+}
+ep_runs() {
+  local np rc=0 steps=${GPU_CHECK_EP_STEPS:-1000}
+  mps_down
+  mps_up
+  for np in ${GPU_CHECK_EP_RANKS:-2 4}; do
+    ep_case "$np" direct -- --steps "$steps" || rc=1
+    ep_case "$np" proxy MSCCLPP_P2P_DIRECT_BYTES=0 MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0 -- --steps "$steps" || rc=1
+    ep_nvshmem "$np" --steps "$steps" || rc=1
+  done
+  ep_case 2 network MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp -- --steps 20 --warmup 2 --tokens 1,8 || rc=1
+  mps_down
+  python3 "$ROOT/bench/gpu/ep_table.py" "$OUT/ep.txt" || rc=1
+  return $rc
+}
+export -f ep_case ep_nvshmem ep_runs
+if [[ -x $BIN/ep ]] && only ep; then
+  run_step "expert parallelism: examples/ep and its NVSHMEM peer, one GPU under MPS" \
+    "${GPU_CHECK_EP_BUDGET:-300}" bash -c ep_runs
 fi
 
 # 5b. While tuning: GPU_CHECK_EXTRA, a bash command line run as one more step (bounded by the

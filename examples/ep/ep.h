@@ -16,7 +16,7 @@
  *   combine: each expert rank puts its rows back to their source rank, CR[expert rank][l][slot]
  *     there, and signals each peer; the source waits once per peer and reduces
  *     out[t] = bf16(sum over k in order of w[t][k] * y_k) in float with fmaf (fused, in both
- *     the kernel and the host reference, so the result is the same bits).
+ *     the kernel and the host reference `combined`, so the result is the same bits).
  * Buffers are double-buffered by step parity q = step & 1 (DR, CR, the counts and their
  * staging): step s+1 writes other rows than step s, so nothing waits for the previous step's
  * rows to be read.
@@ -145,27 +145,14 @@ EP_HD float scaleOf(int e) { return 1.0f + (float)(e % 8) / 8.0f; }
 /* y = bf16(x * s_e): the expert. */
 EP_HD bf16 expertValue(bf16 x, int e) { return floatToBf16(bf16ToFloat(x) * scaleOf(e)); }
 
-/* The combined value of token t, value h, of rank src: the reference (host) and the kernel
- * reduce in this order with fmaf. */
-EP_HD bf16 combined(const Shape& s, int src, int t, int h, uint32_t step)
+/* The combined value of token t, value h, of rank src whose K experts and weights are `es` and
+ * `ws`: the reference. The kernels reduce in this order with fmaf too. */
+EP_HD bf16 combined(int K, const int* es, const float* ws, int src, int t, int h, uint32_t step)
 {
+  const bf16 x = token(src, t, h, step);
   float acc = 0.0f;
-  for (int k = 0; k < s.K; k++) {
-    const int e = expertOf(s, src, t, k, step);
-    acc = fmaf(weightOf(src, t, k, step), bf16ToFloat(expertValue(token(src, t, h, step), e)), acc);
-  }
+  for (int k = 0; k < K; k++) acc = fmaf(ws[k], bf16ToFloat(expertValue(x, es[k])), acc);
   return floatToBf16(acc);
-}
-
-/* The slot of token t's k-th expert in its (src, expert) run: the tokens before t of rank src
- * that chose the same expert (the kernels count the same with bit masks). */
-inline int slotOf(const Shape& s, int src, int t, int k, uint32_t step)
-{
-  const int e = expertOf(s, src, t, k, step);
-  int n = 0;
-  for (int u = 0; u < t; u++)
-    for (int j = 0; j < s.K; j++) n += expertOf(s, src, u, j, step) == e;
-  return n;
 }
 
 /* The check of one step on rank `me`, on the host: the counts received, every received row
@@ -209,13 +196,20 @@ uint64_t checkStep(const Shape& s, int me, int T, uint32_t step, int q, Read rea
       }
     }
   }
-  for (int t = 0; t < T; t++)
+  for (int t = 0; t < T; t++) {
+    int es[16];
+    float ws[16];
+    for (int k = 0; k < s.K; k++) {
+      es[k] = expertOf(s, me, t, k, step);
+      ws[k] = weightOf(me, t, k, step);
+    }
     for (int h = 0; h < s.H; h++) {
-      const bf16 want = combined(s, me, t, h, step);
+      const bf16 want = combined(s.K, es, ws, me, t, h, step);
       if (out[(size_t)t * s.H + h] != want && wrong++ < 5)
         printf("rank %d step %u: output of token %d, value %d: 0x%04x, expected 0x%04x\n", me, step,
                t, h, out[(size_t)t * s.H + h], want);
     }
+  }
   return wrong;
 }
 
