@@ -320,7 +320,8 @@ int main(int argc, char** argv)
   CUDACHECK(cudaMemset(a.ops, 0, sizeof(unsigned long long)));
   cudaStream_t st;
   CUDACHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  std::vector<cudaEvent_t> ev(3 * (size_t)steps);
+  /* Per timed step: before dispatch, after it, after the expert, after reduce. */
+  std::vector<cudaEvent_t> ev(4 * (size_t)steps);
   for (auto& e : ev) CUDACHECK(cudaEventCreate(&e));
   const uint64_t pushed0 = triggersPushed(c);
   uint64_t wrong = 0;
@@ -336,14 +337,15 @@ int main(int argc, char** argv)
       const bool timed = i >= warmup;
       const int j = i - warmup;
       prepareKernel<<<64, 256, 0, st>>>(a);
-      if (timed) CUDACHECK(cudaEventRecord(ev[3 * j], st));
+      if (timed) CUDACHECK(cudaEventRecord(ev[4 * j], st));
       a.base = (unsigned int)(step * (uint32_t)blocks);
       dispatchKernel<<<blocks, 512, 0, st>>>(a);
-      if (timed) CUDACHECK(cudaEventRecord(ev[3 * j + 1], st));
+      if (timed) CUDACHECK(cudaEventRecord(ev[4 * j + 1], st));
       expertKernel<<<std::min(s.R * s.L(), 1024), 256, 0, st>>>(a);
+      if (timed) CUDACHECK(cudaEventRecord(ev[4 * j + 2], st));
       combineKernel<<<blocks, 512, 0, st>>>(a);
       reduceKernel<<<T, 256, 0, st>>>(a);
-      if (timed) CUDACHECK(cudaEventRecord(ev[3 * j + 2], st));
+      if (timed) CUDACHECK(cudaEventRecord(ev[4 * j + 3], st));
       KERNELCHECK();
       if (i < 2 || i == warmup + steps - 1) {
         CUDACHECK(cudaStreamSynchronize(st));
@@ -355,8 +357,8 @@ int main(int argc, char** argv)
     CUDACHECK(cudaStreamSynchronize(st));
     for (int j = 0; j < steps; j++) {
       float d = 0, cb = 0;
-      CUDACHECK(cudaEventElapsedTime(&d, ev[3 * j], ev[3 * j + 1]));
-      CUDACHECK(cudaEventElapsedTime(&cb, ev[3 * j + 1], ev[3 * j + 2]));
+      CUDACHECK(cudaEventElapsedTime(&d, ev[4 * j], ev[4 * j + 1]));
+      CUDACHECK(cudaEventElapsedTime(&cb, ev[4 * j + 2], ev[4 * j + 3]));
       dispatchMs.push_back(d);
       combineMs.push_back(cb);
     }
