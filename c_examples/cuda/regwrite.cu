@@ -13,6 +13,13 @@
  *    spins 20 ms, then fills the source; the write with stream = cudaStreamPerThread must send
  *    the kernel's bytes. The same with stream = 0 is only reported: 0 is the legacy stream,
  *    which does not wait for that kernel (the header says so).
+ * 4. mscclppUnregisterBuffer: a second buffer (its own allocation) and the connection's own
+ *    buffer registered besides; the first registration unregistered on both ranks: a write
+ *    with it is refused (mscclppInvalidArgument), and rank 1 frees that memory at once (the
+ *    peer's CUDA IPC mapping of it is closed); the second buffer's writes still arrive; the
+ *    connection's buffer unregistered, and a put through the connection (host-side
+ *    mscclppDevConnPutWithSignal, through the proxy) still lands: the mapping the connection
+ *    uses stays.
  * Rank 1 prints "regwrite: ok" and every rank exits 0 when everything holds; else exit 1.
  *
  * Every case is a handshake: rank 0 writes, a barrier, rank 1 checks, a second barrier, and
@@ -186,8 +193,51 @@ int main(int argc, char** argv)
   }
   if (c.rank == 0) CUDACHECK(cudaFree(src));
 
+  /* 4. Unregistering. */
+  uint8_t* target2 = nullptr;
+  CUDACHECK(cudaMalloc(&target2, L));
+  CUDACHECK(cudaMemset(target2, 0, L));
+  CUDACHECK(cudaDeviceSynchronize());
+  mscclppRegisteredMemory reg2, regConn;
+  MSCCLPPCHECK(mscclppRegisterBuffer(c.comm, target2, L, &reg2));
+  MSCCLPPCHECK(mscclppRegisterBuffer(c.comm, connBuf, 4096, &regConn));
+  MSCCLPPCHECK(mscclppUnregisterBuffer(c.comm, &reg));
+  if (c.rank == 1) {
+    CUDACHECK(cudaFree(target)); /* nothing of it is held any more, on either rank */
+    target = nullptr;
+  }
+  uint8_t* src2 = nullptr;
+  CUDACHECK(cudaMalloc(&src2, L));
+  fill(src2, L, 6);
+  if (c.rank == 0) {
+    const mscclppResult_t r = mscclppRegisteredBufferWrite(c.comm, &reg, src2, L, 0, 0, 0);
+    const bool refused = r == mscclppInvalidArgument && strstr(mscclppGetLastError(), "unregistered");
+    printf("rank 0: a write with the unregistered handle: %s (%d: %s)\n",
+           refused ? "refused" : "FAILED", (int)r, mscclppGetLastError());
+    failures += !refused;
+    MSCCLPPCHECK(mscclppRegisteredBufferWrite(c.comm, &reg2, src2, L, 0, 0, 0));
+  }
+  MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+  expect("after an unregister, the other registration's write", c.rank == 1 ? countBadBytes(target2, 0, L, 6, 0) : 0);
+  MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
+  MSCCLPPCHECK(mscclppUnregisterBuffer(c.comm, &regConn));
+  MSCCLPPCHECK(mscclppUnregisterBuffer(c.comm, &reg2));
+  mscclppDevConn_t* conn = nullptr;
+  MSCCLPPCHECK(mscclppGetDeviceConnection(c.comm, 1 - c.rank, 0, &conn));
+  if (c.rank == 0) {
+    CUDACHECK(cudaMemcpy(connBuf, src2, 4096, cudaMemcpyDeviceToDevice));
+    MSCCLPPCHECK(mscclppDevConnPutWithSignal(conn, 0, 0, 4096));
+    MSCCLPPCHECK(mscclppDevConnFlush(conn));
+  } else {
+    MSCCLPPCHECK(mscclppDevConnWait(conn));
+  }
+  expect("after unregistering the connection's buffer, a put through the connection",
+         c.rank == 1 ? countBadBytes((const uint8_t*)connBuf, 0, 4096, 6, 0) : 0);
+  CUDACHECK(cudaFree(src2));
+  CUDACHECK(cudaFree(target2));
+
   failures += teardown(c);
-  CUDACHECK(cudaFree(target));
+  if (target) CUDACHECK(cudaFree(target));
   CUDACHECK(cudaFree(connBuf));
   if (c.rank == 1 && failures == 0) printf("regwrite: ok\n");
   return failures ? 1 : 0;
