@@ -818,8 +818,10 @@ ep_case() { # NP LABEL [VAR=VALUE...] -- ARGS...
   while [[ $1 != -- ]]; do vars+=("$1"); shift; done
   shift
   echo "## ep $label ranks=$np"
-  env "${vars[@]}" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / np)) \
-    spawn_ranks "$np" env CUDA_VISIBLE_DEVICES=0 "$BIN/ep" "$@" >"$WORK/ep.out" 2>&1
+  (
+    export "${vars[@]}" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / np))
+    spawn_ranks "$np" env CUDA_VISIBLE_DEVICES=0 "$BIN/ep" "$@"
+  ) >"$WORK/ep.out" 2>&1
   local rc=$?
   grep -v '^RESULT' "$WORK/ep.out" | grep -E 'operations issued|ep: ok|wrong|FAILED|failed|error' | head -20
   sed -n "s/^RESULT ep impl=mscclpp /RESULT ep impl=mscclpp-$label /p" "$WORK/ep.out" | tee -a "$OUT/ep.txt"
