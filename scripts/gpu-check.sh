@@ -820,12 +820,14 @@ ep_case() { # NP LABEL [VAR=VALUE...] -- ARGS...
   echo "## ep $label ranks=$np"
   (
     export "${vars[@]}" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / np))
-    spawn_ranks "$np" env CUDA_VISIBLE_DEVICES=0 "$BIN/ep" "$@"
+    # Each rank bounded, so that a case that hangs leaves time for the others.
+    spawn_ranks "$np" timeout -k 5 "${GPU_CHECK_EP_CASE_S:-150}" \
+      env CUDA_VISIBLE_DEVICES=0 "$BIN/ep" "$@"
   ) >"$WORK/ep.out" 2>&1
   local rc=$?
   grep -v '^RESULT' "$WORK/ep.out" | grep -E 'operations issued|ep: ok|wrong|FAILED|failed|error' | head -20
   sed -n "s/^RESULT ep impl=mscclpp /RESULT ep impl=mscclpp-$label /p" "$WORK/ep.out" | tee -a "$OUT/ep.txt"
-  ((rc == 0)) || { echo "FAILED: ep $label ranks=$np (exit $rc)"; tail -20 "$WORK/ep.out"; }
+  ((rc == 0)) || { echo "FAILED: ep $label ranks=$np (exit $rc)"; grep -v "^RESULT" "$WORK/ep.out" | tail -20; }
   return $rc
 }
 ep_nvshmem() { # NP ARGS...

@@ -17,9 +17,8 @@
  *    buffer registered besides; the first registration unregistered on both ranks: a write
  *    with it is refused (mscclppInvalidArgument), and rank 1 frees that memory at once (the
  *    peer's CUDA IPC mapping of it is closed); the second buffer's writes still arrive; the
- *    connection's buffer unregistered, and a put through the connection (host-side
- *    mscclppDevConnPutWithSignal, through the proxy) still lands: the mapping the connection
- *    uses stays.
+ *    connection's buffer unregistered, and a put through the connection (a kernel's
+ *    putWithSignal) still lands: the mapping the connection uses stays.
  * Rank 1 prints "regwrite: ok" and every rank exits 0 when everything holds; else exit 1.
  *
  * Every case is a handshake: rank 0 writes, a barrier, rank 1 checks, a second barrier, and
@@ -74,6 +73,18 @@ static uint64_t countBadBytes(const uint8_t* target, uint64_t off, uint64_t n, u
            (unsigned long long)zeros, (unsigned long long)n, other);
   }
   return bad;
+}
+
+/* Case 4's put through the connection (a kernel: the connection is over CUDA memory):
+ * rank 0 puts its 4 KiB with a signal and flushes, rank 1 waits. */
+__global__ void putOrWait(int rank)
+{
+  if (rank == 0) {
+    gConns[0].putWithSignal(0, 0, 4096);
+    gConns[0].flush();
+  } else {
+    gConns[0].wait();
+  }
 }
 
 static void fill(uint8_t* p, uint64_t n, uint32_t seed)
@@ -222,15 +233,10 @@ int main(int argc, char** argv)
   MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
   MSCCLPPCHECK(mscclppUnregisterBuffer(c.comm, &regConn));
   MSCCLPPCHECK(mscclppUnregisterBuffer(c.comm, &reg2));
-  mscclppDevConn_t* conn = nullptr;
-  MSCCLPPCHECK(mscclppGetDeviceConnection(c.comm, 1 - c.rank, 0, &conn));
-  if (c.rank == 0) {
-    CUDACHECK(cudaMemcpy(connBuf, src2, 4096, cudaMemcpyDeviceToDevice));
-    MSCCLPPCHECK(mscclppDevConnPutWithSignal(conn, 0, 0, 4096));
-    MSCCLPPCHECK(mscclppDevConnFlush(conn));
-  } else {
-    MSCCLPPCHECK(mscclppDevConnWait(conn));
-  }
+  if (c.rank == 0) CUDACHECK(cudaMemcpy(connBuf, src2, 4096, cudaMemcpyDeviceToDevice));
+  putOrWait<<<1, 1>>>(c.rank);
+  KERNELCHECK();
+  CUDACHECK(cudaDeviceSynchronize());
   expect("after unregistering the connection's buffer, a put through the connection",
          c.rank == 1 ? countBadBytes((const uint8_t*)connBuf, 0, 4096, 6, 0) : 0);
   CUDACHECK(cudaFree(src2));

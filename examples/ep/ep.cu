@@ -178,20 +178,37 @@ __global__ void expertKernel(Step a)
 
 __global__ void __launch_bounds__(512) combineKernel(Step a)
 {
+  /* The received rows as one list, run j = (src, l) after run j - 1: an inclusive scan of the
+   * counts (one per thread, blockDim.x = 512 >= runs) gives each run's first row, and block b
+   * takes rows b, b + gridDim.x, ... (runs differ in length; a loop over runs that read each
+   * count in turn cost each block a global load's latency per run, 256 of them). */
+  __shared__ uint32_t scan[2][EP_MAX_EXPERTS];
   const Shape s = a.s;
-  const int L = s.L();
-  /* Rows are spread over the blocks one by one (runs differ in length). */
-  for (int j = 0; j < s.R * L; j++) {
-    const int src = j / L, l = j % L;
-    const uint32_t n = reinterpret_cast<const uint32_t*>(a.buf + s.dc(a.q, src))[l];
-    for (uint32_t slot = blockIdx.x; slot < n; slot += gridDim.x) {
-      const uint64_t from = s.dr(a.q, src, l, (int)slot), to = s.cr(a.q, a.me, l, (int)slot);
-      if (src == a.me)
-        blockCopy(a.buf + to, a.buf + from, s.row());
-      else {
-        connTo(src, a.me).putBlock(to, from, s.row());
-        if (threadIdx.x == 0) atomicAdd(a.ops, 1ull);
-      }
+  const int L = s.L(), runs = s.R * L, tid = threadIdx.x;
+  scan[0][tid] = tid < runs ? reinterpret_cast<const uint32_t*>(a.buf + s.dc(a.q, tid / L))[tid % L] : 0;
+  int in = 0;
+  for (int off = 1; off < runs; off <<= 1) {
+    __syncthreads();
+    scan[1 - in][tid] = scan[in][tid] + (tid >= off ? scan[in][tid - off] : 0);
+    in = 1 - in;
+  }
+  __syncthreads();
+  const uint32_t* end = scan[in]; /* end[j]: rows of runs 0..j */
+  const uint32_t total = end[runs - 1];
+  for (uint32_t r = blockIdx.x; r < total; r += gridDim.x) {
+    int lo = 0, hi = runs - 1; /* the first run whose end is past r */
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (end[mid] > r) hi = mid;
+      else lo = mid + 1;
+    }
+    const int src = lo / L, l = lo % L, slot = (int)(r - (lo ? end[lo - 1] : 0));
+    const uint64_t from = s.dr(a.q, src, l, slot), to = s.cr(a.q, a.me, l, slot);
+    if (src == a.me)
+      blockCopy(a.buf + to, a.buf + from, s.row());
+    else {
+      connTo(src, a.me).putBlock(to, from, s.row());
+      if (threadIdx.x == 0) atomicAdd(a.ops, 1ull);
     }
   }
   if (!lastBlock(&a.done[1], a.base)) return;
