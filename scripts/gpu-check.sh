@@ -807,7 +807,8 @@ fi
 #     experts, top-8, 1 to 128 tokens per rank, GPU_CHECK_EP_STEPS timed steps each, 1000 by
 #     default), 2 and 4 ranks on GPU 0 under MPS, each rank CUDA_MPS_ACTIVE_THREAD_PERCENTAGE =
 #     100 / ranks so that every rank's spinning kernel stays resident: the direct path, every
-#     operation through the proxy (MSCCLPP_P2P_DIRECT_BYTES=0 MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0),
+#     operation through the proxy (MSCCLPP_P2P_DIRECT_BYTES=0 MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0;
+#     GPU_CHECK_EP_PROXY_STEPS steps, 100 by default, with the proxy's stats),
 #     and, fewer steps and tokens, the network path (MSCCLPP_EXAMPLE_TRANSPORT=ib, libfabric
 #     tcp, GPU memory staged); then the NVSHMEM peer (bench/gpu/nvshmem_ep.cu, ours, written
 #     as NVSHMEM's users write it) on the same shape. Every run checks every count, row and
@@ -825,7 +826,7 @@ ep_case() { # NP LABEL [VAR=VALUE...] -- ARGS...
       env CUDA_VISIBLE_DEVICES=0 "$BIN/ep" "$@"
   ) >"$WORK/ep.out" 2>&1
   local rc=$?
-  grep -v '^RESULT' "$WORK/ep.out" | grep -E 'operations issued|ep: ok|wrong|FAILED|failed|error' | head -20
+  grep -v '^RESULT' "$WORK/ep.out" | grep -E 'operations issued|ep: ok|wrong|FAILED|failed|error|stats:' | head -20
   sed -n "s/^RESULT ep impl=mscclpp /RESULT ep impl=mscclpp-$label /p" "$WORK/ep.out" | tee -a "$OUT/ep.txt"
   ((rc == 0)) || { echo "FAILED: ep $label ranks=$np (exit $rc)"; grep -v "^RESULT" "$WORK/ep.out" | tail -20; }
   return $rc
@@ -855,7 +856,8 @@ ep_runs() {
   mps_up
   for np in ${GPU_CHECK_EP_RANKS:-2 4}; do
     ep_case "$np" direct -- --steps "$steps" || rc=1
-    ep_case "$np" proxy MSCCLPP_P2P_DIRECT_BYTES=0 MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0 -- --steps "$steps" || rc=1
+    ep_case "$np" proxy MSCCLPP_P2P_DIRECT_BYTES=0 MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0 MSCCLPP_P2P_STATS=1 \
+      -- --steps "${GPU_CHECK_EP_PROXY_STEPS:-100}" --warmup 5 || rc=1
     ep_nvshmem "$np" --steps "$steps" || rc=1
   done
   ep_case 2 network MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp -- --steps 20 --warmup 2 --tokens 1,8 || rc=1
