@@ -1,8 +1,9 @@
 """The expert-parallel table of one GPU check run: RESULT ep lines (examples/ep/ep.cu and
 bench/gpu/nvshmem_ep.cu) to markdown, per rank count and token count, with ours (direct path)
-over the NVSHMEM peer where both ran.
+over the NVSHMEM peer where both ran; a run with wrong values shows them instead of times.
+With --plot PNG (needs matplotlib) also the medians against the token count.
 
-    python3 bench/gpu/ep_table.py OUT/ep.txt
+    python3 bench/gpu/ep_table.py OUT/ep.txt [--plot ep.png]
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ def main() -> int:
         cells = []
         for i in impls:
             kv = by.get(i)
-            cells.append(
-                "-"
-                if kv is None
-                else f"{kv['dispatch_med_us']} ({kv['dispatch_p99_us']}) / {kv['combine_med_us']} ({kv['combine_p99_us']})"
-            )
+            if kv is None:
+                cells.append("-")
+            elif kv.get("wrong", "0") != "0":
+                cells.append(f"FAILED ({kv['wrong']} wrong values)")
+            else:
+                cells.append(
+                    f"{kv['dispatch_med_us']} ({kv['dispatch_p99_us']}) / {kv['combine_med_us']} ({kv['combine_p99_us']})"
+                )
         ours, peer = by.get("mscclpp-direct"), by.get("nvshmem")
         ratio = "-"
         if ours and peer:
@@ -43,7 +47,39 @@ def main() -> int:
             c = float(ours["combine_med_us"]) / float(peer["combine_med_us"])
             ratio = f"{d:.2f} / {c:.2f}"
         print(f"| {ranks} | {tokens} | " + " | ".join(cells) + f" | {ratio} |")
+    if "--plot" in sys.argv:
+        plot(rows, sys.argv[sys.argv.index("--plot") + 1])
     return 0
+
+
+def plot(rows: dict[tuple[int, int], dict[str, dict[str, str]]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = sorted({r for r, _ in rows})
+    fig, axes = plt.subplots(1, len(ranks), figsize=(5 * len(ranks), 4), squeeze=False)
+    for ax, r in zip(axes[0], ranks):
+        impls = sorted({i for (rr, _), by in rows.items() if rr == r for i in by})
+        for impl in impls:
+            pts = [
+                (t, by[impl])
+                for (rr, t), by in sorted(rows.items())
+                if rr == r and impl in by and by[impl].get("wrong", "0") == "0"
+            ]
+            if not pts:
+                continue
+            xs = [t for t, _ in pts]
+            ax.plot(xs, [float(kv["dispatch_med_us"]) for _, kv in pts], "o-", label=f"{impl} dispatch")
+            ax.plot(xs, [float(kv["combine_med_us"]) for _, kv in pts], "s--", label=f"{impl} combine")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens per rank")
+        ax.set_ylabel("median us per step")
+        ax.set_title(f"{r} ranks on one GPU (MPS)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":

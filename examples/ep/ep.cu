@@ -221,22 +221,40 @@ __global__ void __launch_bounds__(512) combineKernel(Step a)
     if (p != a.me) connTo(p, a.me).wait();
 }
 
-/* Block t reduces token t. */
-__global__ void reduceKernel(Step a)
+/* Block (c, t): 16-byte word c * blockDim.x + threadIdx.x of token t's output (8 values), its
+ * K rows loaded 16 bytes at a time and folded in k order with fmaf from 0.0f, ep::combined's
+ * arithmetic, so the result is its bits. (One block per token reading 2 bytes per load made
+ * the first GPU run's combine 2.3-2.6x the NVSHMEM peer's, whose reduce is this one: the
+ * reduce is not communication, so both do it alike.) */
+#define EP_REDUCE_THREADS 128
+__global__ void __launch_bounds__(EP_REDUCE_THREADS) reduceKernel(Step a)
 {
+  __shared__ uint64_t off[16];
+  __shared__ float wk[16];
   const Shape s = a.s;
-  const int L = s.L();
-  for (int t = blockIdx.x; t < a.T; t += gridDim.x)
-    for (int h = threadIdx.x; h < s.H; h += blockDim.x) {
-      float acc = 0.0f;
-      for (int k = 0; k < s.K; k++) {
-        const int e = a.idx[t * s.K + k];
-        const bf16* row =
-          reinterpret_cast<const bf16*>(a.buf + s.cr(a.q, e / L, e % L, a.slots[t * s.K + k]));
-        acc = fmaf(a.w[t * s.K + k], ep::bf16ToFloat(row[h]), acc);
-      }
-      a.out[(uint64_t)t * s.H + h] = ep::floatToBf16(acc);
+  const int t = blockIdx.y, K = s.K, L = s.L(), V = s.H / 8;
+  if ((int)threadIdx.x < K) {
+    const int k = threadIdx.x, e = a.idx[t * K + k];
+    off[k] = s.cr(a.q, e / L, e % L, a.slots[t * K + k]);
+    wk[k] = a.w[t * K + k];
+  }
+  __syncthreads();
+  const int v = blockIdx.x * blockDim.x + threadIdx.x;
+  if (v >= V) return;
+  float acc[8];
+  for (int j = 0; j < 8; j++) acc[j] = 0.0f;
+  for (int k = 0; k < K; k++) {
+    const int4 u = reinterpret_cast<const int4*>(a.buf + off[k])[v];
+    const uint32_t word[4] = {(uint32_t)u.x, (uint32_t)u.y, (uint32_t)u.z, (uint32_t)u.w};
+    for (int j = 0; j < 4; j++) {
+      acc[2 * j] = fmaf(wk[k], ep::bf16ToFloat((bf16)(word[j] & 0xFFFFu)), acc[2 * j]);
+      acc[2 * j + 1] = fmaf(wk[k], ep::bf16ToFloat((bf16)(word[j] >> 16)), acc[2 * j + 1]);
     }
+  }
+  uint32_t o[4];
+  for (int j = 0; j < 4; j++)
+    o[j] = (uint32_t)ep::floatToBf16(acc[2 * j]) | ((uint32_t)ep::floatToBf16(acc[2 * j + 1]) << 16);
+  reinterpret_cast<int4*>(a.out)[(uint64_t)t * V + v] = make_int4((int)o[0], (int)o[1], (int)o[2], (int)o[3]);
 }
 
 /* The host's check of one step (ep.h), reading the device buffer. */
@@ -316,6 +334,13 @@ int main(int argc, char** argv)
             s.E, s.R, EP_MAX_EXPERTS, EP_MAX_TOKENS);
     return 2;
   }
+  /* The kernels' stream, made before the library makes its own (connection setup): CUDA hands
+   * its hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default) to streams round-robin
+   * in creation order, and a proxy stream that shares the kernels' queue runs its copies only
+   * after the kernel that waits for them (bench/RESULTS.md, "Hardware work queues"; the
+   * suspected cause of the proxied runs' stall, issue 44 in RESULTS, not yet confirmed). */
+  cudaStream_t st;
+  CUDACHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   uint8_t* buf = nullptr;
   CUDACHECK(cudaMalloc(&buf, s.bytes()));
   CUDACHECK(cudaMemset(buf, 0, s.bytes()));
@@ -335,8 +360,6 @@ int main(int argc, char** argv)
   CUDACHECK(cudaMemset(a.done, 0, 2 * sizeof(unsigned int)));
   CUDACHECK(cudaMalloc(&a.ops, sizeof(unsigned long long)));
   CUDACHECK(cudaMemset(a.ops, 0, sizeof(unsigned long long)));
-  cudaStream_t st;
-  CUDACHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   /* Per timed step: before dispatch, after it, after the expert, after reduce. */
   std::vector<cudaEvent_t> ev(4 * (size_t)steps);
   for (auto& e : ev) CUDACHECK(cudaEventCreate(&e));
@@ -361,7 +384,7 @@ int main(int argc, char** argv)
       expertKernel<<<std::min(s.R * s.L(), 1024), 256, 0, st>>>(a);
       if (timed) CUDACHECK(cudaEventRecord(ev[4 * j + 2], st));
       combineKernel<<<blocks, 512, 0, st>>>(a);
-      reduceKernel<<<T, 256, 0, st>>>(a);
+      reduceKernel<<<dim3((s.H / 8 + EP_REDUCE_THREADS - 1) / EP_REDUCE_THREADS, T), EP_REDUCE_THREADS, 0, st>>>(a);
       if (timed) CUDACHECK(cudaEventRecord(ev[4 * j + 3], st));
       KERNELCHECK();
       if (i < 2 || i == warmup + steps - 1) {
