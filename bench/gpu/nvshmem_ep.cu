@@ -201,8 +201,8 @@ __global__ void __launch_bounds__(kCommThreads) combine_kernel(Args a)
     a.cval[i] = nvshmem_signal_wait_until(a.csig + i, NVSHMEM_CMP_GE, stamp(a.step));
 }
 
-/* Block (c, t): 16-byte words c * blockDim.x + threadIdx.x of token t's output, the K rows
- * folded in k order with fmaf from 0.0f, as ep::combined does, so the result is its bits. */
+/* Block (c, t): 16-byte word c * blockDim.x + threadIdx.x of token t's output (ep.h's
+ * combineWord: ep::combined's arithmetic, so the result is its bits). */
 __global__ void __launch_bounds__(kReduceThreads) reduce_kernel(Args a)
 {
   __shared__ uint64_t off[kMaxTopK];
@@ -216,21 +216,7 @@ __global__ void __launch_bounds__(kReduceThreads) reduce_kernel(Args a)
   }
   __syncthreads();
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
-  if (v >= V) return;
-  float acc[8];
-  for (int j = 0; j < 8; j++) acc[j] = 0.0f;
-  for (int k = 0; k < K; k++) {
-    const int4 u = ((const int4 *)(a.CR + off[k]))[v];
-    const uint32_t word[4] = {(uint32_t)u.x, (uint32_t)u.y, (uint32_t)u.z, (uint32_t)u.w};
-    for (int j = 0; j < 4; j++) {
-      acc[2 * j] = fmaf(wk[k], ep::bf16ToFloat((ep::bf16)(word[j] & 0xFFFFu)), acc[2 * j]);
-      acc[2 * j + 1] = fmaf(wk[k], ep::bf16ToFloat((ep::bf16)(word[j] >> 16)), acc[2 * j + 1]);
-    }
-  }
-  uint32_t o[4];
-  for (int j = 0; j < 4; j++)
-    o[j] = (uint32_t)ep::floatToBf16(acc[2 * j]) | ((uint32_t)ep::floatToBf16(acc[2 * j + 1]) << 16);
-  ((int4 *)a.out)[(uint64_t)t * V + v] = make_int4((int)o[0], (int)o[1], (int)o[2], (int)o[3]);
+  if (v < V) ((int4 *)a.out)[(uint64_t)t * V + v] = ep::combineWord(K, wk, a.CR, off, v);
 }
 
 /* The sum over PEs of each PE's word (after a barrier: every word is written). */
@@ -355,15 +341,7 @@ int main(int argc, char **argv)
     if (i + 1 >= argc) return usage();
     const char *o = argv[i], *v = argv[i + 1];
     if (strcmp(o, "--tokens") == 0) {
-      tokens.clear();
-      for (const char *p = v; *p;) {
-        char *end;
-        const long n = strtol(p, &end, 10);
-        if (end == p) return usage();
-        tokens.push_back((int)n);
-        p = *end == ',' ? end + 1 : end;
-        if (*end != ',' && *end != '\0') return usage();
-      }
+      if (!ep::parseTokens(v, tokens)) return usage();
     } else if (strcmp(o, "--steps") == 0) steps = atoi(v);
     else if (strcmp(o, "--warmup") == 0) warmup = atoi(v);
     else if (strcmp(o, "--hidden") == 0) H = atoi(v);

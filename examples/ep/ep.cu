@@ -221,11 +221,9 @@ __global__ void __launch_bounds__(512) combineKernel(Step a)
     if (p != a.me) connTo(p, a.me).wait();
 }
 
-/* Block (c, t): 16-byte word c * blockDim.x + threadIdx.x of token t's output (8 values), its
- * K rows loaded 16 bytes at a time and folded in k order with fmaf from 0.0f, ep::combined's
- * arithmetic, so the result is its bits. (One block per token reading 2 bytes per load made
- * the first GPU run's combine 2.3-2.6x the NVSHMEM peer's, whose reduce is this one: the
- * reduce is not communication, so both do it alike.) */
+/* Block (c, t): 16-byte word c * blockDim.x + threadIdx.x of token t's output (ep.h's
+ * combineWord, the NVSHMEM peer's reduce too). (One block per token reading 2 bytes per load
+ * made the first GPU run's combine 2.3-2.6x the peer's.) */
 #define EP_REDUCE_THREADS 128
 __global__ void __launch_bounds__(EP_REDUCE_THREADS) reduceKernel(Step a)
 {
@@ -240,21 +238,7 @@ __global__ void __launch_bounds__(EP_REDUCE_THREADS) reduceKernel(Step a)
   }
   __syncthreads();
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
-  if (v >= V) return;
-  float acc[8];
-  for (int j = 0; j < 8; j++) acc[j] = 0.0f;
-  for (int k = 0; k < K; k++) {
-    const int4 u = reinterpret_cast<const int4*>(a.buf + off[k])[v];
-    const uint32_t word[4] = {(uint32_t)u.x, (uint32_t)u.y, (uint32_t)u.z, (uint32_t)u.w};
-    for (int j = 0; j < 4; j++) {
-      acc[2 * j] = fmaf(wk[k], ep::bf16ToFloat((bf16)(word[j] & 0xFFFFu)), acc[2 * j]);
-      acc[2 * j + 1] = fmaf(wk[k], ep::bf16ToFloat((bf16)(word[j] >> 16)), acc[2 * j + 1]);
-    }
-  }
-  uint32_t o[4];
-  for (int j = 0; j < 4; j++)
-    o[j] = (uint32_t)ep::floatToBf16(acc[2 * j]) | ((uint32_t)ep::floatToBf16(acc[2 * j + 1]) << 16);
-  reinterpret_cast<int4*>(a.out)[(uint64_t)t * V + v] = make_int4((int)o[0], (int)o[1], (int)o[2], (int)o[3]);
+  if (v < V) reinterpret_cast<int4*>(a.out)[(uint64_t)t * V + v] = ep::combineWord(K, wk, a.buf, off, v);
 }
 
 /* The host's check of one step (ep.h), reading the device buffer. */
@@ -305,15 +289,9 @@ int main(int argc, char** argv)
     const std::string k = argv[i];
     const char* v = argv[i + 1];
     if (k == "--tokens") {
-      tokens.clear();
-      for (const char* p = v; *p;) {
-        char* end = nullptr;
-        tokens.push_back((int)strtol(p, &end, 10));
-        if (end == p || (*end != ',' && *end != 0)) {
-          fprintf(stderr, "--tokens %s: expected numbers separated by commas\n", v);
-          return 2;
-        }
-        p = *end ? end + 1 : end;
+      if (!ep::parseTokens(v, tokens)) {
+        fprintf(stderr, "--tokens %s: expected numbers separated by commas\n", v);
+        return 2;
       }
     } else if (k == "--steps") steps = atoi(v);
     else if (k == "--warmup") warmup = atoi(v);

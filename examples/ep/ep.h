@@ -31,6 +31,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <vector>
@@ -153,6 +154,44 @@ EP_HD bf16 combined(int K, const int* es, const float* ws, int src, int t, int h
   float acc = 0.0f;
   for (int k = 0; k < K; k++) acc = fmaf(ws[k], bf16ToFloat(expertValue(x, es[k])), acc);
   return floatToBf16(acc);
+}
+
+#if defined(__CUDACC__)
+/* Output word v (8 values, 16 bytes) of a token: the K rows at base + off[k], loaded 16 bytes
+ * at a time, folded in k order with fmaf from 0.0f, as `combined` does, so the result is its
+ * bits. The reduce of both implementations (ours, examples/ep/ep.cu, and the NVSHMEM peer): it
+ * is not communication, so both do it alike. */
+__device__ __forceinline__ int4 combineWord(int K, const float* wk, const uint8_t* base,
+                                            const uint64_t* off, int v)
+{
+  float acc[8];
+  for (int j = 0; j < 8; j++) acc[j] = 0.0f;
+  for (int k = 0; k < K; k++) {
+    const int4 u = reinterpret_cast<const int4*>(base + off[k])[v];
+    const uint32_t word[4] = {(uint32_t)u.x, (uint32_t)u.y, (uint32_t)u.z, (uint32_t)u.w};
+    for (int j = 0; j < 4; j++) {
+      acc[2 * j] = fmaf(wk[k], bf16ToFloat((bf16)(word[j] & 0xFFFFu)), acc[2 * j]);
+      acc[2 * j + 1] = fmaf(wk[k], bf16ToFloat((bf16)(word[j] >> 16)), acc[2 * j + 1]);
+    }
+  }
+  uint32_t o[4];
+  for (int j = 0; j < 4; j++)
+    o[j] = (uint32_t)floatToBf16(acc[2 * j]) | ((uint32_t)floatToBf16(acc[2 * j + 1]) << 16);
+  return make_int4((int)o[0], (int)o[1], (int)o[2], (int)o[3]);
+}
+#endif
+
+/* "1,8,32,128" into `out`; false (out unspecified) on anything else. */
+inline bool parseTokens(const char* v, std::vector<int>& out)
+{
+  out.clear();
+  for (const char* p = v; *p;) {
+    char* end = nullptr;
+    out.push_back((int)strtol(p, &end, 10));
+    if (end == p || (*end != ',' && *end != 0)) return false;
+    p = *end ? end + 1 : end;
+  }
+  return !out.empty();
 }
 
 /* The check of one step on rank `me`, on the host: the counts received, every received row

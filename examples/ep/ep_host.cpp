@@ -67,15 +67,9 @@ int main(int argc, char** argv)
     if (k == "-t" && strcmp(v, "ib") == 0) transport = mscclppTransportIB;
     else if (k == "-t" && strcmp(v, "shm") == 0) transport = mscclppTransportSHM;
     else if (k == "--tokens") {
-      tokens.clear();
-      for (const char* p = v; *p;) {
-        char* end = nullptr;
-        tokens.push_back((int)strtol(p, &end, 10));
-        if (end == p || (*end != ',' && *end != 0)) {
-          fprintf(stderr, "--tokens %s: expected numbers separated by commas\n", v);
-          return 2;
-        }
-        p = *end ? end + 1 : end;
+      if (!ep::parseTokens(v, tokens)) {
+        fprintf(stderr, "--tokens %s: expected numbers separated by commas\n", v);
+        return 2;
       }
     } else if (k == "--steps") steps = atoi(v);
     else if (k == "--hidden") s.H = atoi(v);

@@ -426,6 +426,15 @@ def interrupt_wait(transport: str) -> None:
     print(f"RESULT interrupted {took:.1f}s")
 
 
+def _await_destroy(calls: list[str]) -> None:
+    """Until the package has called mscclppCommDestroy (an aborted communicator is destroyed by
+    the last call to leave the library, on its thread), 20 s at most."""
+    deadline = time.monotonic() + 20
+    while calls.count("mscclppCommDestroy") == 0:
+        assert time.monotonic() < deadline, "the aborted communicator was never destroyed"
+        time.sleep(0.01)
+
+
 def abort_calls(transport: str) -> None:
     """abort() from another thread: a wait of the main thread ends with an error, a barrier
     that holds the communicator does not hold up abort(), and the communicator is destroyed
@@ -452,10 +461,7 @@ def abort_calls(transport: str) -> None:
     else:
         raise AssertionError("wait() returned without a signal")
     t.join()
-    deadline = time.monotonic() + 20
-    while calls.count("mscclppCommDestroy") == 0:  # the stop's thread leaves last
-        assert time.monotonic() < deadline, "the aborted communicator was never destroyed"
-        time.sleep(0.01)
+    _await_destroy(calls)  # the stop's thread leaves last
     comm.abort()  # again: nothing
     comm.close()
     assert calls.count("mscclppCommDestroy") == 1, calls
@@ -500,10 +506,7 @@ def abort_barrier(transport: str) -> None:
         raise AssertionError("a barrier of one rank of two returned")
     t.join()
     print(f"RESULT abort took {took[0]:.2f}s")
-    deadline = time.monotonic() + 20
-    while calls.count("mscclppCommDestroy") == 0:
-        assert time.monotonic() < deadline, "the aborted communicator was never destroyed"
-        time.sleep(0.01)
+    _await_destroy(calls)
     assert calls.count("mscclppCommDestroy") == 1, calls
 
 
