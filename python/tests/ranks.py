@@ -384,10 +384,14 @@ def async_text(transport: str) -> None:
 
 def _interrupt_self_after(seconds: float) -> None:
     """SIGINT to this process in ``seconds`` (as Ctrl-C in its terminal sends it), from a
-    thread, while the main thread is inside a library call."""
+    thread, while the main thread is inside a library call. Python's own SIGINT handler
+    first, as a Python started from a terminal has it: one started in the background by a
+    non-interactive shell (`cmd &`, as CI may run us) inherits SIGINT ignored, and never
+    raises KeyboardInterrupt, library or not."""
     import signal
     import threading
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT)).start()
 
 

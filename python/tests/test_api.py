@@ -153,6 +153,9 @@ def test_loading_keeps_the_signal_handlers() -> None:
     # Ctrl-C is still Python's KeyboardInterrupt. A fresh interpreter: loading happens once.
     code = """
 import ctypes, signal, sys
+# Python's handler, as a Python started from a terminal has it (one started in the background
+# by a non-interactive shell inherits SIGINT ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import mscclpp_rs as m
 libc = ctypes.CDLL(None)
 def handler(sig):
