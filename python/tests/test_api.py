@@ -230,6 +230,13 @@ class _OnlyDLPack:
         return self.arr.__dlpack_device__()
 
 
+def test_buffers_hash_and_compare_by_region() -> None:
+    a = np.zeros(64, dtype=np.uint8)
+    b1, b2 = m.as_buffer(a), m.as_buffer(a)
+    assert b1 == b2 and hash(b1) == hash(b2)  # a NumPy owner is not hashable
+    assert m.as_buffer(a[:32]) != b1
+
+
 def test_buffers_from_every_protocol() -> None:
     arr = np.zeros((4, 8), np.float32)
     b = m.as_buffer(arr)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ._native import InvalidArgumentError, Result
@@ -27,7 +27,9 @@ class Buffer:
     address: int
     nbytes: int
     kind: str  # "cuda_array_interface", "buffer", "dlpack" or "address"
-    owner: Any
+    # What keeps the memory alive; not part of equality or the hash (a NumPy array is not
+    # hashable, and two Buffers over the same region are the same region).
+    owner: Any = field(compare=False, hash=False)
     device: str = "unknown"  # "cuda", "cpu" or "unknown" (as the object says; the library checks)
     # The stream the producer said to synchronize with before use (``__cuda_array_interface__``
     # v3 "stream": 1 the legacy default stream, 2 the per-thread one, else a cudaStream_t), or

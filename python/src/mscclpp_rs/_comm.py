@@ -418,7 +418,10 @@ class Communicator:
         self._connections: list[Connection] = []
         self._pending: list[Connection] = []
         self._registered: list[RegisteredMemory] = []
-        self._proxy_running = False
+        # Held by connect() and setup() for their whole call: a connection declared in C while
+        # setup() runs would be set up there but dropped from _pending here, and stay "not set
+        # up" for good.
+        self._declare = threading.Lock()
         self.rank: int = self._query("mscclppCommRank")
         """This process's rank."""
         self.size: int = self._query("mscclppCommSize")
@@ -594,7 +597,7 @@ class Communicator:
         tag = _check_int("tag", tag, 2**31 - 1, "connect", lo=-(2**31))
         if ib_dev is not None and not isinstance(ib_dev, str):
             raise TypeError(f"ib_dev must be a str or None, not {type(ib_dev).__name__}")
-        with self._use("connect") as h:
+        with self._declare, self._use("connect") as h:
             n.call(
                 "mscclppConnect",
                 h,
@@ -605,9 +608,9 @@ class Communicator:
                 int(t),
                 ib_dev.encode() if ib_dev is not None else None,
             )
-        conn = Connection(self, peer, tag, buf, t, ib_dev)
-        self._connections.append(conn)
-        self._pending.append(conn)
+            conn = Connection(self, peer, tag, buf, t, ib_dev)
+            self._connections.append(conn)
+            self._pending.append(conn)
         return conn
 
     @property
@@ -620,12 +623,13 @@ class Communicator:
         collective between the peers of each connection). Bounded by the bootstrap timeout."""
 
         def body(h: int) -> None:
-            n.call("mscclppConnectionSetup", h)
-            for conn in self._pending:
-                ptr = ctypes.c_void_p()
-                n.call("mscclppGetDeviceConnection", h, conn.remote_rank, conn.tag, ctypes.byref(ptr))
-                conn._devconn = ptr.value
-            self._pending = []
+            with self._declare:
+                n.call("mscclppConnectionSetup", h)
+                for conn in self._pending:
+                    ptr = ctypes.c_void_p()
+                    n.call("mscclppGetDeviceConnection", h, conn.remote_rank, conn.tag, ctypes.byref(ptr))
+                    conn._devconn = ptr.value
+                self._pending = []
 
         self._blocking("setup", body)
 
@@ -644,12 +648,10 @@ class Communicator:
         """Starts the proxy threads (``mscclppProxyLaunch``), after :meth:`setup`."""
         with self._use("launch_proxy") as h:
             n.call("mscclppProxyLaunch", h)
-        self._proxy_running = True
 
     def stop_proxy(self) -> None:
         """Lets the proxies finish what was pushed, joins them, and raises the first error any of
         them met (``mscclppProxyStop``)."""
-        self._proxy_running = False
         with self._use("stop_proxy") as h:
             n.call("mscclppProxyStop", h)
 
