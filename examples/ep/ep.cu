@@ -3,7 +3,11 @@
  * API, any number of ranks: examples/ep/ep.h says what moves where and how it is checked.
  *
  *   ep [--tokens 1,8,32,128] [--steps 1000] [--warmup 50] [--hidden 7168] [--experts 256]
- *      [--topk 8] [--blocks 64]                       (ranks from launch_env.h)
+ *      [--topk 8] [--blocks 64] [--stream own|legacy]  (ranks from launch_env.h)
+ *
+ * --stream legacy launches the kernels on the legacy default stream, as the other CUDA
+ * examples do, instead of a stream of the example's own (a diagnostic of the proxied paths'
+ * stall: bench/RESULTS.md, issue 44).
  *
  * Per step, on every rank (one stream; the kernel boundaries are the grid-wide barriers):
  *   prepare   (not timed) the step's tokens, routing and weights, from ep.h's generators;
@@ -284,6 +288,7 @@ int main(int argc, char** argv)
   setupRank(c, &argc, argv);
   std::vector<int> tokens = {1, 8, 32, 128};
   int steps = 1000, warmup = 50, blocks = 64;
+  bool legacyStream = false;
   Shape s{c.nranks, 256, 8, 7168, 0};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
@@ -299,6 +304,8 @@ int main(int argc, char** argv)
     else if (k == "--experts") s.E = atoi(v);
     else if (k == "--topk") s.K = atoi(v);
     else if (k == "--blocks") blocks = atoi(v);
+    else if (k == "--stream" && (strcmp(v, "legacy") == 0 || strcmp(v, "own") == 0))
+      legacyStream = strcmp(v, "legacy") == 0;
     else {
       fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -317,8 +324,8 @@ int main(int argc, char** argv)
    * in creation order, and a proxy stream that shares the kernels' queue runs its copies only
    * after the kernel that waits for them (bench/RESULTS.md, "Hardware work queues"; the
    * suspected cause of the proxied runs' stall, issue 44 in RESULTS, not yet confirmed). */
-  cudaStream_t st;
-  CUDACHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaStream_t st = cudaStreamLegacy;
+  if (!legacyStream) CUDACHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   uint8_t* buf = nullptr;
   CUDACHECK(cudaMalloc(&buf, s.bytes()));
   CUDACHECK(cudaMemset(buf, 0, s.bytes()));
