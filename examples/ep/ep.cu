@@ -319,11 +319,25 @@ int main(int argc, char** argv)
             s.E, s.R, EP_MAX_EXPERTS, EP_MAX_TOKENS);
     return 2;
   }
+  /* Every kernel loaded before the first one runs. Under CUDA's lazy loading (the default on
+   * Linux since CUDA 12.2: CUDA_MODULE_LOADING) a kernel's first launch may load its module,
+   * and a load may synchronize the context: the host's first launch of the expert kernel would
+   * wait for this rank's dispatch kernel, which waits for its peer's signal, which the peer's
+   * proxy can send only once its own copies run in a context as stuck (the CUDA Programming
+   * Guide, "Lazy Loading"; the suspected cause of the proxied runs' stall, bench/RESULTS.md
+   * issue 44, not yet confirmed). cudaFuncGetAttributes loads a kernel without running it. */
+  {
+    cudaFuncAttributes fa;
+    CUDACHECK(cudaFuncGetAttributes(&fa, prepareKernel));
+    CUDACHECK(cudaFuncGetAttributes(&fa, dispatchKernel));
+    CUDACHECK(cudaFuncGetAttributes(&fa, expertKernel));
+    CUDACHECK(cudaFuncGetAttributes(&fa, combineKernel));
+    CUDACHECK(cudaFuncGetAttributes(&fa, reduceKernel));
+  }
   /* The kernels' stream, made before the library makes its own (connection setup): CUDA hands
-   * its hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default) to streams round-robin
-   * in creation order, and a proxy stream that shares the kernels' queue runs its copies only
-   * after the kernel that waits for them (bench/RESULTS.md, "Hardware work queues"; the
-   * suspected cause of the proxied runs' stall, issue 44 in RESULTS, not yet confirmed). */
+   * its hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS) to streams round-robin in creation
+   * order, and a copy stream that shared the kernels' queue would run only after the kernel
+   * that waits for it (bench/RESULTS.md, "Hardware work queues"). */
   cudaStream_t st = cudaStreamLegacy;
   if (!legacyStream) CUDACHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   uint8_t* buf = nullptr;
