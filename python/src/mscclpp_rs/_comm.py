@@ -7,6 +7,7 @@ import ctypes
 import operator
 import os
 import struct
+import sys
 import threading
 import warnings
 import weakref
@@ -353,7 +354,14 @@ class RegisteredMemory:
         bootstrap timeout; on a failure (a peer unregistered another one, or none in time) the
         handle is dead all the same and the library keeps its registration until the
         communicator is destroyed."""
-        self.comm._blocking("unregister", lambda h: n.call("mscclppUnregisterBuffer", h, ctypes.byref(self._handle)))
+        comm = self.comm
+        try:
+            comm._blocking("unregister", lambda h: n.call("mscclppUnregisterBuffer", h, ctypes.byref(self._handle)))
+        finally:
+            # Dead either way (the library says so for a failed one too): the communicator no
+            # longer keeps the buffer's owner alive, so that the memory can go.
+            with contextlib.suppress(ValueError):
+                comm._registered.remove(self)
 
 
 Root = Union[str, bytes, UniqueId]
@@ -706,7 +714,7 @@ class Communicator:
         flushes of other threads end with an error (the proxies are stopped, which releases
         them); a bootstrap call in progress (barrier, setup, ...) ends at the latest at the
         bootstrap timeout. The communicator is destroyed by the last of those calls to leave
-        the library, or here if none is inside. Its peers see this rank's connections fail
+        the library, or by a thread of its own if none is inside. Its peers see this rank's connections fail
         (their waits end with an error, at the latest at their wait timeout). A Ctrl-C during
         a blocking call on the main thread aborts the communicator this way."""
         with self._lock:
@@ -725,7 +733,9 @@ class Communicator:
                 self._doomed = None  # the parent's to destroy
             return
         if not busy:
-            _destroy_quietly(h)
+            # On a thread of its own: a destroy may wait for CUDA IPC peers to close their
+            # mappings (up to the wait timeout), and abort() returns at once.
+            threading.Thread(target=_destroy_quietly, args=(h,), name="mscclpp_rs abort", daemon=True).start()
             return
 
         def stop() -> None:
@@ -763,21 +773,41 @@ class Communicator:
         if os.getpid() != self._pid:
             return
         if busy:
+            if sys.is_finalizing():
+                # The interpreter is ending: threads inside calls (daemons) run no more, so
+                # none would leave; the process's exit ends the communicator.
+                return
             # Their waits end on the stop's abort; a stop that fails (none running) is fine.
             with contextlib.suppress(MscclppError):
                 n.call("mscclppProxyStop", h)
-            with self._lock:
-                # Ends when the last call left, or at the bound.
-                left = self._idle.wait_for(lambda: self._calls == 0, timeout=_CALLS_LEAVE_S)
+            try:
+                with self._lock:
+                    # Ends when the last call left, or at the bound.
+                    left = self._idle.wait_for(lambda: self._calls == 0, timeout=_CALLS_LEAVE_S)
+            except BaseException:
+                # Interrupted (Ctrl-C): the last call to leave destroys it, as after abort().
+                self._destroy_when_idle(h)
+                raise
             if not left:
                 warnings.warn(
                     f"mscclpp_rs: a call on the communicator did not leave the library within "
-                    f"{_CALLS_LEAVE_S:.0f} s of close(): the communicator is leaked, not freed under it",
+                    f"{_CALLS_LEAVE_S:.0f} s of close(): it is destroyed when that call leaves",
                     RuntimeWarning,
                     stacklevel=2,
                 )
+                self._destroy_when_idle(h)
                 return
         n.call("mscclppCommDestroy", h)
+
+    def _destroy_when_idle(self, h: int) -> None:
+        """Destroys handle `h` now if no call is inside the library, else hands it to the last
+        call to leave (_leave)."""
+        with self._lock:
+            now = self._calls == 0
+            if not now:
+                self._doomed = h
+        if now:
+            _destroy_quietly(h)
 
     @property
     def closed(self) -> bool:

@@ -140,6 +140,13 @@ def call(
         if note and hasattr(e, "add_note"):  # Python 3.11+
             e.add_note(note)
         raise
-    if job.error is not None:
-        raise job.error
+    err, job.error = job.error, None
+    if err is not None:
+        # Not kept in this frame's locals past the raise: the traceback holds this frame, and
+        # a frame that held the exception would make a cycle that only a garbage collection
+        # frees (with every object the call's closure held: a buffer the user let go of).
+        try:
+            raise err
+        finally:
+            err = None
     return job.result

@@ -232,6 +232,14 @@ def _load_system_libfabric() -> Optional[str]:
 _SIGNALS = [s for s in range(1, 32) if s not in (9, 19)]
 
 
+def _action(act: Any) -> tuple[bytes, int]:
+    """What a struct sigaction says a signal does: its handler (the first word) and its flags
+    (after the handler and the 128-byte mask, on x86-64 and arm64 glibc), less SA_RESTORER,
+    which glibc adds to every action it installs."""
+    flags = int.from_bytes(act.raw[136:140], sys.byteorder)
+    return act.raw[:8], flags & ~0x04000000
+
+
 @contextlib.contextmanager
 def _signal_dispositions_kept() -> Iterator[None]:
     """Puts back every signal disposition that loading the libraries changed.
@@ -243,7 +251,7 @@ def _signal_dispositions_kept() -> Iterator[None]:
     SIGINT handler, so that Ctrl-C ended the process with status 1 and no KeyboardInterrupt.
     A package must not change the interpreter's signal handling."""
     libc = ctypes.CDLL(None, use_errno=True)
-    # struct sigaction is 152 bytes on x86-64 and arm64 glibc; the handler is its first word.
+    # struct sigaction is 152 bytes on x86-64 and arm64 glibc (_action reads it).
     before = {}
     for sig in _SIGNALS:
         act = ctypes.create_string_buffer(256)
@@ -254,7 +262,7 @@ def _signal_dispositions_kept() -> Iterator[None]:
     finally:
         for sig, old in before.items():
             now = ctypes.create_string_buffer(256)
-            if libc.sigaction(sig, None, now) == 0 and now.raw[:8] != old.raw[:8]:
+            if libc.sigaction(sig, None, now) == 0 and _action(now) != _action(old):
                 libc.sigaction(sig, old, None)
 
 
