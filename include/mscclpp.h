@@ -448,6 +448,9 @@ enum mscclppResult_t mscclppRegisterBuffer(mscclppComm_t comm,
  * within the bootstrap timeout, the call fails (`mscclppRemoteError`), the handle is dead all
  * the same, and this rank keeps its registration until `mscclppCommDestroy`: the buffer must
  * then stay allocated until the communicator is destroyed, since the peer may still hold it.
+ * A registration that a failed `mscclppRegisteredBufferWrite` wrote through is refused
+ * (`mscclppInvalidUsage`, nothing sent): its writes may still be landing in the peers'
+ * buffers; it is released at destroy.
  * NULL `regMem`, a handle this communicator never returned, a call before
  * `mscclppConnectionSetup` or after an asynchronous error: an error before anything is sent,
  * the handle unchanged. `*regMem` itself is never modified. Thread-safety as every call on

@@ -1514,9 +1514,12 @@ const MISMATCH_BOOT_S: u64 = 5;
 
 /// Rank 0 unregisters registration 1 while rank 1 unregisters registration 2: both fail at
 /// once (not at the timeout), each naming what the other unregistered; each keeps its
-/// registration (the peer may still hold it) and its handle is dead all the same. Then rank 0
-/// unregisters registration 2 while rank 1 unregisters nothing: rank 0 fails at the bootstrap
-/// timeout, not later. Destroy closes what was kept.
+/// registration (the peer may still hold it) and its handle is dead all the same. Rank 1's
+/// message for registration 2 is kept by rank 0, so rank 0's own unregister of 2 later needs
+/// no answer and succeeds. Then registration 3, which rank 1 unregisters only after rank 0 gave
+/// up at its bootstrap timeout: rank 0 fails then, not later; rank 1 succeeds (rank 0's message
+/// was waiting), and its own message stays unread at rank 0. Registration 4, unregistered by
+/// both: rank 0 skips that stale message and both succeed. Destroy closes what was kept.
 fn unregister_mismatch(e: Env) {
     let live = mscclpp::transport::net::live_registrations;
     let peer = 1 - e.rank;
@@ -1545,7 +1548,16 @@ fn unregister_mismatch(e: Env) {
         "unregistered",
     );
     if e.rank == 0 {
+        // Rank 1 sent its message for registration 2 in its failed call: it needs no other.
         let (r, t) = timed(|| mscclppUnregisterBuffer(c, &mut regs[1]));
+        assert_eq!(r, mscclppSuccess, "{}", last_error());
+        assert!(t < Duration::from_secs(MISMATCH_BOOT_S), "took {t:?}");
+        assert!(live() < held, "registration 2 released");
+    }
+    let mut third = vec![0u8; 256];
+    let mut reg3 = register(c, &mut third);
+    if e.rank == 0 {
+        let (r, t) = timed(|| mscclppUnregisterBuffer(c, &mut reg3));
         let why = last_error();
         println!("rank 0: unanswered unregister {r:?} after {t:?}: {why}");
         assert_eq!(r, mscclppRemoteError, "{why}");
@@ -1558,11 +1570,18 @@ fn unregister_mismatch(e: Env) {
             t >= bound - Duration::from_millis(500) && t < 4 * bound,
             "took {t:?}"
         );
-        assert_eq!(live(), held, "kept as well");
         mark("r0_timed_out", "");
+        wait_mark("r1_unregistered", Duration::from_secs(60)).expect("rank 1 never unregistered");
     } else {
         wait_mark("r0_timed_out", Duration::from_secs(60)).expect("rank 0 never timed out");
+        ok(mscclppUnregisterBuffer(c, &mut reg3));
+        mark("r1_unregistered", "");
     }
+    let mut fourth = vec![0u8; 256];
+    let mut reg4 = register(c, &mut fourth);
+    let before = live();
+    ok(mscclppUnregisterBuffer(c, &mut reg4));
+    assert!(live() < before, "registration 4 released");
     finish(c);
     assert_eq!(live(), 0, "destroy closes what was kept");
 }

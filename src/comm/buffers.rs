@@ -55,6 +55,7 @@ impl Comm {
             remotes,
             locals,
             state: RegState::Live,
+            writes_unfinished: false,
         });
         Ok(seq + 1)
     }
@@ -69,6 +70,11 @@ impl Comm {
         self.require_ready("mscclppUnregisterBuffer")?;
         self.check_sticky()?;
         let seq = self.live_registration(handle)?;
+        if self.registered[seq].writes_unfinished {
+            return Err(Error::usage(format!(
+                "registered buffer {handle}: a write through it failed (mscclppRegisteredBufferWrite) and may still be landing in the peers' buffers, so it cannot be unregistered: its registration is kept until the communicator is destroyed"
+            )));
+        }
         let reg = &mut self.registered[seq];
         // Dead from here: whatever fails below, its imports are going or gone.
         reg.state = RegState::Kept;
@@ -83,26 +89,9 @@ impl Comm {
             self.boot
                 .send(c.remote_rank, TAG_UNREG | c.tag as u32 as u64, &msg)?;
         }
-        for c in &self.conns {
-            let m = self
-                .boot
-                .recv(c.remote_rank, TAG_UNREG | c.tag as u32 as u64)
-                .map_err(|e| {
-                    Error::remote(format!(
-                        "registered buffer {handle}: rank {} (connection tag {}) did not unregister it: {e}; this rank keeps its registration until the communicator is destroyed",
-                        c.remote_rank, c.tag
-                    ))
-                })?;
-            let mut rd = Reader::new(&m, "unregister message");
-            let rseq = rd.u64()?;
-            rd.finish()?;
-            if rseq != seq as u64 {
-                return Err(Error::remote(format!(
-                    "rank {} unregistered registered buffer {} where this rank unregistered {handle} (every connected rank unregisters the same one); this rank keeps its registration until the communicator is destroyed",
-                    c.remote_rank,
-                    rseq.saturating_add(1)
-                )));
-            }
+        let peers: Vec<(usize, i32)> = self.conns.iter().map(|c| (c.remote_rank, c.tag)).collect();
+        for (rank, tag) in peers {
+            self.await_released(handle, seq as u64, rank, tag)?;
         }
         let locals = std::mem::take(&mut self.registered[seq].locals);
         self.registered[seq].state = RegState::Released;
@@ -115,6 +104,55 @@ impl Comm {
             }
         }
         first
+    }
+
+    /// Waits for the "released" message of registration `seq` (handle `handle`) from the peer
+    /// `rank` over the connection tagged `tag`. The messages of one connection come in the
+    /// order the peer sent them, and not every one is read by the call it answers: a call that
+    /// failed left the rest unread, and a peer that is ahead sent one for a registration this
+    /// rank has not unregistered yet. So a message for a registration this rank already tried
+    /// (released, or kept after a failure) is stale and skipped; one for a registration still
+    /// live here is a mismatch, kept for the call that unregisters it.
+    fn await_released(&mut self, handle: u64, seq: u64, rank: usize, tag: i32) -> Result<()> {
+        let early = self.unreg_early.entry((rank, tag)).or_default();
+        if let Some(i) = early.iter().position(|&r| r == seq) {
+            early.swap_remove(i);
+            return Ok(());
+        }
+        // Ends at our message, at a mismatch, or when a receive fails (each receive is bounded
+        // by the bootstrap timeout; stale messages are as many as earlier calls that failed).
+        loop {
+            let m = self
+                .boot
+                .recv(rank, TAG_UNREG | tag as u32 as u64)
+                .map_err(|e| {
+                    Error::remote(format!(
+                        "registered buffer {handle}: rank {rank} (connection tag {tag}) did not unregister it: {e}; this rank keeps its registration until the communicator is destroyed"
+                    ))
+                })?;
+            let mut rd = Reader::new(&m, "unregister message");
+            let rseq = rd.u64()?;
+            rd.finish()?;
+            if rseq == seq {
+                return Ok(());
+            }
+            match self.registered.get(rseq as usize).map(|r| r.state) {
+                Some(RegState::Released | RegState::Kept) => continue,
+                Some(RegState::Live) => {
+                    self.unreg_early.entry((rank, tag)).or_default().push(rseq);
+                    return Err(Error::remote(format!(
+                        "rank {rank} unregistered registered buffer {} where this rank unregistered {handle} (every connected rank unregisters the same one); this rank keeps its registration until the communicator is destroyed",
+                        rseq.saturating_add(1)
+                    )));
+                }
+                None => {
+                    return Err(Error::remote(format!(
+                        "rank {rank} unregistered registered buffer {}, which this rank never registered",
+                        rseq.saturating_add(1)
+                    )))
+                }
+            }
+        }
     }
 
     /// The index of registration `handle`, if it is live.
@@ -169,7 +207,8 @@ impl Comm {
     ) -> Result<()> {
         self.require_ready("mscclppRegisteredBufferWrite")?;
         self.check_sticky()?;
-        let reg = &self.registered[self.live_registration(handle)?];
+        let idx = self.live_registration(handle)?;
+        let reg = &self.registered[idx];
         if src == 0 || size == 0 {
             return Err(Error::invalid_arg("srcBuff is NULL or size is 0"));
         }
@@ -197,13 +236,20 @@ impl Comm {
         for s in slots {
             let mut ep = lock(&self.slots[s].ep);
             let mr: MrId = ep.register_source(region)?;
+            let reg = &self.registered[idx];
             let peers = || reg.remotes.iter().filter(move |r| r.0 == s);
             let sent = peers()
                 .try_for_each(|&(_, peer, rid, _)| ep.write(peer, mr, src_off, rid, dst_off, size))
                 .and_then(|()| peers().try_for_each(|&(_, peer, _, _)| ep.flush(peer)));
             // Released only after a flush that succeeded: a write still in flight reads the
             // registration (the endpoint's teardown closes it after its drain otherwise).
-            sent?;
+            if let Err(e) = sent {
+                drop(ep);
+                // A write may still be landing in the peers' buffers: unregistering must not
+                // tell them they may free them (unregister_buffer refuses it).
+                self.registered[idx].writes_unfinished = true;
+                return Err(e);
+            }
             if let Err(e) = ep.release_source(mr) {
                 crate::warn!(
                     "mscclppRegisteredBufferWrite: the bytes arrived, but releasing the source's registration on {} failed: {e}",

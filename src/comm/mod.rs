@@ -86,6 +86,9 @@ struct Registered {
     /// `Comm::region_uses`.
     locals: Vec<(usize, MrId)>,
     state: RegState,
+    /// A write through it failed after it was issued (mscclppRegisteredBufferWrite): it may
+    /// still land in the peers' buffers, so it is never unregistered.
+    writes_unfinished: bool,
 }
 
 /// Where a registered buffer stands (`mscclppUnregisterBuffer`).
@@ -115,6 +118,9 @@ pub struct Comm {
     /// blocks, registered buffers. The endpoints return one id for the same region, so a
     /// registered buffer that is also a connection's buffer is released only with its last use.
     region_uses: HashMap<(usize, MrId), usize>,
+    /// Per connection (peer rank, tag): "released" messages of registrations this rank has
+    /// not unregistered yet (a peer ahead of it), for the call that does (buffers.rs).
+    unreg_early: HashMap<(usize, i32), Vec<u64>>,
     proxies_running: bool,
     /// Between a stop and the next launch (or destroy): the thread that keeps the network
     /// endpoints progressing for peers still flushing to us (`proxy::Keeper`).
@@ -161,6 +167,7 @@ impl Comm {
             slots: Vec::new(),
             registered: Vec::new(),
             region_uses: HashMap::new(),
+            unreg_early: HashMap::new(),
             proxies_running: false,
             keeper: None,
             hang: None,
