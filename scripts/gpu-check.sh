@@ -831,12 +831,9 @@ ep_case() { # NP LABEL [VAR=VALUE...] -- ARGS...
   ((rc == 0)) || { echo "FAILED: ep $label ranks=$np (exit $rc)"; grep -v "^RESULT" "$WORK/ep.out" | tail -20; }
   return $rc
 }
-ep_nvshmem() { # NP ARGS...
-  local np=$1 r pids=() rc=0 bin
-  shift
-  source "$ROOT/bench/gpu/nvshmem.sh"
-  nvshmem_home >/dev/null || { echo "SKIPPED the NVSHMEM peer: no NVSHMEM wheel"; return 0; }
-  bin=$(nvshmem_build "$WORK/nvshmem" nvshmem_ep) || return 1
+ep_nvshmem() { # BIN NP ARGS... (BIN: bench/gpu/nvshmem_ep built by ep_runs)
+  local bin=$1 np=$2 r pids=() rc=0
+  shift 2
   nvshmem_env
   rm -f "$WORK/nvshmem/ep.uid"
   echo "## ep nvshmem ranks=$np"
@@ -851,14 +848,21 @@ ep_nvshmem() { # NP ARGS...
   return $rc
 }
 ep_runs() {
-  local np rc=0 steps=${GPU_CHECK_EP_STEPS:-1000}
+  local np rc=0 steps=${GPU_CHECK_EP_STEPS:-1000} peer=""
+  # The NVSHMEM peer, built once for every rank count.
+  source "$ROOT/bench/gpu/nvshmem.sh"
+  if nvshmem_home >/dev/null; then
+    peer=$(nvshmem_build "$WORK/nvshmem" nvshmem_ep) || rc=1
+  else
+    echo "SKIPPED the NVSHMEM peer: no NVSHMEM wheel"
+  fi
   mps_down
   mps_up
   for np in ${GPU_CHECK_EP_RANKS:-2 4}; do
     ep_case "$np" direct -- --steps "$steps" || rc=1
     ep_case "$np" proxy MSCCLPP_P2P_DIRECT_BYTES=0 MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0 MSCCLPP_P2P_STATS=1 \
       -- --steps "${GPU_CHECK_EP_PROXY_STEPS:-100}" --warmup 5 || rc=1
-    ep_nvshmem "$np" --steps "$steps" || rc=1
+    [[ -n $peer ]] && { ep_nvshmem "$peer" "$np" --steps "$steps" || rc=1; }
   done
   ep_case 2 network MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp -- --steps 20 --warmup 2 --tokens 1,8 || rc=1
   mps_down
