@@ -388,6 +388,16 @@ def async_text(transport: str) -> None:
     _quiet_close(comm)
 
 
+def _failed_wait(conn: m.Connection) -> str:
+    """A wait for a signal that never comes, which must end with an error: "Error after S s"."""
+    t0 = time.monotonic()
+    try:
+        conn.wait()
+    except m.MscclppError as e:
+        return f"{type(e).__name__} after {time.monotonic() - t0:.1f}s"
+    raise AssertionError("wait() returned without a signal")
+
+
 def _interrupt_self_after(seconds: float) -> None:
     """SIGINT to this process in ``seconds`` (as Ctrl-C in its terminal sends it), from a
     thread, while the main thread is inside a library call. Python's own SIGINT handler
@@ -407,13 +417,7 @@ def interrupt_wait(transport: str) -> None:
     go (its own wait ends with an error, not a hang)."""
     comm, conn = _running_pair(transport)
     if comm.rank == 1:
-        t0 = time.monotonic()
-        try:
-            conn.wait()
-        except m.MscclppError as e:
-            print(f"RESULT peer {type(e).__name__} after {time.monotonic() - t0:.1f}s")
-        else:
-            raise AssertionError("rank 1's wait returned without a signal")
+        print(f"RESULT peer {_failed_wait(conn)}")
         _quiet_close(comm)
         return
     _interrupt_self_after(1.0)
@@ -463,13 +467,7 @@ def abort_calls(transport: str) -> None:
         return
     t = threading.Timer(0.5, comm.abort)
     t.start()
-    t0 = time.monotonic()
-    try:
-        conn.wait()
-    except m.MscclppError as e:
-        print(f"RESULT wait ended by abort() after {time.monotonic() - t0:.1f}s: {type(e).__name__}")
-    else:
-        raise AssertionError("wait() returned without a signal")
+    print(f"RESULT wait ended by abort(): {_failed_wait(conn)}")
     t.join()
     _await_destroy(calls)  # the stop's thread leaves last
     comm.abort()  # again: nothing
