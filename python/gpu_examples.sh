@@ -15,6 +15,8 @@
 #   cupy nvcc  the same through CuPy's nvcc backend
 #   cupy ib    allgather_cupy.py over libfabric (GPU memory staged), NVRTC
 #   torch      allgather_torch.py under torchrun (load_inline), P2P
+#   torch ep   examples/ep/ep_torch.py under torchrun (load_inline): MoE dispatch and combine
+#              checked against a torch reference; direct, proxied (ep proxy), libfabric tcp (ep ib)
 #   numpy      allgather_numpy.py over tcp (host memory)
 #   pytest     python/tests (host memory: tcp and shm, bad arguments, dead peers)
 # The last line is "N passed, M failed"; the exit status is non-zero if any step failed.
@@ -78,6 +80,19 @@ port=$(scripts/free-port.sh)
 step torch 400 torchrun --nnodes 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "$port" \
   python/examples/allgather_torch.py
 step numpy 120 ranks python/examples/allgather_numpy.py --transport ib
+# examples/ep's kernels from Python (built once by load_inline, then cached): the direct path,
+# every operation through the proxy, and libfabric tcp (GPU memory staged).
+ep_torch() { # EXTRA-ENV... -- ARGS...
+  local vars=()
+  while [[ $1 != -- ]]; do vars+=("$1"); shift; done
+  shift
+  env "${vars[@]}" torchrun --nnodes 1 --nproc-per-node 2 --master-addr 127.0.0.1 \
+    --master-port "$(scripts/free-port.sh)" examples/ep/ep_torch.py "$@"
+}
+export -f ep_torch
+step "torch ep" 400 ep_torch -- --steps 200
+step "torch ep proxy" 200 ep_torch MSCCLPP_P2P_DIRECT_BYTES=0 MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0 -- --steps 30 --warmup 3
+step "torch ep ib" 200 ep_torch MSCCLPP_NET_PROVIDER=tcp -- --transport ib --steps 10 --warmup 2 --tokens 1,8
 step pytest 300 python3 -m pytest -q -p no:cacheprovider python/tests
 
 passed=0 failed=0

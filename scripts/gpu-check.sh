@@ -587,7 +587,7 @@ if [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]] && only test
       bash -c 'ranks 2 "$BIN/allgather"'
   fi
   grep -h -E "self-test:" "$LAST_OUT" | sed 's/^/STATS /' >>"$RES"
-else
+elif ! [[ -x $BIN/allgather && -x $BIN/pingpong && -x $BIN/bandwidth ]]; then
   FAILED+=("examples missing")
 fi
 
@@ -791,16 +791,18 @@ fi
 # 5e. The Python package (issue 31): where a wheel built where Rust is lies in $CARRY
 #     (`pip wheel --no-deps -w .carry ./python`), python/gpu_examples.sh installs it and runs
 #     the CuPy (NVRTC, nvcc, over libfabric), PyTorch (torchrun, load_inline) and NumPy
-#     all-gathers, 2 ranks on one GPU under its own MPS daemon, every byte checked, then the
-#     package's pytest suite; its log also goes to $OUT/python-gpu-examples.log.
+#     all-gathers, 2 ranks on one GPU under its own MPS daemon, every byte checked, examples/ep
+#     driven from torch (ep_torch.py), then the package's pytest suite; its log also goes to
+#     $OUT/python-gpu-examples.log.
 wheel=$(ls "$CARRY"/mscclpp_rs-*.whl 2>/dev/null | head -1)
-if [[ -n $wheel ]] && only python; then
-  mps_down
-  run_step "Python package: CuPy, PyTorch and NumPy examples (python/gpu_examples.sh)" 200 \
-    bash "$ROOT/python/gpu_examples.sh" "$wheel"
-  mps_down
-else
+if [[ -z $wheel ]]; then
   echo "SKIPPED the Python examples: no $CARRY/mscclpp_rs-*.whl (pip wheel --no-deps -w .carry ./python)"
+elif only python; then
+  mps_down
+  run_step "Python package: CuPy, PyTorch and NumPy examples, examples/ep from torch (python/gpu_examples.sh)" \
+    "${GPU_CHECK_PYTHON_BUDGET:-420}" bash "$ROOT/python/gpu_examples.sh" "$wheel"
+  grep -h '^RESULT ep' "$OUT/python-gpu-examples.log" 2>/dev/null | sed 's/^/PY /'
+  mps_down
 fi
 
 # 5f. Expert parallelism (issue 44): examples/ep's dispatch and combine (BF16, hidden 7168, 256

@@ -136,6 +136,7 @@ run_examples() {
     scripts/run-local-ranks.sh 2 "$build/c_examples/ep/ep_host" &&
     scripts/run-local-ranks.sh 4 "$build/c_examples/ep/ep_host" -t shm &&
     scripts/run-local-ranks.sh 3 "$build/c_examples/ep/ep_host" --experts 24 --topk 8 --tokens 7,32 --steps 6 &&
+    scripts/run-local-ranks.sh 2 "$build/c_examples/ep/ep_host" --experts 64 --topk 1 --tokens 1,2 --steps 4 &&
     perf_runs
 }
 

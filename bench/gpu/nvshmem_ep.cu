@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kReduceThreads) reduce_kernel(Args a)
   }
   __syncthreads();
   const int v = blockIdx.x * blockDim.x + threadIdx.x;
-  if (v < V) ((int4 *)a.out)[(uint64_t)t * V + v] = ep::combineWord(K, wk, a.CR, off, v);
+  if (v < V) ((int4 *)a.out)[(uint64_t)t * V + v] = ep::combineWord(K, wk, (const uint8_t *)a.CR, off, v);
 }
 
 /* The sum over PEs of each PE's word (after a barrier: every word is written). */
@@ -263,11 +263,10 @@ static Args step_args(const ep::Shape &s, const Bufs &b, int me, int T, uint32_t
 
 /* Wrong values of this PE after step `step` (its stream is idle). The counts, every row its
  * experts received (after the expert) and its output are checked by ep::checkStep, the check
- * our implementation runs: it reads ep.h's layout, which DR here keeps row for row (DR[q] is
- * ep.h's DR of parity q from its parityBase on), and the counts ep.h keeps at DC are the low
- * halves of the signals waited for. Here besides: every signal waited for carries this step,
- * and the counts that came back with combine are the ones this PE sent. Prints the first few
- * of each. */
+ * our implementation runs, given this layout's rows (DR[src][l][slot]) and the counts, the
+ * low halves of the signals waited for. Here besides: every signal waited for carries this
+ * step, and the counts that came back with combine are the ones this PE sent. Prints the
+ * first few of each. */
 static uint64_t check_step(const ep::Shape &s, const Bufs &b, int me, int T, uint32_t step)
 {
   const int L = s.L(), RL = s.R * L, q = step & 1;
@@ -279,17 +278,12 @@ static uint64_t check_step(const ep::Shape &s, const Bufs &b, int me, int T, uin
   CUDA(cudaMemcpy(cval.data(), b.cval, RL * sizeof(uint64_t), cudaMemcpyDeviceToHost));
   CUDA(cudaMemcpy(out.data(), b.out, out.size() * sizeof(ep::bf16), cudaMemcpyDeviceToHost));
   for (int i = 0; i < RL; i++) counts[i] = (uint32_t)dval[i];
-  const uint64_t dr0 = s.dr(q, 0, 0, 0), dr_end = dr0 + s.rows() * s.row(), dc0 = s.dc(q, 0);
-  auto read = [&](uint64_t off, void *dst, uint64_t bytes) {
-    if (off >= dc0 && off + bytes <= dc0 + (uint64_t)RL * 4)
-      memcpy(dst, (const char *)counts.data() + (off - dc0), bytes);
-    else if (off >= dr0 && off + bytes <= dr_end)
-      CUDA(cudaMemcpy(dst, b.DR[q] + (off - dr0), bytes, cudaMemcpyDeviceToHost));
-    else
-      CHECK(false, "ep::checkStep reads %llu bytes at offset %llu, outside DR and DC of parity %d",
-            (unsigned long long)bytes, (unsigned long long)off, q);
+  auto counts_of = [&](int src, uint32_t *c) { memcpy(c, counts.data() + (size_t)src * L, (size_t)L * 4); };
+  auto row_of = [&](int src, int l, uint32_t slot, uint64_t, ep::bf16 *dst) {
+    CUDA(cudaMemcpy(dst, b.DR[q] + (((uint64_t)src * L + l) * s.Tmax + slot) * s.row(), s.row(),
+                    cudaMemcpyDeviceToHost));
   };
-  uint64_t wrong = ep::checkStep(s, me, T, step, q, read, out.data());
+  uint64_t wrong = ep::checkStep(s, me, T, step, counts_of, row_of, out.data());
 
   std::vector<uint32_t> sent(s.E, 0); /* rows this PE sent to each expert */
   for (int t = 0; t < T; t++)

@@ -7,23 +7,35 @@
  * experts (top-K), the experts spread over the R ranks, L = E / R per rank (expert e lives on
  * rank e / L as its local expert e % L).
  *   dispatch: token t of rank src goes to each of its K experts: into the expert's rank's
- *     receive rows DR[src][l][slot], slot = how many earlier tokens of src chose that expert
- *     (so each (src, expert) is a dense run of rows, in token order); then, per peer, the L
- *     counts of that run, put and signalled after the rows (the "tokens, then a count ordered
- *     after them" of every EP library); the receiver waits once per peer.
+ *     receive rows from src, DR[src], which hold src's rows for that rank densely, by local
+ *     expert l and then by token order: row start[l] + slot, where start[l] is the number of
+ *     src's rows for that rank's experts below l and slot the number of src's earlier tokens
+ *     that chose the same expert. Then, per peer, the L counts of those runs, put and signalled
+ *     after the rows (the "tokens, then a count ordered after them" of every EP library); the
+ *     receiver waits once per peer and learns start[] from the counts.
+ *     Where a peer's memory is not written directly (every put through the proxy), the sender
+ *     first packs its rows for that peer in the same order into its own SR[peer], so that
+ *     they leave in one put.
  *   expert: each expert scales its rows in place, y = bf16(x * s_e), s_e = 1 + (e % 8) / 8
  *     (stands in for the expert MLP and makes a row that reached the wrong expert visible).
- *   combine: each expert rank puts its rows back to their source rank, CR[expert rank][l][slot]
- *     there, and signals each peer; the source waits once per peer and reduces
- *     out[t] = bf16(sum over k in order of w[t][k] * y_k) in float with fmaf (fused, in both
- *     the kernel and the host reference `combined`, so the result is the same bits).
- * Buffers are double-buffered by step parity q = step & 1 (DR, CR, the counts and their
+ *   combine: each expert rank puts its rows from src back, DR[src] as it is (one contiguous
+ *     range), into src's CR[expert rank], and signals each peer; the source waits once per peer
+ *     and reduces out[t] = bf16(sum over k in order of w[t][k] * y_k), its k-th row being
+ *     CR[e / L] row start[e % L] + slot of the dispatch.
+ *     The inputs make that sum exact in float: x is a multiple of 1/64 below 2 in magnitude and
+ *     s_e of 1/8, so x * s_e is a multiple of 1/512 below 4 and stays one when rounded to
+ *     BF16's 8 significant bits; w is a multiple of 1/256 at most 1/4; so every product and
+ *     partial sum is a multiple of 2^-17 below 16 in magnitude (K <= 16): 21 bits, exact in a
+ *     float. Any order of addition, fused or not, gives the reference's bits (a torch
+ *     reference in float32 too).
+ * Buffers are double-buffered by step parity q = step & 1 (DR, CR, SR, the counts and their
  * staging): step s+1 writes other rows than step s, so nothing waits for the previous step's
  * rows to be read.
  *
  * One buffer per rank, the same layout on every rank (puts name offsets into it on both
- * sides): X (the tokens, Tmax rows), then per parity DR (R*L*Tmax rows), CR (R*L*Tmax rows),
- * the counts received DC (R*L u32) and the counts to send SC (R*L u32, the put's source).
+ * sides): X (the tokens, Tmax rows), then per parity DR, CR and SR (R regions of P rows each,
+ * P = Tmax * min(K, L): a token sends one rank at most min(K, L) rows), the counts received DC
+ * (R*L u32) and the counts to send SC (R*L u32, the put's source).
  */
 #ifndef MSCCLPP_EXAMPLES_EP_H
 #define MSCCLPP_EXAMPLES_EP_H
@@ -52,27 +64,33 @@ struct Shape {
   int Tmax; /* tokens per rank the buffers are sized for (at most 128: slot masks) */
   EP_HD int L() const { return E / R; }
   EP_HD uint64_t row() const { return (uint64_t)H * 2; }
-  EP_HD uint64_t rows() const { return (uint64_t)R * L() * Tmax; } /* of one DR or CR */
+  /* Rows of one rank's region in DR, CR or SR: a token sends a rank at most min(K, L) rows. */
+  EP_HD uint64_t P() const { return (uint64_t)Tmax * (K < L() ? K : L()); }
+  EP_HD uint64_t rows() const { return (uint64_t)R * P(); } /* of one DR, CR or SR */
   /* Offsets of the layout (bytes). */
   EP_HD uint64_t x(int t) const { return (uint64_t)t * row(); }
   EP_HD uint64_t parityBase(int q) const
   {
     const uint64_t counts = align((uint64_t)R * L() * 4);
-    return (uint64_t)Tmax * row() + (uint64_t)q * (2 * rows() * row() + 2 * counts);
+    return align((uint64_t)Tmax * row()) + (uint64_t)q * (3 * rows() * row() + 2 * counts);
   }
-  EP_HD uint64_t dr(int q, int src, int l, int slot) const
+  /* Row `r` of the rows received from rank `src` (r = start[l] + slot). */
+  EP_HD uint64_t dr(int q, int src, uint64_t r) const { return parityBase(q) + ((uint64_t)src * P() + r) * row(); }
+  /* Row `r` of the rows that came back from rank `expertRank` (the same r as there). */
+  EP_HD uint64_t cr(int q, int expertRank, uint64_t r) const
   {
-    return parityBase(q) + (((uint64_t)src * L() + l) * Tmax + slot) * row();
+    return parityBase(q) + (rows() + (uint64_t)expertRank * P() + r) * row();
   }
-  EP_HD uint64_t cr(int q, int expertRank, int l, int slot) const
+  /* Row `r` of the rows packed for rank `dst` (the same r as in its DR[me]). */
+  EP_HD uint64_t sr(int q, int dst, uint64_t r) const
   {
-    return parityBase(q) + rows() * row() + (((uint64_t)expertRank * L() + l) * Tmax + slot) * row();
+    return parityBase(q) + (2 * rows() + (uint64_t)dst * P() + r) * row();
   }
   /* Counts received from `src`: L u32, and the staging of the L counts sent to `dst`. */
-  EP_HD uint64_t dc(int q, int src) const { return parityBase(q) + 2 * rows() * row() + (uint64_t)src * L() * 4; }
+  EP_HD uint64_t dc(int q, int src) const { return parityBase(q) + 3 * rows() * row() + (uint64_t)src * L() * 4; }
   EP_HD uint64_t sc(int q, int dst) const
   {
-    return parityBase(q) + 2 * rows() * row() + align((uint64_t)R * L() * 4) + (uint64_t)dst * L() * 4;
+    return parityBase(q) + 3 * rows() * row() + align((uint64_t)R * L() * 4) + (uint64_t)dst * L() * 4;
   }
   EP_HD uint64_t bytes() const { return parityBase(2); }
   static EP_HD uint64_t align(uint64_t n) { return (n + 255) & ~(uint64_t)255; }
@@ -195,17 +213,18 @@ inline bool parseTokens(const char* v, std::vector<int>& out)
 }
 
 /* The check of one step on rank `me`, on the host: the counts received, every received row
- * after the expert, and every output value, against the reference. `read(offset, dst, bytes)`
- * copies from the rank's buffer (device or host memory); `out` is the step's output on the
+ * after the expert, and every output value, against the reference. `counts(src, c)` gives the
+ * L counts received from src; `row(src, l, slot, r, dst)` copies the row of src's slot-th
+ * token for local expert l, which this layout keeps at row r = start[l] + slot of DR[src] (an
+ * implementation with another layout uses src, l and slot); `out` is the step's output on the
  * host. Prints the first few wrong values; returns how many there are. */
-template <class Read>
-uint64_t checkStep(const Shape& s, int me, int T, uint32_t step, int q, Read read, const bf16* out)
+template <class Counts, class Row>
+uint64_t checkStep(const Shape& s, int me, int T, uint32_t step, Counts counts, Row row, const bf16* out)
 {
   const int L = s.L();
   uint64_t wrong = 0;
-  std::vector<uint32_t> counts((size_t)s.R * L);
-  read(s.dc(q, 0), counts.data(), counts.size() * 4);
-  std::vector<bf16> row(s.H);
+  std::vector<uint32_t> got(L);
+  std::vector<bf16> data(s.H);
   for (int src = 0; src < s.R; src++) {
     /* The tokens of src per local expert of ours, in token order: the runs expected. */
     std::vector<std::vector<int>> runs(L);
@@ -214,25 +233,28 @@ uint64_t checkStep(const Shape& s, int me, int T, uint32_t step, int q, Read rea
         const int e = expertOf(s, src, t, k, step);
         if (e / L == me) runs[e % L].push_back(t);
       }
+    counts(src, got.data());
+    uint64_t start = 0;
     for (int l = 0; l < L; l++) {
-      const uint32_t got = counts[(size_t)src * L + l];
-      if (got != runs[l].size()) {
+      if (got[l] != runs[l].size()) {
         if (wrong < 5)
           printf("rank %d step %u: count from rank %d for expert %d is %u, expected %zu\n", me, step,
-                 src, me * L + l, got, runs[l].size());
+                 src, me * L + l, got[l], runs[l].size());
         wrong++;
+        start += runs[l].size();
         continue;
       }
       for (size_t slot = 0; slot < runs[l].size(); slot++) {
-        read(s.dr(q, src, l, (int)slot), row.data(), s.row());
+        row(src, l, (uint32_t)slot, start + slot, data.data());
         for (int h = 0; h < s.H; h++) {
           const bf16 want = expertValue(token(src, runs[l][slot], h, step), me * L + l);
-          if (row[h] != want && wrong++ < 5)
+          if (data[h] != want && wrong++ < 5)
             printf("rank %d step %u: rank %d's token %d at expert %d, value %d: 0x%04x, expected "
                    "0x%04x\n",
-                   me, step, src, runs[l][slot], me * L + l, h, row[h], want);
+                   me, step, src, runs[l][slot], me * L + l, h, data[h], want);
         }
       }
+      start += runs[l].size();
     }
   }
   for (int t = 0; t < T; t++) {
@@ -250,6 +272,16 @@ uint64_t checkStep(const Shape& s, int me, int T, uint32_t step, int q, Read rea
     }
   }
   return wrong;
+}
+
+/* checkStep() of a rank whose buffer has this layout: `read(offset, dst, bytes)` copies from
+ * it (device or host memory); q the step's parity. */
+template <class Read>
+uint64_t checkStepInBuffer(const Shape& s, int me, int T, uint32_t step, int q, Read read, const bf16* out)
+{
+  return checkStep(
+      s, me, T, step, [&](int src, uint32_t* c) { read(s.dc(q, src), c, (uint64_t)s.L() * 4); },
+      [&](int src, int, uint32_t, uint64_t r, bf16* dst) { read(s.dr(q, src, r), dst, s.row()); }, out);
 }
 
 } // namespace ep

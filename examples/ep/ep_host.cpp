@@ -4,9 +4,10 @@
  * over libfabric tcp or shm, or the SHM transport; the C functions rather than the methods,
  * whose host forms return void, so that a failed call stops the run with its error): no GPU. The same layout, routing, arithmetic and
  * check (examples/ep/ep.h) as the GPU kernels, one host thread per rank doing what the
- * kernels' blocks do, in the same order: the rows of every (token, expert) pair, then per
- * peer the counts with a signal, a wait per peer; the expert; the rows back, a signal and a
- * wait per peer; the weighted sum. CI runs it (scripts/test.sh, step c_examples).
+ * kernels' blocks do where every put goes through the proxy, in the same order: the rows of
+ * every (token, expert) pair packed per peer, one put per peer and its counts with a signal,
+ * a wait per peer; the expert; the rows back in one put per peer, a signal and a wait per
+ * peer; the weighted sum. CI runs it (scripts/test.sh, step c_examples).
  *
  *   scripts/run-local-ranks.sh 2 ./ep_host [-t ib|shm] [--tokens 1,5,16] [--steps 20]
  *        [--hidden 256] [--experts 16] [--topk 4]
@@ -121,44 +122,49 @@ int main(int argc, char** argv)
         }
       }
       const double t0 = nowUs();
-      /* dispatch: the slots in token order (as the kernels' masks count them) */
-      std::vector<uint32_t> count(s.E, 0);
+      /* dispatch: each row to its place in DR[me] there, row start[e] + slot (ep.h), the
+       * slots in token order as the kernels' masks count them; the peers' rows packed into
+       * SR[peer] first, then one put per peer (every put goes through the proxy here, as
+       * the kernels do where a peer's memory is not written directly), then its counts with
+       * the signal. */
+      std::vector<uint32_t> count(s.E, 0), start(s.E, 0), slot(s.E, 0);
+      for (int i = 0; i < T * s.K; i++) count[idx[i]]++;
+      for (int e = 0; e < s.E; e++) start[e] = e % L ? start[e - 1] + count[e - 1] : 0;
       for (int t = 0; t < T; t++)
         for (int k = 0; k < s.K; k++) {
-          const int e = idx[t * s.K + k], dst = e / L, l = e % L;
-          const int slot = (int)count[e]++;
-          slots[t * s.K + k] = slot;
-          const uint64_t to = s.dr(q, me, l, slot);
-          if (dst == me) memcpy(b + to, b + s.x(t), s.row());
-          else CHECK(mscclppDevConnPut(conn[dst], to, s.x(t), s.row()));
+          const int e = idx[t * s.K + k], dst = e / L;
+          const uint32_t r = start[e] + slot[e]++;
+          slots[t * s.K + k] = (int)r;
+          memcpy(b + (dst == me ? s.dr(q, me, r) : s.sr(q, dst, r)), b + s.x(t), s.row());
         }
       for (int p = 0; p < s.R; p++) {
         uint32_t* at = reinterpret_cast<uint32_t*>(b + (p == me ? s.dc(q, me) : s.sc(q, p)));
         for (int l = 0; l < L; l++) at[l] = count[p * L + l];
       }
       for (int p = 0; p < s.R; p++)
-        if (p != me) CHECK(mscclppDevConnPutWithSignal(conn[p], s.dc(q, me), s.sc(q, p), (uint64_t)L * 4));
+        if (p != me) {
+          const uint64_t n = start[p * L + L - 1] + count[p * L + L - 1];
+          CHECK(mscclppDevConnPut(conn[p], s.dr(q, me, 0), s.sr(q, p, 0), n * s.row()));
+          CHECK(mscclppDevConnPutWithSignal(conn[p], s.dc(q, me), s.sc(q, p), (uint64_t)L * 4));
+        }
       for (int p = 0; p < s.R; p++)
         if (p != me) CHECK(mscclppDevConnWait(conn[p]));
-      /* expert */
+      /* expert: DR[src]'s rows run by run */
+      std::vector<uint64_t> received(s.R, 0);
       for (int src = 0; src < s.R; src++)
         for (int l = 0; l < L; l++) {
           const uint32_t n = reinterpret_cast<const uint32_t*>(b + s.dc(q, src))[l];
-          for (uint32_t slot = 0; slot < n; slot++) {
-            bf16* r = row(s.dr(q, src, l, (int)slot));
+          for (uint32_t j = 0; j < n; j++) {
+            bf16* r = row(s.dr(q, src, received[src]++));
             for (int h = 0; h < s.H; h++) r[h] = ep::expertValue(r[h], me * L + l);
           }
         }
-      /* combine */
-      for (int src = 0; src < s.R; src++)
-        for (int l = 0; l < L; l++) {
-          const uint32_t n = reinterpret_cast<const uint32_t*>(b + s.dc(q, src))[l];
-          for (uint32_t slot = 0; slot < n; slot++) {
-            const uint64_t from = s.dr(q, src, l, (int)slot), to = s.cr(q, me, l, (int)slot);
-            if (src == me) memcpy(b + to, b + from, s.row());
-            else CHECK(mscclppDevConnPut(conn[src], to, from, s.row()));
-          }
-        }
+      /* combine: DR[src] back to CR[me] there, one put per peer */
+      for (int src = 0; src < s.R; src++) {
+        const uint64_t bytes = received[src] * s.row();
+        if (src == me) memcpy(b + s.cr(q, me, 0), b + s.dr(q, me, 0), bytes);
+        else CHECK(mscclppDevConnPut(conn[src], s.cr(q, me, 0), s.dr(q, src, 0), bytes));
+      }
       for (int p = 0; p < s.R; p++)
         if (p != me) CHECK(mscclppDevConnSignal(conn[p]));
       for (int p = 0; p < s.R; p++)
@@ -169,13 +175,13 @@ int main(int argc, char** argv)
           float acc = 0.0f;
           for (int k = 0; k < s.K; k++) {
             const int e = idx[t * s.K + k];
-            acc = fmaf(w[t * s.K + k], ep::bf16ToFloat(row(s.cr(q, e / L, e % L, slots[t * s.K + k]))[h]), acc);
+            acc = fmaf(w[t * s.K + k], ep::bf16ToFloat(row(s.cr(q, e / L, (uint64_t)slots[t * s.K + k]))[h]), acc);
           }
           out[(size_t)t * s.H + h] = ep::floatToBf16(acc);
         }
       us.push_back(nowUs() - t0);
       auto read = [&](uint64_t off, void* dst, uint64_t bytes) { memcpy(dst, b + off, bytes); };
-      wrong += ep::checkStep(s, me, T, step, q, read, out.data());
+      wrong += ep::checkStepInBuffer(s, me, T, step, q, read, out.data());
     }
     std::sort(us.begin(), us.end());
     if (me == 0)

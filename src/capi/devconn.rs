@@ -19,7 +19,7 @@ fn host_conn(conn: *const mscclppDevConn) -> Result<host::Conn> {
 /// Host `put()`: queues a copy of `size` bytes from `localBuff + srcOffset` to the peer's
 /// `buff + dstOffset`. Non-blocking; the source must not change until `flush`. Waits (bounded by
 /// `MSCCLPP_WAIT_TIMEOUT`) only while the FIFO is full; a put (or signal) that fails queued
-/// nothing.
+/// nothing. A put of 0 bytes does nothing (as the device method).
 #[no_mangle]
 pub extern "C" fn mscclppDevConnPut(
     conn: *mut mscclppDevConn_t,
@@ -38,7 +38,7 @@ pub extern "C" fn mscclppDevConnSignal(conn: *mut mscclppDevConn_t) -> mscclppRe
     ffi_boundary!("mscclppDevConnSignal", { host_conn(conn)?.signal() })
 }
 
-/// Host `putWithSignal()`: a put followed by a signal, in one trigger.
+/// Host `putWithSignal()`: a put followed by a signal, in one trigger; of 0 bytes, a signal.
 #[no_mangle]
 pub extern "C" fn mscclppDevConnPutWithSignal(
     conn: *mut mscclppDevConn_t,

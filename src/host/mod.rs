@@ -46,8 +46,13 @@ impl Conn {
     }
 
     /// `put()`: queues a copy of `size` bytes from `localBuff + src` to the peer's buffer at
-    /// `dst`. Non-blocking; the source must not change until `flush`.
+    /// `dst`. Non-blocking; the source must not change until `flush`. A put of 0 bytes does
+    /// nothing, as the device method's (a trigger of 0 bytes cannot be queued: it would read
+    /// as an empty FIFO slot).
     pub fn put(&self, dst: u64, src: u64, size: u64) -> Result<()> {
+        if size == 0 {
+            return Ok(());
+        }
         let triggers = self.put_triggers(mscclppData, dst, src, size)?;
         if self.direct_put(dst, src, size, false) {
             return Ok(());
@@ -69,8 +74,12 @@ impl Conn {
         Ok(())
     }
 
-    /// `putWithSignal()`: a put followed by a signal, in one trigger.
+    /// `putWithSignal()`: a put followed by a signal, in one trigger; of 0 bytes, a `signal()`
+    /// (as the device method).
     pub fn put_with_signal(&self, dst: u64, src: u64, size: u64) -> Result<()> {
+        if size == 0 {
+            return self.signal();
+        }
         let triggers = self.put_triggers(mscclppData | mscclppFlag, dst, src, size)?;
         if !self.direct_put(dst, src, size, true) {
             self.push_all(triggers)?;
@@ -82,7 +91,12 @@ impl Conn {
     /// `putWithSignalAndFlush()`: put, signal, and wait until both have completed. When the
     /// wait times out, the trigger is taken back if the proxy has not started it, and then
     /// nothing was sent (the error says which).
+    /// Of 0 bytes: a `signal()` and a `flush()` (as the device method).
     pub fn put_with_signal_and_flush(&self, dst: u64, src: u64, size: u64) -> Result<()> {
+        if size == 0 {
+            self.signal()?;
+            return self.flush();
+        }
         let triggers =
             self.put_triggers(mscclppData | mscclppFlag | mscclppSync, dst, src, size)?;
         let parts = triggers.count(); // (a copy: PutTriggers is Copy)
