@@ -600,7 +600,7 @@ enum mscclppResult_t mscclppProxyStop(mscclppComm_t comm);
  * Host `put()`: queues a copy of `size` bytes from `localBuff + srcOffset` to the peer's
  * `buff + dstOffset`. Non-blocking; the source must not change until `flush`. Waits (bounded by
  * `MSCCLPP_WAIT_TIMEOUT`) only while the FIFO is full; a put (or signal) that fails queued
- * nothing.
+ * nothing. A put of 0 bytes does nothing (as the device method).
  */
 enum mscclppResult_t mscclppDevConnPut(mscclppDevConn_t *conn,
                                        uint64_t dstOffset,
@@ -613,7 +613,7 @@ enum mscclppResult_t mscclppDevConnPut(mscclppDevConn_t *conn,
 enum mscclppResult_t mscclppDevConnSignal(mscclppDevConn_t *conn);
 
 /**
- * Host `putWithSignal()`: a put followed by a signal, in one trigger.
+ * Host `putWithSignal()`: a put followed by a signal, in one trigger; of 0 bytes, a signal.
  */
 enum mscclppResult_t mscclppDevConnPutWithSignal(mscclppDevConn_t *conn,
                                                  uint64_t dstOffset,
