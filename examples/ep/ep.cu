@@ -19,8 +19,9 @@
  *             header's contract says) puts each peer its L counts with putWithSignal(), then
  *             one thread per peer waits for that peer's;
  *   expert    (not timed) every received row scaled in place (ep.h);
- *   combine   the received rows back to their source ranks, in place row by row or one put
- *             per peer; the last block signals each peer, one thread per peer waits;
+ *   combine   the received rows back to their source ranks, each source's as one range: in
+ *             place in even chunks over the blocks, or one put per peer; the last block
+ *             signals each peer, one thread per peer waits;
  *   reduce    out[t] = the weighted sum over the token's K expert rows, in ep.h's order.
  * Dispatch time = the dispatch kernel, combine time = combine + reduce (CUDA events on this
  * rank's stream; waiting for the slowest peer is part of both, as in every EP benchmark).

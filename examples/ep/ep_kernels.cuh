@@ -7,9 +7,10 @@
  *
  * Per peer the kernels pick one of two ways by DevConn::putsDirect() (read once per block;
  * it does not change while a kernel runs):
- *   in place  the peer's memory is written directly (P2P with the direct path): each row is one
- *             putBlock() by one block, straight to its place in the peer's DR (dispatch) or CR
- *             (combine); many small puts cost nothing extra there.
+ *   in place  the peer's memory is written directly (P2P with the direct path): dispatch puts
+ *             each row by one block (putBlock()) straight to its place in the peer's DR (the
+ *             rows of a run come from scattered tokens); combine puts the peer's range back in
+ *             chunks of about total / gridDim.x rows.
  *   packed    every put is a trigger for the proxy (P2P forced through the copy engines or the
  *             SM engine, IB, SHM): one trigger per row would cost the proxy's per-operation
  *             time for each (7 ms a step at 128 tokens, bench/RESULTS.md issue 44), so
@@ -204,29 +205,45 @@ __global__ void __launch_bounds__(EP_THREADS) expertKernel(Step a)
 
 __global__ void __launch_bounds__(EP_THREADS) combineKernel(Step a)
 {
+  /* DR[src] goes back as it is, to CR[me] on src: one range per source, cut into chunks that
+   * the blocks take in turn (chunk j, j + gridDim.x, ...). In place, a chunk is about an even
+   * share of all the rows (total / gridDim.x, as large as one direct block put carries): each
+   * block put costs a path decision and three barriers besides its copy, so a put per row cost
+   * 4 ranks 1.6x the NVSHMEM peer's combine at 128 tokens (bench/RESULTS.md, issue 44). Packed,
+   * the whole range is one chunk: one trigger. */
   __shared__ uint32_t scan[2][EP_MAX_EXPERTS];
+  __shared__ uint32_t chunkRows[EP_MAX_EXPERTS], chunks[2][EP_MAX_EXPERTS];
   const Shape s = a.s;
+  const int tid = threadIdx.x;
   const uint32_t* srcEnd = receivedBySource(a, scan);
   const uint32_t total = srcEnd[s.R - 1];
-  /* Rows back in place: block b takes received rows b, b + gridDim.x, ... (ours copied). */
-  for (uint32_t g = blockIdx.x; g < total; g += gridDim.x) {
+  uint32_t n = 0, c = 0;
+  if (tid < s.R) {
+    n = srcEnd[tid] - (tid ? srcEnd[tid - 1] : 0);
+    uint32_t rows = n;
+    if (tid == a.me || inPlace(a, tid)) {
+      rows = (total + gridDim.x - 1) / gridDim.x;
+      while (rows > 1 && !(tid == a.me || connTo(a, tid).putsDirect(rows * s.row(), true))) rows /= 2;
+      rows = rows ? rows : 1;
+    }
+    chunkRows[tid] = rows;
+    c = n ? (n + rows - 1) / rows : 0;
+  }
+  chunks[0][tid] = c;
+  const uint32_t* chunkEnd = inclusiveScan(chunks[0], chunks[1], s.R);
+  for (uint32_t j = blockIdx.x; j < chunkEnd[s.R - 1]; j += gridDim.x) {
     int src = 0;
-    while (srcEnd[src] <= g) src++; /* ends: g < total = srcEnd[R - 1] */
-    const uint64_t r = g - (src ? srcEnd[src - 1] : 0);
+    while (chunkEnd[src] <= j) src++; /* ends: j < chunkEnd[R - 1] */
+    const uint32_t per = chunkRows[src], have = srcEnd[src] - (src ? srcEnd[src - 1] : 0);
+    const uint64_t r = (uint64_t)(j - (src ? chunkEnd[src - 1] : 0)) * per;
+    const uint64_t bytes = (have - r < per ? have - r : per) * s.row();
     if (src == a.me)
-      blockCopy(a.buf + s.cr(a.q, a.me, r), a.buf + s.dr(a.q, src, r), s.row());
-    else if (inPlace(a, src)) {
-      connTo(a, src).putBlock(s.cr(a.q, a.me, r), s.dr(a.q, src, r), s.row());
-      if (threadIdx.x == 0) atomicAdd(a.ops, 1ull);
+      blockCopy(a.buf + s.cr(a.q, a.me, r), a.buf + s.dr(a.q, src, r), bytes);
+    else {
+      connTo(a, src).putBlock(s.cr(a.q, a.me, r), s.dr(a.q, src, r), bytes);
+      if (tid == 0) atomicAdd(a.ops, 1ull);
     }
   }
-  /* Packed: DR[src] is one range, one put. */
-  for (int src = blockIdx.x; src < s.R; src += gridDim.x)
-    if (src != a.me && !inPlace(a, src)) {
-      const uint64_t n = srcEnd[src] - (src ? srcEnd[src - 1] : 0);
-      connTo(a, src).putBlock(s.cr(a.q, a.me, 0), s.dr(a.q, src, 0), n * s.row());
-      if (threadIdx.x == 0 && n) atomicAdd(a.ops, 1ull);
-    }
   if (!lastBlock(&a.done[1], a.base)) return;
   for (int p = threadIdx.x; p < s.R; p += blockDim.x)
     if (p != a.me) {

@@ -184,14 +184,51 @@ pub(crate) fn one_queue() -> bool {
     crate::config::get().p2p.cuda_max_connections == Some(1)
 }
 
-/// What to add to a timeout of this library's GPU work when the process has one hardware work
-/// queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`): every stream then feeds that queue in order, so the
-/// proxy's copy-engine work waits behind the program's running kernel, and a kernel that waits
-/// for it never lets it run (measured: bench/RESULTS.md, session 13). The SM engine, a kernel
-/// too, was seen running alongside the program's (two GPUs, session 17). Empty otherwise.
-pub(crate) fn one_queue_hint() -> &'static str {
+/// Peers of this process that run on its GPU under an MPS daemon (counted by the P2P
+/// transport as it adds them).
+static MPS_SHARED_PEERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The fewest hardware work queues (`CUDA_DEVICE_MAX_CONNECTIONS`) seen to carry 3 and 4 ranks
+/// sharing one GPU under MPS with every operation through the proxy (bench/RESULTS.md, issue
+/// 44: at CUDA's default of 8 every such run stalled; at 16 none did; at 32 the fourth rank's
+/// context could not be made, out of memory).
+pub(crate) const MPS_SHARED_QUEUES: u32 = 16;
+
+/// Whether `peers` other ranks on this GPU under MPS, with `max_connections` hardware work
+/// queues asked for (None: CUDA's default of 8), make the shared-queue stall possible: MPS
+/// clients share one pool of queues, so with three or more ranks a stream of this library's
+/// can share a queue with another rank's spinning kernel and wait behind it.
+pub(crate) fn mps_queues_short_for(peers: usize, max_connections: Option<u32>) -> bool {
+    peers >= 2 && max_connections.unwrap_or(8) < MPS_SHARED_QUEUES
+}
+
+fn mps_queues_short() -> bool {
+    mps_queues_short_for(
+        MPS_SHARED_PEERS.load(std::sync::atomic::Ordering::Relaxed),
+        crate::config::get().p2p.cuda_max_connections,
+    )
+}
+
+/// Counts one more peer on this GPU under MPS; true exactly once, when the count makes the
+/// shared-queue stall possible (the caller warns then).
+pub(crate) fn note_mps_shared_peer() -> bool {
+    let n = MPS_SHARED_PEERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    n == 2 && mps_queues_short()
+}
+
+/// What to add to a timeout of this library's GPU work where its streams can wait behind a
+/// running kernel. With one hardware work queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`) every
+/// stream feeds that queue in order, so the proxy's copy-engine work waits behind the
+/// program's running kernel, and a kernel that waits for it never lets it run (measured:
+/// bench/RESULTS.md, session 13; the SM engine, a kernel too, was seen running alongside the
+/// program's on two GPUs, session 17). With three or more ranks on one GPU under MPS, whose
+/// clients share one pool of queues, the same can happen behind another rank's kernel
+/// (`mps_queues_short_for`). Empty otherwise.
+pub(crate) fn queue_hint() -> &'static str {
     if one_queue() {
         " (CUDA_DEVICE_MAX_CONNECTIONS=1 is set: this library's copy-engine work queues behind the program's running kernel, so a kernel that waits for it stalls it; unset it or set 2 or more)"
+    } else if mps_queues_short() {
+        " (three or more ranks share this GPU under MPS, whose clients share one pool of hardware work queues: this library's copy-engine work can queue behind another rank's running kernel; set CUDA_DEVICE_MAX_CONNECTIONS=16 in every rank's environment)"
     } else {
         ""
     }
@@ -230,6 +267,17 @@ mod tests {
         if !available() {
             sync_stream(0).unwrap();
         }
+    }
+
+    #[test]
+    fn the_shared_queue_hint_needs_three_ranks_and_fewer_than_16_queues() {
+        assert!(!mps_queues_short_for(0, None));
+        assert!(!mps_queues_short_for(1, None), "two ranks on a GPU ran at 8 queues");
+        assert!(mps_queues_short_for(2, None), "three ranks stalled at CUDA's default of 8");
+        assert!(mps_queues_short_for(3, Some(8)));
+        assert!(mps_queues_short_for(3, Some(15)));
+        assert!(!mps_queues_short_for(3, Some(16)), "four ranks passed at 16");
+        assert!(!mps_queues_short_for(3, Some(32)));
     }
 
     #[test]

@@ -26,7 +26,7 @@ unsafe impl Sync for Stream {}
 impl Stream {
     pub fn new(device: i32) -> Result<Self> {
         // Said once per process, when the library first needs a stream: from then on its GPU
-        // work can stall behind the program's kernels (`super::one_queue_hint`).
+        // work can stall behind the program's kernels (`super::queue_hint`).
         static ONE_QUEUE_TOLD: std::sync::Once = std::sync::Once::new();
         if super::one_queue() {
             ONE_QUEUE_TOLD.call_once(|| {
@@ -165,7 +165,7 @@ pub(crate) fn wait_raw(s: sys::CUstream, what: impl FnOnce() -> String) -> Resul
             return Err(b.timeout(format!(
                 "waiting for {} to complete{}",
                 what(),
-                super::one_queue_hint()
+                super::queue_hint()
             )));
         }
         b.pause();

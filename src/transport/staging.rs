@@ -261,7 +261,7 @@ impl CudaCopier {
                 format!(
                     "staging copies on CUDA device {}{}",
                     self.device,
-                    cuda::one_queue_hint()
+                    cuda::queue_hint()
                 )
             })?;
             b.pause();

@@ -314,7 +314,7 @@ impl Engine {
                         "the SM copy engine exited with job {seq} not done ({what})"
                     )));
                 }
-                b.check(|| format!("waiting for {what}{}", crate::cuda::one_queue_hint()))?;
+                b.check(|| format!("waiting for {what}{}", crate::cuda::queue_hint()))?;
             }
             b.pause();
         }

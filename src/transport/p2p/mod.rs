@@ -137,6 +137,12 @@ impl P2p {
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         let control = std::path::Path::new(&self.cfg.mps_pipe_dir).join("control");
         if control.exists() {
+            if crate::cuda::note_mps_shared_peer() {
+                crate::warn!(
+                    "p2p:cuda{}: three or more ranks share this GPU under MPS, whose clients share one pool of hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, CUDA's default 8): this library's copy-engine work for them (puts and signals through the proxy) can queue behind another rank's spinning kernel, and a kernel that waits for it then stalls until the wait timeout (measured with 3 and 4 ranks; none stalled at 16: bench/RESULTS.md, issue 44). Set CUDA_DEVICE_MAX_CONNECTIONS=16 in every rank's environment",
+                    self.device
+                );
+            }
             return true;
         }
         if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
