@@ -809,8 +809,9 @@ fi
 #     experts, top-8, 1 to 128 tokens per rank, GPU_CHECK_EP_STEPS timed steps each, 1000 by
 #     default), 2 and 4 ranks on GPU 0 under MPS, each rank CUDA_MPS_ACTIVE_THREAD_PERCENTAGE =
 #     100 / ranks so that every rank's spinning kernel stays resident: the direct path, every
-#     operation through the proxy (MSCCLPP_P2P_DIRECT_BYTES=0 MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0;
-#     GPU_CHECK_EP_PROXY_STEPS steps, 100 by default, with the proxy's stats),
+#     operation through the proxy (MSCCLPP_P2P_DIRECT_BYTES=0 MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0,
+#     CUDA_DEVICE_MAX_CONNECTIONS=16; GPU_CHECK_EP_PROXY_STEPS steps, 100 by default, with the
+#     proxy's stats),
 #     and, fewer steps and tokens, the network path (MSCCLPP_EXAMPLE_TRANSPORT=ib, libfabric
 #     tcp, GPU memory staged); then the NVSHMEM peer (bench/gpu/nvshmem_ep.cu, ours, written
 #     as NVSHMEM's users write it) on the same shape. Every run checks every count, row and
@@ -862,7 +863,10 @@ ep_runs() {
   mps_up
   for np in ${GPU_CHECK_EP_RANKS:-2 4}; do
     ep_case "$np" direct -- --steps "$steps" || rc=1
+    # 16 hardware work queues: with 3 or more ranks under MPS, CUDA's default of 8 let the
+    # proxy's copies queue behind another rank's spinning kernel (the library WARNs so).
     ep_case "$np" proxy MSCCLPP_P2P_DIRECT_BYTES=0 MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0 MSCCLPP_P2P_STATS=1 \
+      CUDA_DEVICE_MAX_CONNECTIONS=16 \
       -- --steps "${GPU_CHECK_EP_PROXY_STEPS:-100}" --warmup 5 || rc=1
     [[ -n $peer ]] && { ep_nvshmem "$peer" "$np" --steps "$steps" || rc=1; }
   done
