@@ -5,25 +5,25 @@
  * mscclpp.h and ep.h first. In step order: dispatchKernel, expertKernel (the stand-in for the
  * experts' MLP, untimed), combineKernel, reduceKernel.
  *
- * Per peer the kernels pick one of two ways by DevConn::putsDirect() (read once per block;
- * it does not change while a kernel runs):
- *   in place  the peer's memory is written directly (P2P with the direct path): dispatch puts
- *             each row by one block (putBlock()) straight to its place in the peer's DR (the
- *             rows of a run come from scattered tokens); combine puts the peer's range back in
- *             chunks of about total / gridDim.x rows.
+ * Each kernel cuts every peer's rows into chunks that its blocks take in turn, and per peer
+ * picks one of two ways by DevConn::putsDirect() (it does not change while a kernel runs):
+ *   in place  the peer's memory is written directly (P2P with the direct path): a chunk is
+ *             about an even share of all rows over the grid, at most what one direct block
+ *             put carries, and goes by one putBlock() to its place in the peer's DR (dispatch
+ *             gathers the chunk's rows, each a token of its own, into SR[peer] first) or CR.
  *   packed    every put is a trigger for the proxy (P2P forced through the copy engines or the
  *             SM engine, IB, SHM): one trigger per row would cost the proxy's per-operation
  *             time for each (7 ms a step at 128 tokens, bench/RESULTS.md issue 44), so
- *             dispatch packs the peer's rows into this rank's SR[peer], in DR's order, and puts
+ *             dispatch's blocks gather the peer's rows into SR[peer] and the last block puts
  *             them in one operation; combine's rows for a peer are already one range (DR[src])
  *             and go in one put.
  * Then the counts with putWithSignal() (dispatch) or a signal() (combine) per peer, which
  * covers the rows before it, and a wait() per peer.
  *
- * Launch: dispatch, expert and combine with blockDim.x = EP_THREADS (the scans give each thread one
- * expert or run: E <= EP_MAX_EXPERTS = EP_THREADS), any grid; the grid must fit on the GPU at
- * once (its last block waits for the peers). reduce with blockDim.x = EP_REDUCE_THREADS and
- * grid (ceil(H / 8 / EP_REDUCE_THREADS), T).
+ * Launch: dispatch, expert and combine with blockDim.x = EP_THREADS (the scans give each
+ * thread one expert or run: E <= EP_MAX_EXPERTS = EP_THREADS) and any grid (only the block that
+ * finishes last waits for the peers, so the blocks need not be resident at once); reduce with
+ * blockDim.x = EP_REDUCE_THREADS and grid (ceil(H / 8 / EP_REDUCE_THREADS), T).
  */
 #ifndef MSCCLPP_EXAMPLES_EP_KERNELS_CUH
 #define MSCCLPP_EXAMPLES_EP_KERNELS_CUH
@@ -99,20 +99,78 @@ __device__ bool lastBlock(unsigned int* c, unsigned int base)
   return last;
 }
 
-/* Whether the rows to `peer` go in place (above), read once per block. */
+/* Whether the rows to `peer` go in place (above). */
 __device__ __forceinline__ bool inPlace(const Step& a, int peer)
 {
   return connTo(a, peer).putsDirect(a.s.row(), true);
 }
 
+/* Rows per chunk of the rows to `peer`: an even share of all `total` rows over the grid, and,
+ * in place, no more than one direct block put carries. */
+__device__ uint32_t evenShare(const Step& a, int peer, uint32_t total)
+{
+  uint32_t rows = (total + gridDim.x - 1) / gridDim.x;
+  if (peer != a.me && inPlace(a, peer))
+    while (rows > 1 && !connTo(a, peer).putsDirect(rows * a.s.row(), true)) rows /= 2;
+  return rows ? rows : 1;
+}
+
+/* The chunks of every peer's rows, numbered peer by peer: peer p's n[p] rows in chunks of
+ * per[p] (the last one shorter). Returns chunkEnd, chunkEnd[p] = chunks of peers 0..p. Every
+ * thread calls it, after n and per are written for p < R. */
+__device__ const uint32_t* chunkScan(const uint32_t* n, const uint32_t* per,
+                                     uint32_t (*tmp)[EP_MAX_EXPERTS], int R)
+{
+  const int tid = threadIdx.x;
+  tmp[0][tid] = tid < R && n[tid] ? (n[tid] + per[tid] - 1) / per[tid] : 0;
+  return inclusiveScan(tmp[0], tmp[1], R);
+}
+
+/* Chunk j: its peer (found in chunkEnd), first row and rows. */
+__device__ __forceinline__ void chunkOf(uint32_t j, const uint32_t* chunkEnd, const uint32_t* n,
+                                        const uint32_t* per, int& peer, uint32_t& first,
+                                        uint32_t& rows)
+{
+  peer = 0;
+  while (chunkEnd[peer] <= j) peer++; /* ends: j < chunkEnd[R - 1] */
+  first = (j - (peer ? chunkEnd[peer - 1] : 0)) * per[peer];
+  rows = n[peer] - first < per[peer] ? n[peer] - first : per[peer];
+}
+
+/* The token of the k-th set bit (from 0) of a 128-token mask. */
+__device__ __forceinline__ int nthToken(const uint32_t* m, uint32_t k)
+{
+  for (int w = 0; w < EP_MAX_TOKENS / 32; w++) {
+    const uint32_t c = __popc(m[w]);
+    if (k < c) {
+      uint32_t x = m[w];
+      for (; k; k--) x &= x - 1; /* ends: k < popc(x) */
+      return w * 32 + __ffs(x) - 1;
+    }
+    k -= c;
+  }
+  return 0; /* not reached: k < the mask's count */
+}
+
+/* Dispatch. The rows for each peer are cut into chunks of about an even share of all rows
+ * over the grid, and the blocks take the chunks in turn. A block gathers its chunk's rows
+ * (each row of a run is a token of its own) into this rank's SR[peer] in DR's order, every
+ * row's loads in flight at once, then puts the chunk there with one putBlock(): a put per row
+ * straight from the tokens cost each block a path decision, three barriers and a memory round
+ * trip per row, 1.1-1.2x the NVSHMEM peer's dispatch at 128 tokens (bench/RESULTS.md, issue
+ * 44). A chunk of one row goes straight from its token; ours go into DR[me] directly. Packed
+ * peers' chunks are only gathered: the last block puts each such peer's whole range. */
 __global__ void __launch_bounds__(EP_THREADS) dispatchKernel(Step a)
 {
   /* Bit t of masks[e] is set when token t chose expert e: its slot is the number of bits below
-   * t. start[e]: the first row of expert e's run in its rank's DR[me] (ep.h). */
+   * t. start[e]: the first row of expert e's run in its rank's DR[me] (ep.h). n[p]: the rows
+   * for peer p. */
   __shared__ uint32_t masks[EP_MAX_EXPERTS][EP_MAX_TOKENS / 32];
-  __shared__ uint32_t scan[2][EP_MAX_EXPERTS];
+  __shared__ uint32_t scan[2][EP_MAX_EXPERTS], start[EP_MAX_EXPERTS];
+  __shared__ uint32_t n[EP_MAX_EXPERTS], per[EP_MAX_EXPERTS], chunks[2][EP_MAX_EXPERTS];
+  __shared__ int tok[EP_MAX_TOKENS * 16]; /* the tokens of a chunk's rows */
   const Shape s = a.s;
-  const int L = s.L(), E = s.E, tid = threadIdx.x;
+  const int L = s.L(), E = s.E, tid = threadIdx.x, V = s.H / 8;
   for (int i = tid; i < E * (EP_MAX_TOKENS / 32); i += blockDim.x) (&masks[0][0])[i] = 0;
   __syncthreads();
   for (int i = tid; i < a.T * s.K; i += blockDim.x)
@@ -123,27 +181,55 @@ __global__ void __launch_bounds__(EP_THREADS) dispatchKernel(Step a)
     for (int w = 0; w < EP_MAX_TOKENS / 32; w++) count += __popc(masks[tid][w]);
   scan[0][tid] = count;
   const uint32_t* end = inclusiveScan(scan[0], scan[1], E); /* over all experts */
-  __shared__ uint32_t start[EP_MAX_EXPERTS];
   if (tid < E) start[tid] = end[tid] - count - (tid >= L ? end[tid / L * L - 1] : 0);
-  __syncthreads();
-  for (int i = blockIdx.x; i < a.T * s.K; i += gridDim.x) {
-    const int t = i / s.K, e = a.idx[i], dst = e / L;
-    const uint32_t* m = masks[e];
-    uint32_t slot = __popc(m[t >> 5] & ((1u << (t & 31)) - 1u));
-    for (int w = 0; w < (t >> 5); w++) slot += __popc(m[w]);
-    const uint64_t r = start[e] + slot;
-    if (tid == 0) a.rows[i] = (int)r;
-    if (dst == a.me)
-      blockCopy(a.buf + s.dr(a.q, a.me, r), a.buf + s.x(t), s.row());
-    else if (inPlace(a, dst)) {
-      connTo(a, dst).putBlock(s.dr(a.q, a.me, r), s.x(t), s.row());
-      if (tid == 0) atomicAdd(a.ops, 1ull);
-    } else
-      blockCopy(a.buf + s.sr(a.q, dst, r), a.buf + s.x(t), s.row());
+  if (tid < s.R) {
+    n[tid] = end[tid * L + L - 1] - (tid ? end[tid * L - 1] : 0);
+    per[tid] = evenShare(a, tid, end[E - 1]);
+  }
+  const uint32_t* chunkEnd = chunkScan(n, per, chunks, s.R); /* its barriers publish start[] too */
+  /* For reduce: the row of each (token, k) in its rank's DR[me]. */
+  if (blockIdx.x == 0)
+    for (int i = tid; i < a.T * s.K; i += blockDim.x) {
+      const int t = i / s.K, e = a.idx[i];
+      const uint32_t* m = masks[e];
+      uint32_t slot = __popc(m[t >> 5] & ((1u << (t & 31)) - 1u));
+      for (int w = 0; w < (t >> 5); w++) slot += __popc(m[w]);
+      a.rows[i] = (int)(start[e] + slot);
+    }
+  const int4* x = reinterpret_cast<const int4*>(a.buf + s.x(0));
+  for (uint32_t j = blockIdx.x; j < chunkEnd[s.R - 1]; j += gridDim.x) {
+    int p;
+    uint32_t first, rows;
+    chunkOf(j, chunkEnd, n, per, p, first, rows);
+    for (uint32_t r = tid; r < rows; r += blockDim.x) {
+      /* Row first + r of p's region: in the run of the last of p's experts that starts at or
+       * before it (an expert with no rows starts where the next one does). */
+      const uint32_t row = first + r;
+      int lo = p * L, hi = p * L + L - 1;
+      while (lo < hi) { /* ends: the interval shrinks every pass */
+        const int mid = (lo + hi + 1) / 2;
+        if (start[mid] <= row) lo = mid;
+        else hi = mid - 1;
+      }
+      tok[r] = nthToken(masks[lo], row - start[lo]);
+    }
+    __syncthreads(); /* tok[] before its readers */
+    const bool direct = p != a.me && inPlace(a, p);
+    if (direct && rows == 1) {
+      connTo(a, p).putBlock(s.dr(a.q, a.me, first), s.x(tok[0]), s.row());
+    } else {
+      int4* to = reinterpret_cast<int4*>(a.buf + (p == a.me ? s.dr(a.q, a.me, first) : s.sr(a.q, p, first)));
+      for (uint32_t i = tid; i < rows * (uint32_t)V; i += blockDim.x)
+        to[i] = x[(uint64_t)tok[i / V] * V + i % V];
+      /* putBlock()'s entry barrier orders the gathered rows before its copy or trigger. */
+      if (direct) connTo(a, p).putBlock(s.dr(a.q, a.me, first), s.sr(a.q, p, first), (uint64_t)rows * s.row());
+    }
+    if (direct && tid == 0) atomicAdd(a.ops, 1ull);
+    __syncthreads(); /* tok[] is rewritten only after every thread has used it */
   }
   if (!lastBlock(&a.done[0], a.base)) return;
-  /* The counts (end[] and start[] are this block's own, still in shared memory): ours to
-   * ourselves in place, the peers' staged (the puts' source). */
+  /* The counts (end[] and n[] are this block's own, still in shared memory): ours to ourselves
+   * in place, the peers' staged (the puts' source). */
   for (int e = tid; e < E; e += blockDim.x) {
     const int dst = e / L;
     const uint64_t at = dst == a.me ? s.dc(a.q, a.me) : s.sc(a.q, dst);
@@ -154,9 +240,8 @@ __global__ void __launch_bounds__(EP_THREADS) dispatchKernel(Step a)
     if (p != a.me) {
       const mscclppDevConn_t& c = connTo(a, p);
       if (!inPlace(a, p)) { /* the packed rows, then the counts: the proxy keeps their order */
-        const uint64_t n = end[p * L + L - 1] - (p ? end[p * L - 1] : 0);
-        c.put(s.dr(a.q, a.me, 0), s.sr(a.q, p, 0), n * s.row());
-        if (n) atomicAdd(a.ops, 1ull); /* a put of 0 bytes is no operation */
+        c.put(s.dr(a.q, a.me, 0), s.sr(a.q, p, 0), (uint64_t)n[p] * s.row());
+        if (n[p]) atomicAdd(a.ops, 1ull); /* a put of 0 bytes is no operation */
       }
       c.putWithSignal(s.dc(a.q, a.me), s.sc(a.q, p), (uint64_t)L * 4);
       atomicAdd(a.ops, 1ull);
@@ -167,17 +252,19 @@ __global__ void __launch_bounds__(EP_THREADS) dispatchKernel(Step a)
     if (p != a.me) connTo(a, p).wait();
 }
 
-/* The rows received (DR), by source rank: srcEnd[src] = rows of sources 0..src, from the
- * counts of the dispatch. Every thread of the block calls it. */
-__device__ const uint32_t* receivedBySource(const Step& a, uint32_t (*scan)[EP_MAX_EXPERTS])
+/* The rows received (DR) from each source, n[src] for src < R, from the counts of the
+ * dispatch, one count per thread (a thread per source summing its L counts cost L loads in a
+ * row). Returns their sum. Every thread of the block calls it. */
+__device__ uint32_t receivedBySource(const Step& a, uint32_t (*scan)[EP_MAX_EXPERTS], uint32_t* n)
 {
   const Shape s = a.s;
-  const int L = s.L(), tid = threadIdx.x;
-  uint32_t n = 0;
-  if (tid < s.R)
-    for (int l = 0; l < L; l++) n += reinterpret_cast<const uint32_t*>(a.buf + s.dc(a.q, tid))[l];
-  scan[0][tid] = n;
-  return inclusiveScan(scan[0], scan[1], s.R);
+  const int L = s.L(), runs = s.R * L, tid = threadIdx.x;
+  scan[0][tid] = tid < runs ? reinterpret_cast<const uint32_t*>(a.buf + s.dc(a.q, tid / L))[tid % L] : 0;
+  const uint32_t* end = inclusiveScan(scan[0], scan[1], runs);
+  if (tid < s.R) n[tid] = end[tid * L + L - 1] - (tid ? end[tid * L - 1] : 0);
+  const uint32_t total = end[runs - 1];
+  __syncthreads(); /* n[] before its readers */
+  return total;
 }
 
 /* The expert (ep.h; it stands in for the MLP): every received row scaled in place. Block b
@@ -212,35 +299,22 @@ __global__ void __launch_bounds__(EP_THREADS) combineKernel(Step a)
    * 4 ranks 1.6x the NVSHMEM peer's combine at 128 tokens (bench/RESULTS.md, issue 44). Packed,
    * the whole range is one chunk: one trigger. */
   __shared__ uint32_t scan[2][EP_MAX_EXPERTS];
-  __shared__ uint32_t chunkRows[EP_MAX_EXPERTS], chunks[2][EP_MAX_EXPERTS];
+  __shared__ uint32_t n[EP_MAX_EXPERTS], per[EP_MAX_EXPERTS], chunks[2][EP_MAX_EXPERTS];
   const Shape s = a.s;
   const int tid = threadIdx.x;
-  const uint32_t* srcEnd = receivedBySource(a, scan);
-  const uint32_t total = srcEnd[s.R - 1];
-  uint32_t n = 0, c = 0;
-  if (tid < s.R) {
-    n = srcEnd[tid] - (tid ? srcEnd[tid - 1] : 0);
-    uint32_t rows = n;
-    if (tid == a.me || inPlace(a, tid)) {
-      rows = (total + gridDim.x - 1) / gridDim.x;
-      while (rows > 1 && !(tid == a.me || connTo(a, tid).putsDirect(rows * s.row(), true))) rows /= 2;
-      rows = rows ? rows : 1;
-    }
-    chunkRows[tid] = rows;
-    c = n ? (n + rows - 1) / rows : 0;
-  }
-  chunks[0][tid] = c;
-  const uint32_t* chunkEnd = inclusiveScan(chunks[0], chunks[1], s.R);
+  const uint32_t total = receivedBySource(a, scan, n);
+  if (tid < s.R)
+    per[tid] = tid == a.me || inPlace(a, tid) ? evenShare(a, tid, total) : (n[tid] ? n[tid] : 1);
+  const uint32_t* chunkEnd = chunkScan(n, per, chunks, s.R);
   for (uint32_t j = blockIdx.x; j < chunkEnd[s.R - 1]; j += gridDim.x) {
-    int src = 0;
-    while (chunkEnd[src] <= j) src++; /* ends: j < chunkEnd[R - 1] */
-    const uint32_t per = chunkRows[src], have = srcEnd[src] - (src ? srcEnd[src - 1] : 0);
-    const uint64_t r = (uint64_t)(j - (src ? chunkEnd[src - 1] : 0)) * per;
-    const uint64_t bytes = (have - r < per ? have - r : per) * s.row();
+    int src;
+    uint32_t first, rows;
+    chunkOf(j, chunkEnd, n, per, src, first, rows);
+    const uint64_t bytes = (uint64_t)rows * s.row();
     if (src == a.me)
-      blockCopy(a.buf + s.cr(a.q, a.me, r), a.buf + s.dr(a.q, src, r), bytes);
+      blockCopy(a.buf + s.cr(a.q, a.me, first), a.buf + s.dr(a.q, src, first), bytes);
     else {
-      connTo(a, src).putBlock(s.cr(a.q, a.me, r), s.dr(a.q, src, r), bytes);
+      connTo(a, src).putBlock(s.cr(a.q, a.me, first), s.dr(a.q, src, first), bytes);
       if (tid == 0) atomicAdd(a.ops, 1ull);
     }
   }
