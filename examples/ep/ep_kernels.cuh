@@ -21,7 +21,8 @@
  * covers the rows before it, and a wait() per peer.
  *
  * Launch: dispatch, expert and combine with blockDim.x = EP_THREADS (the scans give each
- * thread one expert or run: E <= EP_MAX_EXPERTS = EP_THREADS) and any grid (only the block that
+ * thread one expert or run: E <= EP_MAX_EXPERTS = EP_THREADS; at most 64 registers a thread,
+ * so that two blocks fit an SM: under MPS a rank may have a quarter of the SMs) and any grid (only the block that
  * finishes last waits for the peers, so the blocks need not be resident at once); reduce with
  * blockDim.x = EP_REDUCE_THREADS and grid (ceil(H / 8 / EP_REDUCE_THREADS), T).
  */
@@ -110,7 +111,7 @@ __device__ __forceinline__ bool inPlace(const Step& a, int peer)
 __device__ uint32_t evenShare(const Step& a, int peer, uint32_t total)
 {
   uint32_t rows = (total + gridDim.x - 1) / gridDim.x;
-  if (peer != a.me && inPlace(a, peer))
+  if (rows > 1 && peer != a.me && inPlace(a, peer)) /* one row: no need to ask */
     while (rows > 1 && !connTo(a, peer).putsDirect(rows * a.s.row(), true)) rows /= 2;
   return rows ? rows : 1;
 }
@@ -160,7 +161,7 @@ __device__ __forceinline__ int nthToken(const uint32_t* m, uint32_t k)
  * trip per row, 1.1-1.2x the NVSHMEM peer's dispatch at 128 tokens (bench/RESULTS.md, issue
  * 44). A chunk of one row goes straight from its token; ours go into DR[me] directly. Packed
  * peers' chunks are only gathered: the last block puts each such peer's whole range. */
-__global__ void __launch_bounds__(EP_THREADS) dispatchKernel(Step a)
+__global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
 {
   /* Bit t of masks[e] is set when token t chose expert e: its slot is the number of bits below
    * t. start[e]: the first row of expert e's run in its rank's DR[me] (ep.h). n[p]: the rows
@@ -270,7 +271,7 @@ __device__ uint32_t receivedBySource(const Step& a, uint32_t (*scan)[EP_MAX_EXPE
 /* The expert (ep.h; it stands in for the MLP): every received row scaled in place. Block b
  * takes rows b, b + gridDim.x, ... of all of DR; the run (src, l) of each is found in a scan
  * of the counts. */
-__global__ void __launch_bounds__(EP_THREADS) expertKernel(Step a)
+__global__ void __launch_bounds__(EP_THREADS, 2) expertKernel(Step a)
 {
   __shared__ uint32_t scan[2][EP_MAX_EXPERTS];
   const Shape s = a.s;
@@ -290,7 +291,7 @@ __global__ void __launch_bounds__(EP_THREADS) expertKernel(Step a)
   }
 }
 
-__global__ void __launch_bounds__(EP_THREADS) combineKernel(Step a)
+__global__ void __launch_bounds__(EP_THREADS, 2) combineKernel(Step a)
 {
   /* DR[src] goes back as it is, to CR[me] on src: one range per source, cut into chunks that
    * the blocks take in turn (chunk j, j + gridDim.x, ...). In place, a chunk is about an even
