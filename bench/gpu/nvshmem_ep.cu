@@ -49,7 +49,8 @@
  * Prints on PE 0, per token count:
  *   RESULT ep impl=nvshmem ranks=R tokens=T hidden=H experts=E topk=K steps=N
  *     dispatch_med_us=X dispatch_p99_us=X combine_med_us=X combine_p99_us=X wrong=W
- * (one line). Exit: 0 all right; 1 a wrong value (the first few are printed by the PE that saw
+ *     combine_kernel_med_us=X reduce_med_us=X
+ * (one line; the last two: combine's two kernels alone). Exit: 0 all right; 1 a wrong value (the first few are printed by the PE that saw
  * them), a failed call or a missing id; 2 usage.
  */
 #include <nvshmem.h>
@@ -442,7 +443,7 @@ int main(int argc, char **argv)
   const size_t mask_bytes = (size_t)E * 4 * sizeof(uint32_t);
   cudaStream_t st;
   CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  std::vector<cudaEvent_t> ev(4 * (size_t)steps);
+  std::vector<cudaEvent_t> ev(5 * (size_t)steps);
   for (cudaEvent_t &e : ev) CUDA(cudaEventCreate(&e));
 
   if (me == 0) {
@@ -470,18 +471,19 @@ int main(int argc, char **argv)
       const int j = i - warmup; /* timed step j when >= 0 */
       prepare_kernel<<<T, 256, 0, st>>>(a);
       CUDA(cudaGetLastError());
-      if (j >= 0) CUDA(cudaEventRecord(ev[4 * j], st));
+      if (j >= 0) CUDA(cudaEventRecord(ev[5 * j], st));
       dispatch_kernel<<<comm_blocks, kCommThreads, mask_bytes, st>>>(a);
       CUDA(cudaGetLastError());
-      if (j >= 0) CUDA(cudaEventRecord(ev[4 * j + 1], st));
+      if (j >= 0) CUDA(cudaEventRecord(ev[5 * j + 1], st));
       expert_kernel<<<RL, 256, 0, st>>>(a);
       CUDA(cudaGetLastError());
-      if (j >= 0) CUDA(cudaEventRecord(ev[4 * j + 2], st));
+      if (j >= 0) CUDA(cudaEventRecord(ev[5 * j + 2], st));
       combine_kernel<<<comm_blocks, kCommThreads, 0, st>>>(a);
       CUDA(cudaGetLastError());
+      if (j >= 0) CUDA(cudaEventRecord(ev[5 * j + 3], st));
       reduce_kernel<<<dim3((H / 8 + kReduceThreads - 1) / kReduceThreads, T), kReduceThreads, 0, st>>>(a);
       CUDA(cudaGetLastError());
-      if (j >= 0) CUDA(cudaEventRecord(ev[4 * j + 3], st));
+      if (j >= 0) CUDA(cudaEventRecord(ev[5 * j + 4], st));
       if (i < 2 || i == total - 1) {
         /* Nothing of this step's parity is written again before this PE queues the next step
          * (a peer's step + 2 waits for this PE's step + 1), so the copies read this step's. */
@@ -492,13 +494,17 @@ int main(int argc, char **argv)
       }
     }
     CUDA(cudaStreamSynchronize(st));
-    std::vector<double> disp(steps), comb(steps);
+    std::vector<double> disp(steps), comb(steps), ckern(steps), red(steps);
     for (int j = 0; j < steps; j++) {
       float ms = 0;
-      CUDA(cudaEventElapsedTime(&ms, ev[4 * j], ev[4 * j + 1]));
+      CUDA(cudaEventElapsedTime(&ms, ev[5 * j], ev[5 * j + 1]));
       disp[j] = ms * 1e3;
-      CUDA(cudaEventElapsedTime(&ms, ev[4 * j + 2], ev[4 * j + 3]));
+      CUDA(cudaEventElapsedTime(&ms, ev[5 * j + 2], ev[5 * j + 4]));
       comb[j] = ms * 1e3;
+      CUDA(cudaEventElapsedTime(&ms, ev[5 * j + 2], ev[5 * j + 3]));
+      ckern[j] = ms * 1e3;
+      CUDA(cudaEventElapsedTime(&ms, ev[5 * j + 3], ev[5 * j + 4]));
+      red[j] = ms * 1e3;
     }
     const double dmed = percentile_us(disp, 0.5), dp99 = percentile_us(disp, 0.99);
     const double cmed = percentile_us(comb, 0.5), cp99 = percentile_us(comb, 0.99);
@@ -515,8 +521,9 @@ int main(int argc, char **argv)
     nvshmem_barrier_all();
     if (me == 0) {
       printf("RESULT ep impl=nvshmem ranks=%d tokens=%d hidden=%d experts=%d topk=%d steps=%d "
-             "dispatch_med_us=%.2f dispatch_p99_us=%.2f combine_med_us=%.2f combine_p99_us=%.2f wrong=%llu\n",
-             R, T, H, E, K, steps, dmed, dp99, cmed, cp99, all);
+             "dispatch_med_us=%.2f dispatch_p99_us=%.2f combine_med_us=%.2f combine_p99_us=%.2f wrong=%llu "
+             "combine_kernel_med_us=%.2f reduce_med_us=%.2f\n",
+             R, T, H, E, K, steps, dmed, dp99, cmed, cp99, all, percentile_us(ckern, 0.5), percentile_us(red, 0.5));
       fflush(stdout);
     }
     if (all != 0) {

@@ -23,7 +23,8 @@
  *             place in even chunks over the blocks, or one put per peer; the last block
  *             signals each peer, one thread per peer waits;
  *   reduce    out[t] = the weighted sum over the token's K expert rows, in ep.h's order.
- * Dispatch time = the dispatch kernel, combine time = combine + reduce (CUDA events on this
+ * Dispatch time = the dispatch kernel, combine time = combine + reduce, each of the two also
+ * alone (combine_kernel_med_us, reduce_med_us: where combine's time goes) (CUDA events on this
  * rank's stream; waiting for the slowest peer is part of both, as in every EP benchmark).
  * The paths: by default the direct path (P2P stores) where the library allows it;
  * MSCCLPP_P2P_DIRECT_BYTES=0 MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0 sends every put and signal
@@ -35,6 +36,7 @@
  * value fails the run (exit 1). Rank 0 prints, per token count:
  *   RESULT ep impl=mscclpp ranks=R tokens=T hidden=H experts=E topk=K steps=N
  *          dispatch_med_us=.. dispatch_p99_us=.. combine_med_us=.. combine_p99_us=.. wrong=0
+ *          combine_kernel_med_us=.. reduce_med_us=..
  */
 #include "common.cuh"
 #include "ep.h"
@@ -187,8 +189,8 @@ int main(int argc, char** argv)
   CUDACHECK(cudaMemset(a.done, 0, 2 * sizeof(unsigned int)));
   CUDACHECK(cudaMalloc(&a.ops, sizeof(unsigned long long)));
   CUDACHECK(cudaMemset(a.ops, 0, sizeof(unsigned long long)));
-  /* Per timed step: before dispatch, after it, after the expert, after reduce. */
-  std::vector<cudaEvent_t> ev(4 * (size_t)steps);
+  /* Per timed step: before dispatch, after it, after the expert, after combine, after reduce. */
+  std::vector<cudaEvent_t> ev(5 * (size_t)steps);
   for (auto& e : ev) CUDACHECK(cudaEventCreate(&e));
   const uint64_t pushed0 = triggersPushed(c);
   uint64_t wrong = 0;
@@ -197,21 +199,22 @@ int main(int argc, char** argv)
   MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
   for (int T : tokens) {
     a.T = T;
-    std::vector<float> dispatchMs, combineMs;
+    std::vector<float> dispatchMs, combineMs, combineKernelMs, reduceMs;
     for (int i = 0; i < warmup + steps; i++, step++) {
       a.q = step & 1;
       const bool timed = i >= warmup;
       const int j = i - warmup;
       prepareKernel<<<64, 256, 0, st>>>(a, step, idx, w);
-      if (timed) CUDACHECK(cudaEventRecord(ev[4 * j], st));
+      if (timed) CUDACHECK(cudaEventRecord(ev[5 * j], st));
       a.base = (unsigned int)(step * (uint32_t)blocks);
       ep::dispatchKernel<<<blocks, EP_THREADS, 0, st>>>(a);
-      if (timed) CUDACHECK(cudaEventRecord(ev[4 * j + 1], st));
+      if (timed) CUDACHECK(cudaEventRecord(ev[5 * j + 1], st));
       ep::expertKernel<<<128, EP_THREADS, 0, st>>>(a);
-      if (timed) CUDACHECK(cudaEventRecord(ev[4 * j + 2], st));
+      if (timed) CUDACHECK(cudaEventRecord(ev[5 * j + 2], st));
       ep::combineKernel<<<blocks, EP_THREADS, 0, st>>>(a);
+      if (timed) CUDACHECK(cudaEventRecord(ev[5 * j + 3], st));
       ep::reduceKernel<<<dim3((s.H / 8 + EP_REDUCE_THREADS - 1) / EP_REDUCE_THREADS, T), EP_REDUCE_THREADS, 0, st>>>(a);
-      if (timed) CUDACHECK(cudaEventRecord(ev[4 * j + 3], st));
+      if (timed) CUDACHECK(cudaEventRecord(ev[5 * j + 4], st));
       KERNELCHECK();
       if (i < 2 || i == warmup + steps - 1) {
         CUDACHECK(cudaStreamSynchronize(st));
@@ -222,19 +225,23 @@ int main(int argc, char** argv)
     }
     CUDACHECK(cudaStreamSynchronize(st));
     for (int j = 0; j < steps; j++) {
-      float d = 0, cb = 0;
-      CUDACHECK(cudaEventElapsedTime(&d, ev[4 * j], ev[4 * j + 1]));
-      CUDACHECK(cudaEventElapsedTime(&cb, ev[4 * j + 2], ev[4 * j + 3]));
+      float d = 0, cb = 0, ck = 0, rd = 0;
+      CUDACHECK(cudaEventElapsedTime(&d, ev[5 * j], ev[5 * j + 1]));
+      CUDACHECK(cudaEventElapsedTime(&cb, ev[5 * j + 2], ev[5 * j + 4]));
+      CUDACHECK(cudaEventElapsedTime(&ck, ev[5 * j + 2], ev[5 * j + 3]));
+      CUDACHECK(cudaEventElapsedTime(&rd, ev[5 * j + 3], ev[5 * j + 4]));
       dispatchMs.push_back(d);
       combineMs.push_back(cb);
+      combineKernelMs.push_back(ck);
+      reduceMs.push_back(rd);
     }
     if (c.rank == 0)
       printf("RESULT ep impl=mscclpp ranks=%d tokens=%d hidden=%d experts=%d topk=%d steps=%d "
              "dispatch_med_us=%.2f dispatch_p99_us=%.2f combine_med_us=%.2f combine_p99_us=%.2f "
-             "wrong=%llu\n",
+             "wrong=%llu combine_kernel_med_us=%.2f reduce_med_us=%.2f\n",
              c.nranks, T, s.H, s.E, s.K, steps, percentile(dispatchMs, 0.5),
              percentile(dispatchMs, 0.99), percentile(combineMs, 0.5), percentile(combineMs, 0.99),
-             (unsigned long long)wrong);
+             (unsigned long long)wrong, percentile(combineKernelMs, 0.5), percentile(reduceMs, 0.5));
     fflush(stdout);
   }
   const uint64_t proxied = triggersPushed(c) - pushed0;
