@@ -1783,7 +1783,11 @@ fn bad_usage(e: Env) {
     // trigger (the FIFO's head does not move).
     let head = unsafe { *d.fifo.triggerFifoHead };
     ok(mscclppDevConnPut(d, 0, 0, 0));
-    assert_eq!(unsafe { *d.fifo.triggerFifoHead }, head, "zero-size put queued a trigger");
+    assert_eq!(
+        unsafe { *d.fifo.triggerFifoHead },
+        head,
+        "zero-size put queued a trigger"
+    );
     // Sizes past 4 GiB are split into several triggers (and then refused by the proxy's range
     // check against the registered buffer); a put reaching past 2^40 bytes, which no trigger
     // can address, is refused at once and queues nothing.

@@ -272,11 +272,20 @@ mod tests {
     #[test]
     fn the_shared_queue_hint_needs_three_ranks_and_fewer_than_16_queues() {
         assert!(!mps_queues_short_for(0, None));
-        assert!(!mps_queues_short_for(1, None), "two ranks on a GPU ran at 8 queues");
-        assert!(mps_queues_short_for(2, None), "three ranks stalled at CUDA's default of 8");
+        assert!(
+            !mps_queues_short_for(1, None),
+            "two ranks on a GPU ran at 8 queues"
+        );
+        assert!(
+            mps_queues_short_for(2, None),
+            "three ranks stalled at CUDA's default of 8"
+        );
         assert!(mps_queues_short_for(3, Some(8)));
         assert!(mps_queues_short_for(3, Some(15)));
-        assert!(!mps_queues_short_for(3, Some(16)), "four ranks passed at 16");
+        assert!(
+            !mps_queues_short_for(3, Some(16)),
+            "four ranks passed at 16"
+        );
         assert!(!mps_queues_short_for(3, Some(32)));
     }
 
