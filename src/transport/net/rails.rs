@@ -524,23 +524,33 @@ impl Endpoint for Rails {
         let mut blobs = vec![b0];
         if self.rails[0].ep.is_direct(m0) {
             for r in 1..self.rails.len() {
-                let (m, b) = self.rails[r]
-                    .ep
-                    .register(region)
-                    .map_err(|e| e.within(&self.label(r)))?;
+                let (m, b) = match self.rails[r].ep.register(region) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Nothing of it was handed out: deregister it on the rails so far (a
+                        // failure there is logged; this one is the error to report).
+                        let _ = self.on_rails(0, &ids, NetEndpoint::deregister);
+                        return Err(e.within(&self.label(r)));
+                    }
+                };
+                ids.push(m);
                 if !self.rails[r].ep.is_direct(m) {
-                    // Staged there (no FI_HMEM on that NIC): rail 0 alone reaches it.
+                    // Staged there (no FI_HMEM on that NIC): rail 0 alone reaches it, so the
+                    // other rails' registrations, this one's included, are released.
                     crate::info!(
                         "net: {}: a region of {} bytes is staged on {} but not on rail 0: it is not striped",
                         self.describe(),
                         region.len,
                         self.label(r)
                     );
-                    ids.truncate(1);
+                    let rest = ids.split_off(1);
+                    if let Err(e) = self.on_rails(1, &rest, NetEndpoint::deregister) {
+                        let _ = self.on_rails(0, &ids, NetEndpoint::deregister);
+                        return Err(e);
+                    }
                     blobs.truncate(1);
                     break;
                 }
-                ids.push(m);
                 blobs.push(b);
             }
         }

@@ -539,3 +539,34 @@ fn deregistered_regions_are_released_on_every_rail() {
     let (again, _) = b.register(region(&dst)).unwrap();
     assert_eq!(b.region(again).unwrap().ids.len(), 2, "registered anew");
 }
+
+/// A region registered directly on rail 0 but staged on rail 1 (no FI_HMEM on that NIC; here
+/// rail 1 alone under the test switch) is not striped, and what rail 1 registered for it is
+/// released at once: registering and deregistering it leaves every rail as it was.
+#[test]
+fn a_region_staged_on_a_later_rail_keeps_nothing_there() {
+    let mut b = Rails::open(&["lo", "lo"], None, &cfg()).unwrap();
+    b.rails[1].ep.staging.force_staging = true;
+    let dst = vec![0u64; 64];
+    let held = |x: &Rails| {
+        let rails: Vec<_> = x.rails.iter().map(|r| r.ep.regions.held()).collect();
+        (rails, x.regions.held(), x.by_first.len())
+    };
+    let before = held(&b);
+    for round in 0..3 {
+        let (id, blob) = b.register(region(&dst)).unwrap();
+        assert_eq!(
+            b.region(id).unwrap().ids.len(),
+            1,
+            "round {round}: rail 0 only"
+        );
+        assert_eq!(blob::decode_rails(&blob).unwrap().len(), 1, "round {round}");
+        assert_eq!(
+            b.rails[1].ep.regions.held(),
+            before.0[1],
+            "round {round}: rail 1 keeps no registration"
+        );
+        b.deregister(id).unwrap();
+        assert_eq!(held(&b), before, "round {round}: every rail as before");
+    }
+}
