@@ -377,7 +377,7 @@ mod tests {
         c.put(0, 0, 1 << 32).unwrap();
         assert_eq!(drain(&mut f).len(), 2);
         // Refused before anything is queued or counted, naming the peer and the value.
-        for (dst, src, size) in [(1 << 40, 0, 1), (0, (1 << 40) - 4, 8), (0, 0, 0)] {
+        for (dst, src, size) in [(1 << 40, 0, 1), (0, (1 << 40) - 4, 8)] {
             let e = c.put_with_signal(dst, src, size).unwrap_err();
             assert_eq!(e.code(), mscclppResult_t::mscclppInvalidArgument, "{e}");
             assert!(e.to_string().contains("rank 1"), "{e}");
@@ -407,5 +407,13 @@ mod tests {
         // One trigger's range is the proxy's to check, as it comes.
         c.put(BUF, 0, 8).unwrap();
         assert_eq!(drain(&mut f).len(), 1);
+        // 0 bytes, as the device methods: a put does nothing, a put with signal is a signal.
+        c.put(0, 0, 0).unwrap();
+        assert!(f.is_empty(), "a put of 0 bytes queued a trigger");
+        c.put_with_signal(0, 0, 0).unwrap();
+        let got = drain(&mut f);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].ty, mscclppFlag, "a signal, no data");
+        assert_eq!(epoch.device, 2, "counted as one signal");
     }
 }
