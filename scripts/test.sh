@@ -12,7 +12,8 @@
 # (gcc/clang, C11..C++20, nvcc if any); cmake install; exports (the installed library's
 # symbols); ctest (C/C++) (header tests); c_examples build (find_package); pkg-config build;
 # c_examples run (bootstrap_demo and allgather_host with 3 local ranks, shared and static
-# library, and the perf tools); scale (allgather_host with 32 ranks over tcp and shm, twice
+# library, examples/ep's ep_host over tcp, SHM and the EFA- and cxi-like unordered layers, and
+# the perf tools); scale (allgather_host with 32 ranks over tcp and shm, twice
 # each); sanitize (ASan/UBSan and valgrind, scripts/sanitize.sh); python (the package built
 # with pip into a venv, its pytest suite python/tests); libfabric 2.x (the libfabric suites
 # against libfabric 2.x built from Debian's source, scripts/libfabric2.sh); soak (4 ranks over
@@ -137,6 +138,8 @@ run_examples() {
     scripts/run-local-ranks.sh 4 "$build/c_examples/ep/ep_host" -t shm &&
     scripts/run-local-ranks.sh 3 "$build/c_examples/ep/ep_host" --experts 24 --topk 8 --tokens 7,32 --steps 6 &&
     scripts/run-local-ranks.sh 2 "$build/c_examples/ep/ep_host" --experts 64 --topk 1 --tokens 1,2 --steps 4 &&
+    MSCCLPP_TEST_UNORDERED=efa scripts/run-local-ranks.sh 3 "$build/c_examples/ep/ep_host" --experts 24 --topk 8 --tokens 7,32 --steps 6 &&
+    MSCCLPP_TEST_UNORDERED=cxi scripts/run-local-ranks.sh 3 "$build/c_examples/ep/ep_host" --experts 24 --topk 8 --tokens 7,32 --steps 6 &&
     perf_runs
 }
 
