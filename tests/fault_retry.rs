@@ -239,6 +239,48 @@ fn put_with_signal_and_flush_timeout_then_retry_shm() {
     );
 }
 
+/// The same with 0 bytes (a signal and a flush, in one trigger as on the device): the timed-out
+/// call sent nothing, and its retry gives rank 1 exactly one signal.
+fn zero_byte_signal_and_flush_timeout(e: Env) {
+    let mut buf = vec![0u8; 64];
+    let c = init(&e.root, e.rank, e.n);
+    ok(connect(c, 1 - e.rank, 4, &mut buf));
+    ok(mscclppConnectionSetup(c));
+    let d = &mut dev_conns(c)[0];
+    if e.rank == 0 {
+        timed_out(
+            mscclppDevConnPutWithSignalAndFlush(d, 0, 0, 0),
+            "a 0-byte putWithSignalAndFlush with no proxy running",
+        );
+        assert!(
+            last_error().contains("nothing of it was sent"),
+            "{}",
+            last_error()
+        );
+        ok(mscclppProxyLaunch(c));
+        ok(mscclppDevConnPutWithSignalAndFlush(d, 0, 0, 0));
+        ok(mscclppBootstrapBarrier(c));
+    } else {
+        ok(mscclppProxyLaunch(c));
+        ok(mscclppBootstrapBarrier(c));
+        wait(d);
+        timed_out(
+            mscclppDevConnWait(d),
+            "a second wait: the timed-out 0-byte call must not have signalled",
+        );
+    }
+    finish(c);
+}
+
+#[test]
+fn zero_byte_signal_and_flush_timeout_then_retry_tcp() {
+    ranks(
+        "zero_byte_signal_and_flush_timeout_then_retry_tcp",
+        "tcp",
+        zero_byte_signal_and_flush_timeout,
+    );
+}
+
 /// tcp: rank 1 sets up and registers, but launches its proxy only after rank 0's
 /// mscclppRegisteredBufferWrite timed out (tcp;ofi_rxm completes a write only with the
 /// target's progress). The retry then succeeds and rank 1 has every byte.

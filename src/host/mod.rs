@@ -90,12 +90,13 @@ impl Conn {
 
     /// `putWithSignalAndFlush()`: put, signal, and wait until both have completed. When the
     /// wait times out, the trigger is taken back if the proxy has not started it, and then
-    /// nothing was sent (the error says which).
-    /// Of 0 bytes: a `signal()` and a `flush()` (as the device method).
+    /// nothing was sent (the error says which). Of 0 bytes: a signal and a flush in one
+    /// trigger (as the device method), taken back the same way, so that a retry after a
+    /// timeout never signals twice.
     pub fn put_with_signal_and_flush(&self, dst: u64, src: u64, size: u64) -> Result<()> {
         if size == 0 {
-            self.signal()?;
-            return self.flush();
+            let h = self.push(mscclppFlag | mscclppSync, 0, 0, 1)?;
+            return self.retire_signal(h, 1);
         }
         let triggers =
             self.put_triggers(mscclppData | mscclppFlag | mscclppSync, dst, src, size)?;
@@ -109,6 +110,13 @@ impl Conn {
         }
         // The last trigger carries the Sync: retiring it proves the earlier chunks done.
         let h = self.push_all(triggers)?;
+        self.retire_signal(h, parts)
+    }
+
+    /// Waits for ticket `h`, the last of `parts` triggers, which carries a signal and a Sync;
+    /// on a timeout takes it back if the proxy has not started it. The signal is counted
+    /// (`epoch_increment`) unless it was taken back.
+    fn retire_signal(&self, h: u64, parts: usize) -> Result<()> {
         match self.wait_retired(h) {
             Err(e @ Error::Timeout { .. }) => {
                 match fifo::withdraw(self.0.fifo.triggerFifoHead, h) {
