@@ -184,9 +184,12 @@ pub(crate) fn one_queue() -> bool {
     crate::config::get().p2p.cuda_max_connections == Some(1)
 }
 
-/// Peers of this process that run on its GPU under an MPS daemon (counted by the P2P
-/// transport as it adds them).
-static MPS_SHARED_PEERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// The other processes found on each of this process's GPUs under an MPS daemon, as (device,
+/// process nonce), each once however many communicators or connections lead to it (the P2P
+/// transport notes them as it adds peers). "The same GPU" is the P2P transport's test, the
+/// same CUDA ordinal on the same host: ranks that each see one GPU through their own
+/// `CUDA_VISIBLE_DEVICES` all look alike to it.
+static MPS_SHARED_PEERS: std::sync::Mutex<Vec<(i32, u64)>> = std::sync::Mutex::new(Vec::new());
 
 /// The fewest hardware work queues (`CUDA_DEVICE_MAX_CONNECTIONS`) seen to carry 3 and 4 ranks
 /// sharing one GPU under MPS with every operation through the proxy (bench/RESULTS.md, issue
@@ -203,17 +206,32 @@ pub(crate) fn mps_queues_short_for(peers: usize, max_connections: Option<u32>) -
 }
 
 fn mps_queues_short() -> bool {
-    mps_queues_short_for(
-        MPS_SHARED_PEERS.load(std::sync::atomic::Ordering::Relaxed),
-        crate::config::get().p2p.cuda_max_connections,
-    )
+    let most = {
+        let g = crate::sync::lock(&MPS_SHARED_PEERS);
+        g.iter()
+            .map(|&(d, _)| g.iter().filter(|&&(e, _)| e == d).count())
+            .max()
+            .unwrap_or(0)
+    };
+    mps_queues_short_for(most, crate::config::get().p2p.cuda_max_connections)
 }
 
-/// Counts one more peer on this GPU under MPS; true exactly once, when the count makes the
-/// shared-queue stall possible (the caller warns then).
-pub(crate) fn note_mps_shared_peer() -> bool {
-    let n = MPS_SHARED_PEERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-    n == 2 && mps_queues_short()
+/// Adds (device, nonce) to `seen` unless it is there; returns the count of processes on
+/// `device` it then holds, or None when it was there already.
+fn note_in(seen: &mut Vec<(i32, u64)>, device: i32, nonce: u64) -> Option<usize> {
+    if seen.contains(&(device, nonce)) {
+        return None;
+    }
+    seen.push((device, nonce));
+    Some(seen.iter().filter(|&&(d, _)| d == device).count())
+}
+
+/// Notes process `nonce` (not this one) on this process's GPU `device` under MPS; true exactly
+/// once per device, when the count of such processes makes the shared-queue stall possible
+/// (the caller warns then).
+pub(crate) fn note_mps_shared_peer(device: i32, nonce: u64) -> bool {
+    let n = note_in(&mut crate::sync::lock(&MPS_SHARED_PEERS), device, nonce);
+    n == Some(2) && mps_queues_short_for(2, crate::config::get().p2p.cuda_max_connections)
 }
 
 /// What to add to a timeout of this library's GPU work where its streams can wait behind a
@@ -229,6 +247,19 @@ pub(crate) fn queue_hint() -> &'static str {
         " (CUDA_DEVICE_MAX_CONNECTIONS=1 is set: this library's copy-engine work queues behind the program's running kernel, so a kernel that waits for it stalls it; unset it or set 2 or more)"
     } else if mps_queues_short() {
         " (three or more ranks share this GPU under MPS, whose clients share one pool of hardware work queues: this library's copy-engine work can queue behind another rank's running kernel; set CUDA_DEVICE_MAX_CONNECTIONS=16 in every rank's environment)"
+    } else {
+        ""
+    }
+}
+
+/// `queue_hint` for a report about another rank's copy-engine work (a hang report's "signal
+/// sent but not arrived"): what holds in this process, said as such, since the sender's own
+/// condition is not known here.
+pub(crate) fn queue_hint_for_sender() -> &'static str {
+    if one_queue() {
+        " (CUDA_DEVICE_MAX_CONNECTIONS=1 is set here: where the sender has it too, its copy-engine work queues behind its running kernel)"
+    } else if mps_queues_short() {
+        " (three or more ranks share this rank's GPU under MPS with fewer than 16 hardware work queues: if the sender is one of them, its copy-engine work can wait behind another rank's running kernel; set CUDA_DEVICE_MAX_CONNECTIONS=16 in every rank's environment)"
     } else {
         ""
     }
@@ -267,6 +298,24 @@ mod tests {
         if !available() {
             sync_stream(0).unwrap();
         }
+    }
+
+    #[test]
+    fn a_process_is_counted_once_per_gpu() {
+        let mut seen = Vec::new();
+        assert_eq!(note_in(&mut seen, 0, 1), Some(1), "one other process");
+        assert_eq!(
+            note_in(&mut seen, 0, 1),
+            None,
+            "the same one again (another communicator)"
+        );
+        assert_eq!(note_in(&mut seen, 1, 2), Some(1), "another GPU's");
+        assert_eq!(
+            note_in(&mut seen, 0, 3),
+            Some(2),
+            "a second on GPU 0: the warning's count"
+        );
+        assert_eq!(note_in(&mut seen, 0, 4), Some(3));
     }
 
     #[test]

@@ -223,11 +223,11 @@ pub fn summarize(answers: &[(usize, Answer)]) -> Summary {
         let why = match &e.at {
             Where::Arrived => "it has arrived since".to_string(),
             // Sent, not arrived: the sender's copy-engine work may wait behind a running kernel
-            // (the hint names the condition where this process knows one holds).
+            // (the hint names the condition where it holds in this process).
             Where::NotArrived { sent } => format!(
                 "rank {q} sent it (sent {}): signal sent but not arrived{}",
                 sent.text(),
-                crate::cuda::queue_hint()
+                crate::cuda::queue_hint_for_sender()
             ),
             Where::Queued { issued, sent } => format!(
                 "rank {q} issued it (issued {issued}, sent {}): not yet sent by rank {q}'s proxy",

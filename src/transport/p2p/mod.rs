@@ -133,11 +133,13 @@ impl P2p {
     /// time-slice it, and every wait across them lasts a context switch (~2 ms measured on an
     /// H100). Returns whether an MPS daemon serves this process (its control socket exists);
     /// says so at INFO, once per process, where none does.
-    fn note_shared_gpu(&self, rank: usize) -> bool {
+    fn note_shared_gpu(&self, rank: usize, nonce: u64) -> bool {
         static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         let control = std::path::Path::new(&self.cfg.mps_pipe_dir).join("control");
         if control.exists() {
-            if crate::cuda::note_mps_shared_peer() {
+            // Peers in other processes only (a rank that is a thread of this one shares our
+            // streams' queues, not another client's).
+            if nonce != process_nonce() && crate::cuda::note_mps_shared_peer(self.device, nonce) {
                 crate::warn!(
                     "p2p:cuda{}: three or more ranks share this GPU under MPS, whose clients share one pool of hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, CUDA's default 8): this library's copy-engine work for them (puts and signals through the proxy) can queue behind another rank's spinning kernel, and a kernel that waits for it then stalls until the wait timeout (measured with 3 and 4 ranks; none stalled at 16: bench/RESULTS.md, issue 44). Set CUDA_DEVICE_MAX_CONNECTIONS=16 in every rank's environment",
                     self.device
@@ -192,8 +194,8 @@ impl Endpoint for P2p {
             )));
         }
         let ce = PeerStream::new(self.device)?;
-        let sm_ok =
-            addr.device != self.device || (self.note_shared_gpu(remote_rank) && self.cfg.sm_shared);
+        let sm_ok = addr.device != self.device
+            || (self.note_shared_gpu(remote_rank, addr.nonce) && self.cfg.sm_shared);
         crate::trace!(
             "p2p:cuda{}: peer rank {remote_rank} on its device {}",
             self.device,
