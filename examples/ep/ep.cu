@@ -135,11 +135,15 @@ int main(int argc, char** argv)
       return 2;
     }
   }
-  for (int t : tokens) s.Tmax = std::max(s.Tmax, t);
-  if (s.E % s.R || s.E > EP_MAX_EXPERTS || s.Tmax < 1 || s.Tmax > EP_MAX_TOKENS || s.K < 1 ||
-      s.K > 16 || s.K > s.E || s.H % 8 || steps < 1) {
+  int fewest = EP_MAX_TOKENS;
+  for (int t : tokens) {
+    s.Tmax = std::max(s.Tmax, t);
+    fewest = std::min(fewest, t);
+  }
+  if (s.E % s.R || s.E > EP_MAX_EXPERTS || fewest < 1 || s.Tmax > EP_MAX_TOKENS || s.K < 1 ||
+      s.K > 16 || s.K > s.E || s.H < 8 || s.H % 8 || steps < 1 || warmup < 0 || blocks < 1) {
     fprintf(stderr, "ep: experts %d must divide by ranks %d and be at most %d, tokens 1..%d, "
-                    "topk 1..16, hidden a multiple of 8\n",
+                    "topk 1..16, hidden a positive multiple of 8, steps and blocks at least 1\n",
             s.E, s.R, EP_MAX_EXPERTS, EP_MAX_TOKENS);
     return 2;
   }

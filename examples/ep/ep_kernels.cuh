@@ -33,6 +33,8 @@
 #define EP_MAX_EXPERTS 512
 #define EP_MAX_TOKENS 128
 #define EP_REDUCE_THREADS 128
+/* Every scan gives each thread one expert or run. */
+static_assert(EP_THREADS >= EP_MAX_EXPERTS, "EP_THREADS must cover EP_MAX_EXPERTS");
 
 namespace ep {
 

@@ -540,13 +540,20 @@ fn deregistered_regions_are_released_on_every_rail() {
     assert_eq!(b.region(again).unwrap().ids.len(), 2, "registered anew");
 }
 
-/// A region registered directly on rail 0 but staged on rail 1 (no FI_HMEM on that NIC; here
-/// rail 1 alone under the test switch) is not striped, and what rail 1 registered for it is
-/// released at once: registering and deregistering it leaves every rail as it was.
+/// A region registered directly on rail 0 but staged on a later rail (no FI_HMEM on that NIC;
+/// here that rail alone under the test switch) is not striped, and what the other rails
+/// registered for it is released at once: registering and deregistering it leaves every rail
+/// as it was.
 #[test]
 fn a_region_staged_on_a_later_rail_keeps_nothing_there() {
-    let mut b = Rails::open(&["lo", "lo"], None, &cfg()).unwrap();
-    b.rails[1].ep.staging.force_staging = true;
+    staged_on_rail(2, 1);
+    // Three rails, staged on the last: rail 1's registration (the one between) is released too.
+    staged_on_rail(3, 2);
+}
+
+fn staged_on_rail(rails: usize, staged: usize) {
+    let mut b = Rails::open(&vec!["lo"; rails], None, &cfg()).unwrap();
+    b.rails[staged].ep.staging.force_staging = true;
     let dst = vec![0u64; 64];
     let held = |x: &Rails| {
         let rails: Vec<_> = x.rails.iter().map(|r| r.ep.regions.held()).collect();
@@ -561,11 +568,13 @@ fn a_region_staged_on_a_later_rail_keeps_nothing_there() {
             "round {round}: rail 0 only"
         );
         assert_eq!(blob::decode_rails(&blob).unwrap().len(), 1, "round {round}");
-        assert_eq!(
-            b.rails[1].ep.regions.held(),
-            before.0[1],
-            "round {round}: rail 1 keeps no registration"
-        );
+        for r in 1..rails {
+            assert_eq!(
+                b.rails[r].ep.regions.held(),
+                before.0[r],
+                "round {round}: rail {r} of {rails} keeps no registration"
+            );
+        }
         b.deregister(id).unwrap();
         assert_eq!(held(&b), before, "round {round}: every rail as before");
     }
