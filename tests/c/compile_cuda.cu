@@ -20,6 +20,7 @@ __global__ void kernel(int rank, uint64_t bytes)
     conn.putWithSignalAndFlush(0, bytes);
     conn.putBlock(0, 0, bytes); /* every thread of the block calls the block methods */
     conn.putWithSignalBlock(0, 0, bytes);
+    if (conn.putsDirect(bytes, true) && conn.putsDirect(bytes, false)) conn.put(0, 0, bytes);
     conn.flush();
   } else {
     conn.wait();
