@@ -183,20 +183,21 @@ fn flush_timeout_then_retry_shm() {
 /// Rank 0's putWithSignalAndFlush, its proxy not launched, pushes its trigger and times out
 /// waiting for it: the trigger is taken back, so nothing of it is ever sent. After the launch
 /// the retry succeeds; rank 1 receives the bytes and exactly one signal (before the fix the
-/// first trigger stayed queued and was executed too: two signals).
-fn put_with_signal_and_flush_timeout(e: Env) {
-    const N: usize = 4096;
-    let mut buf = vec![0u8; N];
+/// first trigger stayed queued and was executed too: two signals). `n` bytes: with 0, a signal
+/// and a flush in one trigger, as on the device (before, a signal then a flush, whose timeout
+/// left the signal queued).
+fn signal_and_flush_timeout(e: Env, n: usize) {
+    let mut buf = vec![0u8; n.max(64)];
     let c = init(&e.root, e.rank, e.n);
     ok(connect(c, 1 - e.rank, 3, &mut buf));
     ok(mscclppConnectionSetup(c));
     let d = &mut dev_conns(c)[0];
     if e.rank == 0 {
-        for (i, b) in buf.iter_mut().enumerate() {
+        for (i, b) in buf.iter_mut().enumerate().take(n) {
             *b = pattern(6, i);
         }
         timed_out(
-            mscclppDevConnPutWithSignalAndFlush(d, 0, 0, N as u64),
+            mscclppDevConnPutWithSignalAndFlush(d, 0, 0, n as u64),
             "putWithSignalAndFlush with no proxy running",
         );
         assert!(
@@ -205,13 +206,13 @@ fn put_with_signal_and_flush_timeout(e: Env) {
             last_error()
         );
         ok(mscclppProxyLaunch(c));
-        ok(mscclppDevConnPutWithSignalAndFlush(d, 0, 0, N as u64));
+        ok(mscclppDevConnPutWithSignalAndFlush(d, 0, 0, n as u64));
         ok(mscclppBootstrapBarrier(c));
     } else {
         ok(mscclppProxyLaunch(c));
         ok(mscclppBootstrapBarrier(c));
         wait(d);
-        for (i, b) in buf.iter().enumerate() {
+        for (i, b) in buf.iter().enumerate().take(n) {
             assert_eq!(*b, pattern(6, i), "byte {i}");
         }
         timed_out(
@@ -220,6 +221,14 @@ fn put_with_signal_and_flush_timeout(e: Env) {
         );
     }
     finish(c);
+}
+
+fn put_with_signal_and_flush_timeout(e: Env) {
+    signal_and_flush_timeout(e, 4096);
+}
+
+fn zero_byte_signal_and_flush_timeout(e: Env) {
+    signal_and_flush_timeout(e, 0);
 }
 
 #[test]
@@ -237,39 +246,6 @@ fn put_with_signal_and_flush_timeout_then_retry_shm() {
         "shm",
         put_with_signal_and_flush_timeout,
     );
-}
-
-/// The same with 0 bytes (a signal and a flush, in one trigger as on the device): the timed-out
-/// call sent nothing, and its retry gives rank 1 exactly one signal.
-fn zero_byte_signal_and_flush_timeout(e: Env) {
-    let mut buf = vec![0u8; 64];
-    let c = init(&e.root, e.rank, e.n);
-    ok(connect(c, 1 - e.rank, 4, &mut buf));
-    ok(mscclppConnectionSetup(c));
-    let d = &mut dev_conns(c)[0];
-    if e.rank == 0 {
-        timed_out(
-            mscclppDevConnPutWithSignalAndFlush(d, 0, 0, 0),
-            "a 0-byte putWithSignalAndFlush with no proxy running",
-        );
-        assert!(
-            last_error().contains("nothing of it was sent"),
-            "{}",
-            last_error()
-        );
-        ok(mscclppProxyLaunch(c));
-        ok(mscclppDevConnPutWithSignalAndFlush(d, 0, 0, 0));
-        ok(mscclppBootstrapBarrier(c));
-    } else {
-        ok(mscclppProxyLaunch(c));
-        ok(mscclppBootstrapBarrier(c));
-        wait(d);
-        timed_out(
-            mscclppDevConnWait(d),
-            "a second wait: the timed-out 0-byte call must not have signalled",
-        );
-    }
-    finish(c);
 }
 
 #[test]
