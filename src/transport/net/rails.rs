@@ -256,9 +256,51 @@ impl Rails {
         self.on_rails(0, ids, NetEndpoint::release_source)
     }
 
-    /// `release_ids` for ids of rails `first..`.
-    fn release_ids_from(&mut self, first: usize, ids: &[MrId]) -> Result<()> {
-        self.on_rails(first, ids, NetEndpoint::release_source)
+    /// `first`, rail 0's registration of `region` (and what came with it), followed by the same
+    /// on rails 1.. (`reg`) where rail 0 registered the memory itself: the ids by rail and what
+    /// came with each. A later rail that stages it (no FI_HMEM on that NIC: rail 0's staging
+    /// channel alone reaches staged memory) ends the list at rail 0, and what rails 1.. hold for
+    /// it is released (`release`), that rail's included; a failure releases every rail's,
+    /// rail 0's too (a release that fails then is logged; the first error is returned).
+    fn on_later_rails<T>(
+        &mut self,
+        region: Region,
+        first: (MrId, T),
+        reg: fn(&mut NetEndpoint, Region) -> Result<(MrId, T)>,
+        release: fn(&mut NetEndpoint, MrId) -> Result<()>,
+    ) -> Result<(Vec<MrId>, Vec<T>)> {
+        let mut ids = vec![first.0];
+        let mut with = vec![first.1];
+        if !self.rails[0].ep.is_direct(ids[0]) {
+            return Ok((ids, with));
+        }
+        for r in 1..self.rails.len() {
+            let (m, x) = match reg(&mut self.rails[r].ep, region) {
+                Ok(got) => got,
+                Err(e) => {
+                    let _ = self.on_rails(0, &ids, release);
+                    return Err(e.within(&self.label(r)));
+                }
+            };
+            ids.push(m);
+            if !self.rails[r].ep.is_direct(m) {
+                crate::info!(
+                    "net: {}: a region of {} bytes is staged on {} but not on rail 0: it is not striped",
+                    self.describe(),
+                    region.len,
+                    self.label(r)
+                );
+                let rest = ids.split_off(1);
+                if let Err(e) = self.on_rails(1, &rest, release) {
+                    let _ = self.on_rails(0, &ids, release);
+                    return Err(e);
+                }
+                with.truncate(1);
+                break;
+            }
+            with.push(x);
+        }
+        Ok((ids, with))
     }
 
     /// `op` with `ids[i]` on rail `first + i`, for every one: a release that fails on one rail
@@ -520,40 +562,12 @@ impl Endpoint for Rails {
                 return Ok((id, blob));
             }
         }
-        let mut ids = vec![m0];
-        let mut blobs = vec![b0];
-        if self.rails[0].ep.is_direct(m0) {
-            for r in 1..self.rails.len() {
-                let (m, b) = match self.rails[r].ep.register(region) {
-                    Ok(x) => x,
-                    Err(e) => {
-                        // Nothing of it was handed out: deregister it on the rails so far (a
-                        // failure there is logged; this one is the error to report).
-                        let _ = self.on_rails(0, &ids, NetEndpoint::deregister);
-                        return Err(e.within(&self.label(r)));
-                    }
-                };
-                ids.push(m);
-                if !self.rails[r].ep.is_direct(m) {
-                    // Staged there (no FI_HMEM on that NIC): rail 0 alone reaches it, so the
-                    // other rails' registrations, this one's included, are released.
-                    crate::info!(
-                        "net: {}: a region of {} bytes is staged on {} but not on rail 0: it is not striped",
-                        self.describe(),
-                        region.len,
-                        self.label(r)
-                    );
-                    let rest = ids.split_off(1);
-                    if let Err(e) = self.on_rails(1, &rest, NetEndpoint::deregister) {
-                        let _ = self.on_rails(0, &ids, NetEndpoint::deregister);
-                        return Err(e);
-                    }
-                    blobs.truncate(1);
-                    break;
-                }
-                blobs.push(b);
-            }
-        }
+        let (ids, blobs) = self.on_later_rails(
+            region,
+            (m0, b0),
+            NetEndpoint::register,
+            NetEndpoint::deregister,
+        )?;
         let blob = blob::encode_rails(&blobs);
         let id = self.hold(RailRegion {
             ids,
@@ -570,30 +584,12 @@ impl Endpoint for Rails {
             .ep
             .register_source(region)
             .map_err(|e| e.within(&self.label(0)))?;
-        let mut ids = vec![m0];
-        if self.rails[0].ep.is_direct(m0) {
-            for r in 1..self.rails.len() {
-                let m = match self.rails[r].ep.register_source(region) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        // Nothing was written from it: release what was registered so far
-                        // (a failure there is logged; this one is the error to report).
-                        let _ = self.release_ids(&ids);
-                        return Err(e.within(&self.label(r)));
-                    }
-                };
-                ids.push(m);
-                if !self.rails[r].ep.is_direct(m) {
-                    // Staged there: rail 0 alone carries it (as `register` decides).
-                    let rest = ids.split_off(1);
-                    if let Err(e) = self.release_ids_from(1, &rest) {
-                        let _ = self.release_ids(&ids);
-                        return Err(e);
-                    }
-                    break;
-                }
-            }
-        }
+        let (ids, _) = self.on_later_rails(
+            region,
+            (m0, ()),
+            |ep, r| ep.register_source(r).map(|m| (m, ())),
+            NetEndpoint::release_source,
+        )?;
         Ok(self.hold(RailRegion { ids, blob: None }))
     }
 
