@@ -3,8 +3,11 @@
  * API, any number of ranks: examples/ep/ep.h says what moves where and how it is checked.
  *
  *   ep [--tokens 1,8,32,128] [--steps 1000] [--warmup 50] [--hidden 7168] [--experts 256]
- *      [--topk 8] [--blocks 64] [--stream own|legacy] [--preload yes|no]
+ *      [--topk 8] [--blocks 64] [--chunk-rows 0] [--stream own|legacy] [--preload yes|no]
  *      (ranks from launch_env.h)
+ *
+ * --chunk-rows N caps the rows of an in-place chunk (ep_kernels.cuh) at N; 0, the default,
+ * leaves them an even share of all rows over the blocks.
  *
  * --stream legacy launches the kernels on the legacy default stream instead of a stream of
  * the example's own; --preload no leaves the kernels to CUDA's lazy loading (diagnostics of
@@ -109,7 +112,7 @@ int main(int argc, char** argv)
   Ctx c;
   setupRank(c, &argc, argv);
   std::vector<int> tokens = {1, 8, 32, 128};
-  int steps = 1000, warmup = 50, blocks = 64;
+  int steps = 1000, warmup = 50, blocks = 64, chunkRows = 0;
   bool legacyStream = false, preload = true;
   Shape s{c.nranks, 256, 8, 7168, 0};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -126,6 +129,7 @@ int main(int argc, char** argv)
     else if (k == "--experts") s.E = atoi(v);
     else if (k == "--topk") s.K = atoi(v);
     else if (k == "--blocks") blocks = atoi(v);
+    else if (k == "--chunk-rows") chunkRows = atoi(v);
     else if (k == "--stream" && (strcmp(v, "legacy") == 0 || strcmp(v, "own") == 0))
       legacyStream = strcmp(v, "legacy") == 0;
     else if (k == "--preload" && (strcmp(v, "yes") == 0 || strcmp(v, "no") == 0))
@@ -141,9 +145,10 @@ int main(int argc, char** argv)
     fewest = std::min(fewest, t);
   }
   if (s.E % s.R || s.E > EP_MAX_EXPERTS || fewest < 1 || s.Tmax > EP_MAX_TOKENS || s.K < 1 ||
-      s.K > 16 || s.K > s.E || s.H < 8 || s.H % 8 || steps < 1 || warmup < 0 || blocks < 1) {
+      s.K > 16 || s.K > s.E || s.H < 8 || s.H % 8 || steps < 1 || warmup < 0 || blocks < 1 || chunkRows < 0) {
     fprintf(stderr, "ep: experts %d must divide by ranks %d and be at most %d, tokens 1..%d, "
-                    "topk 1..16, hidden a positive multiple of 8, steps and blocks at least 1\n",
+                    "topk 1..16, hidden a positive multiple of 8, steps and blocks at least 1, chunk rows "
+                    "at least 0\n",
             s.E, s.R, EP_MAX_EXPERTS, EP_MAX_TOKENS);
     return 2;
   }
@@ -180,6 +185,7 @@ int main(int argc, char** argv)
   a.s = s;
   a.me = c.rank;
   a.buf = buf;
+  a.chunkRows = (uint32_t)chunkRows;
   int* idx = nullptr;
   float* w = nullptr;
   CUDACHECK(cudaMalloc(&idx, EP_MAX_TOKENS * 16 * sizeof(int)));

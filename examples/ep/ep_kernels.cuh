@@ -53,6 +53,7 @@ struct Step {
   unsigned int* done;           /* [2] block counts of dispatch and combine; they only grow */
   unsigned int base;            /* done's values before this step's launches (step * gridDim.x) */
   unsigned long long* ops;      /* operations issued to peers (puts and signals), for the report */
+  uint32_t chunkRows;           /* at most this many rows in an in-place chunk (0: no limit but the even share's) */
 };
 
 __device__ __forceinline__ const mscclppDevConn_t& connTo(const Step& a, int peer)
@@ -60,11 +61,30 @@ __device__ __forceinline__ const mscclppDevConn_t& connTo(const Step& a, int pee
   return a.conns[peer < a.me ? peer : peer - 1];
 }
 
-/* Copies `bytes` (a multiple of 16) by the block, 16 bytes per thread per pass. */
+/* Word i (of 16 bytes) of n goes to to[i] from from(i), by thread i % blockDim.x: each thread
+ * has four loads in flight before their stores (a load per store let each thread wait out the
+ * memory's latency once per word, as the compiler cannot move a load above a store that may
+ * alias it). */
+template <typename From>
+__device__ __forceinline__ void moveWords(int4* to, From from, uint32_t n)
+{
+  const uint32_t nt = blockDim.x;
+  uint32_t i = threadIdx.x;
+  for (; i + 3 * nt < n; i += 4 * nt) {
+    int4 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) v[j] = *from(i + j * nt);
+#pragma unroll
+    for (int j = 0; j < 4; j++) to[i + j * nt] = v[j];
+  }
+  for (; i < n; i += nt) to[i] = *from(i);
+}
+
+/* Copies `bytes` (a multiple of 16) by the block. */
 __device__ __forceinline__ void blockCopy(uint8_t* dst, const uint8_t* src, uint64_t bytes)
 {
-  for (uint64_t i = threadIdx.x * 16ull; i < bytes; i += blockDim.x * 16ull)
-    *reinterpret_cast<int4*>(dst + i) = *reinterpret_cast<const int4*>(src + i);
+  const int4* s = reinterpret_cast<const int4*>(src);
+  moveWords(reinterpret_cast<int4*>(dst), [s](uint32_t i) { return s + i; }, (uint32_t)(bytes / 16));
 }
 
 /* In place: v[0..n) becomes its inclusive prefix sum (n <= blockDim.x; tmp as large as v).
@@ -113,6 +133,7 @@ __device__ __forceinline__ bool inPlace(const Step& a, int peer)
 __device__ uint32_t evenShare(const Step& a, int peer, uint32_t total)
 {
   uint32_t rows = (total + gridDim.x - 1) / gridDim.x;
+  if (a.chunkRows && rows > a.chunkRows) rows = a.chunkRows;
   if (rows > 1 && peer != a.me && inPlace(a, peer)) /* one row: no need to ask */
     while (rows > 1 && !connTo(a, peer).putsDirect(rows * a.s.row(), true)) rows /= 2;
   return rows ? rows : 1;
@@ -127,6 +148,15 @@ __device__ const uint32_t* chunkScan(const uint32_t* n, const uint32_t* per,
   const int tid = threadIdx.x;
   tmp[0][tid] = tid < R && n[tid] ? (n[tid] + per[tid] - 1) / per[tid] : 0;
   return inclusiveScan(tmp[0], tmp[1], R);
+}
+
+/* The chunk that a block takes as its j-th of all: the chunks rotated to begin with peer
+ * me + 1's, so that the ranks' blocks start on different peers (all of them on peer 0's first
+ * would queue every rank's stores at one GPU's links), this rank's own last. */
+__device__ __forceinline__ uint32_t rotated(uint32_t j, const uint32_t* chunkEnd, int me, int R)
+{
+  const uint32_t all = chunkEnd[R - 1];
+  return (j + chunkEnd[me]) % all;
 }
 
 /* Chunk j: its peer (found in chunkEnd), first row and rows. */
@@ -203,7 +233,7 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
   for (uint32_t j = blockIdx.x; j < chunkEnd[s.R - 1]; j += gridDim.x) {
     int p;
     uint32_t first, rows;
-    chunkOf(j, chunkEnd, n, per, p, first, rows);
+    chunkOf(rotated(j, chunkEnd, a.me, s.R), chunkEnd, n, per, p, first, rows);
     for (uint32_t r = tid; r < rows; r += blockDim.x) {
       /* Row first + r of p's region: in the run of the last of p's experts that starts at or
        * before it (an expert with no rows starts where the next one does). */
@@ -222,8 +252,7 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
       connTo(a, p).putBlock(s.dr(a.q, a.me, first), s.x(tok[0]), s.row());
     } else {
       int4* to = reinterpret_cast<int4*>(a.buf + (p == a.me ? s.dr(a.q, a.me, first) : s.sr(a.q, p, first)));
-      for (uint32_t i = tid; i < rows * (uint32_t)V; i += blockDim.x)
-        to[i] = x[(uint64_t)tok[i / V] * V + i % V];
+      moveWords(to, [x, V](uint32_t i) { return x + (uint64_t)tok[i / V] * V + i % V; }, rows * (uint32_t)V);
       /* putBlock()'s entry barrier orders the gathered rows before its copy or trigger. */
       if (direct) connTo(a, p).putBlock(s.dr(a.q, a.me, first), s.sr(a.q, p, first), (uint64_t)rows * s.row());
     }
@@ -312,7 +341,7 @@ __global__ void __launch_bounds__(EP_THREADS, 2) combineKernel(Step a)
   for (uint32_t j = blockIdx.x; j < chunkEnd[s.R - 1]; j += gridDim.x) {
     int src;
     uint32_t first, rows;
-    chunkOf(j, chunkEnd, n, per, src, first, rows);
+    chunkOf(rotated(j, chunkEnd, a.me, s.R), chunkEnd, n, per, src, first, rows);
     const uint64_t bytes = (uint64_t)rows * s.row();
     if (src == a.me)
       blockCopy(a.buf + s.cr(a.q, a.me, first), a.buf + s.dr(a.q, src, first), bytes);
