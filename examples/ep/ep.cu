@@ -39,7 +39,9 @@
  * value fails the run (exit 1). Rank 0 prints, per token count:
  *   RESULT ep impl=mscclpp ranks=R tokens=T hidden=H experts=E topk=K steps=N
  *          dispatch_med_us=.. dispatch_p99_us=.. combine_med_us=.. combine_p99_us=.. wrong=0
- *          combine_kernel_med_us=.. reduce_med_us=..
+ *          combine_kernel_med_us=.. reduce_med_us=.. expert_med_us=..
+ * (expert_med_us: the untimed expert kernel; each rank's combine waits for its slowest peer's
+ * to end).
  */
 #include "common.cuh"
 #include "ep.h"
@@ -209,7 +211,7 @@ int main(int argc, char** argv)
   MSCCLPPCHECK(mscclppBootstrapBarrier(c.comm));
   for (int T : tokens) {
     a.T = T;
-    std::vector<float> dispatchMs, combineMs, combineKernelMs, reduceMs;
+    std::vector<float> dispatchMs, combineMs, combineKernelMs, reduceMs, expertMs;
     for (int i = 0; i < warmup + steps; i++, step++) {
       a.q = step & 1;
       const bool timed = i >= warmup;
@@ -219,7 +221,7 @@ int main(int argc, char** argv)
       a.base = (unsigned int)(step * (uint32_t)blocks);
       ep::dispatchKernel<<<blocks, EP_THREADS, 0, st>>>(a);
       if (timed) CUDACHECK(cudaEventRecord(ev[5 * j + 1], st));
-      ep::expertKernel<<<128, EP_THREADS, 0, st>>>(a);
+      ep::expertKernel<<<s.E, EP_THREADS, 0, st>>>(a); /* a block per run */
       if (timed) CUDACHECK(cudaEventRecord(ev[5 * j + 2], st));
       ep::combineKernel<<<blocks, EP_THREADS, 0, st>>>(a);
       if (timed) CUDACHECK(cudaEventRecord(ev[5 * j + 3], st));
@@ -235,8 +237,9 @@ int main(int argc, char** argv)
     }
     CUDACHECK(cudaStreamSynchronize(st));
     for (int j = 0; j < steps; j++) {
-      float d = 0, cb = 0, ck = 0, rd = 0;
+      float d = 0, cb = 0, ck = 0, rd = 0, ex = 0;
       CUDACHECK(cudaEventElapsedTime(&d, ev[5 * j], ev[5 * j + 1]));
+      CUDACHECK(cudaEventElapsedTime(&ex, ev[5 * j + 1], ev[5 * j + 2]));
       CUDACHECK(cudaEventElapsedTime(&cb, ev[5 * j + 2], ev[5 * j + 4]));
       CUDACHECK(cudaEventElapsedTime(&ck, ev[5 * j + 2], ev[5 * j + 3]));
       CUDACHECK(cudaEventElapsedTime(&rd, ev[5 * j + 3], ev[5 * j + 4]));
@@ -244,14 +247,16 @@ int main(int argc, char** argv)
       combineMs.push_back(cb);
       combineKernelMs.push_back(ck);
       reduceMs.push_back(rd);
+      expertMs.push_back(ex);
     }
     if (c.rank == 0)
       printf("RESULT ep impl=mscclpp ranks=%d tokens=%d hidden=%d experts=%d topk=%d steps=%d "
              "dispatch_med_us=%.2f dispatch_p99_us=%.2f combine_med_us=%.2f combine_p99_us=%.2f "
-             "wrong=%llu combine_kernel_med_us=%.2f reduce_med_us=%.2f\n",
+             "wrong=%llu combine_kernel_med_us=%.2f reduce_med_us=%.2f expert_med_us=%.2f\n",
              c.nranks, T, s.H, s.E, s.K, steps, percentile(dispatchMs, 0.5),
              percentile(dispatchMs, 0.99), percentile(combineMs, 0.5), percentile(combineMs, 0.99),
-             (unsigned long long)wrong, percentile(combineKernelMs, 0.5), percentile(reduceMs, 0.5));
+             (unsigned long long)wrong, percentile(combineKernelMs, 0.5), percentile(reduceMs, 0.5),
+             percentile(expertMs, 0.5));
     fflush(stdout);
   }
   const uint64_t proxied = triggersPushed(c) - pushed0;

@@ -175,6 +175,25 @@ EP_HD bf16 combined(int K, const int* es, const float* ws, int src, int t, int h
 }
 
 #if defined(__CUDACC__)
+/* The expert on one run of `rows` received rows (of H values) for expert e, in place, 16 bytes
+ * per thread per pass, by the calling block: the expert kernel of both implementations (ours
+ * and the NVSHMEM peer), a block per (source, local expert) run. It stands in for the MLP and
+ * is not timed, but it is alike in both, as the reduce is: each rank's combine waits for its
+ * slowest peer's expert kernel to end. */
+__device__ __forceinline__ void expertRun(uint8_t* run, uint32_t rows, int H, int e)
+{
+  int4* p = reinterpret_cast<int4*>(run);
+  const uint64_t n = (uint64_t)rows * (H / 8);
+  for (uint64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const int4 u = p[i];
+    uint32_t word[4] = {(uint32_t)u.x, (uint32_t)u.y, (uint32_t)u.z, (uint32_t)u.w};
+    for (int j = 0; j < 4; j++)
+      word[j] = (uint32_t)expertValue((bf16)(word[j] & 0xFFFFu), e) |
+                ((uint32_t)expertValue((bf16)(word[j] >> 16), e) << 16);
+    p[i] = make_int4((int)word[0], (int)word[1], (int)word[2], (int)word[3]);
+  }
+}
+
 /* Output word v (8 values, 16 bytes) of a token: the K rows at base + off[k], loaded 16 bytes
  * at a time, folded in k order with fmaf from 0.0f, as `combined` does, so the result is its
  * bits. The reduce of both implementations (ours, examples/ep/ep.cu, and the NVSHMEM peer): it

@@ -299,9 +299,8 @@ __device__ uint32_t receivedBySource(const Step& a, uint32_t (*scan)[EP_MAX_EXPE
   return total;
 }
 
-/* The expert (ep.h; it stands in for the MLP): every received row scaled in place. Block b
- * takes rows b, b + gridDim.x, ... of all of DR; the run (src, l) of each is found in a scan
- * of the counts. */
+/* The expert (ep.h's expertRun): block i scales the received run i, i + gridDim.x, ... (run
+ * (src, l): the rows from src for local expert l, found in a scan of the counts). */
 __global__ void __launch_bounds__(EP_THREADS, 2) expertKernel(Step a)
 {
   __shared__ uint32_t scan[2][EP_MAX_EXPERTS];
@@ -309,16 +308,11 @@ __global__ void __launch_bounds__(EP_THREADS, 2) expertKernel(Step a)
   const int L = s.L(), runs = s.R * L, tid = threadIdx.x;
   scan[0][tid] = tid < runs ? reinterpret_cast<const uint32_t*>(a.buf + s.dc(a.q, tid / L))[tid % L] : 0;
   const uint32_t* end = inclusiveScan(scan[0], scan[1], runs);
-  for (uint32_t g = blockIdx.x; g < end[runs - 1]; g += gridDim.x) {
-    int lo = 0, hi = runs - 1; /* the first run whose end is past g */
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (end[mid] > g) hi = mid;
-      else lo = mid + 1;
-    }
-    const int src = lo / L, e = a.me * L + lo % L;
-    bf16* row = reinterpret_cast<bf16*>(a.buf + s.dr(a.q, src, g - (src ? end[src * L - 1] : 0)));
-    for (int h = tid; h < s.H; h += blockDim.x) row[h] = expertValue(row[h], e);
+  for (int i = blockIdx.x; i < runs; i += gridDim.x) {
+    const int src = i / L;
+    const uint32_t before = i ? end[i - 1] : 0; /* rows of the runs before i, over all sources */
+    expertRun(a.buf + s.dr(a.q, src, before - (src ? end[src * L - 1] : 0)), end[i] - before, s.H,
+              a.me * L + i % L);
   }
 }
 

@@ -98,7 +98,7 @@ void ep_launch(int64_t kernel, std::vector<int64_t> shape, int64_t me, int64_t T
   cudaStream_t st = c10::cuda::getCurrentCUDAStream().stream();
   switch (kernel) {
   case 0: ep::dispatchKernel<<<(int)blocks, EP_THREADS, 0, st>>>(a); break;
-  case 1: ep::expertKernel<<<128, EP_THREADS, 0, st>>>(a); break;
+  case 1: ep::expertKernel<<<a.s.E, EP_THREADS, 0, st>>>(a); break;
   case 2: ep::combineKernel<<<(int)blocks, EP_THREADS, 0, st>>>(a); break;
   case 3:
     ep::reduceKernel<<<dim3((a.s.H / 8 + EP_REDUCE_THREADS - 1) / EP_REDUCE_THREADS, (int)T), EP_REDUCE_THREADS, 0, st>>>(a);
