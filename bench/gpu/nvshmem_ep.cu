@@ -178,7 +178,7 @@ __global__ void expert_kernel(Args a)
 {
   const int L = a.s.L(), RL = a.s.R * L;
   for (int i = blockIdx.x; i < RL; i += gridDim.x)
-    ep::expertRun(a.DR + (uint64_t)i * a.s.Tmax * a.s.row(), (uint32_t)a.dval[i], a.s.H, a.me * L + i % L);
+    ep::expertRun((uint8_t *)a.DR + (uint64_t)i * a.s.Tmax * a.s.row(), (uint32_t)a.dval[i], a.s.H, a.me * L + i % L);
 }
 
 /* Each block returns every gridDim.x-th (source PE, local expert) run; the last block waits
