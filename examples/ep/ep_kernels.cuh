@@ -35,6 +35,8 @@
 #define EP_REDUCE_THREADS 128
 /* Every scan gives each thread one expert or run. */
 static_assert(EP_THREADS >= EP_MAX_EXPERTS, "EP_THREADS must cover EP_MAX_EXPERTS");
+/* inclusiveScan: whole warps, at most 32 of them. */
+static_assert(EP_THREADS % 32 == 0 && EP_THREADS <= 1024, "EP_THREADS: whole warps, at most 32");
 
 namespace ep {
 
@@ -87,21 +89,33 @@ __device__ __forceinline__ void blockCopy(uint8_t* dst, const uint8_t* src, uint
   moveWords(reinterpret_cast<int4*>(dst), [s](uint32_t i) { return s + i; }, (uint32_t)(bytes / 16));
 }
 
-/* In place: v[0..n) becomes its inclusive prefix sum (n <= blockDim.x; tmp as large as v).
- * Returns the buffer that holds it (v or tmp). Every thread of the block calls it. */
+/* In place: v[0..n) becomes its inclusive prefix sum (n <= blockDim.x; blockDim.x a multiple
+ * of 32, at most 1024; tmp, of at least 32 words, holds the warps' sums). Returns v. Every thread of the block calls it. Each warp scans its 32
+ * values by shuffles, warp 0 the warps' sums: four barriers, where a scan over the block in
+ * log2(n) rounds took one per round (ten for 512 experts), twice on each kernel's way in. */
 __device__ uint32_t* inclusiveScan(uint32_t* v, uint32_t* tmp, int n)
 {
-  const int i = threadIdx.x;
-  uint32_t *in = v, *out = tmp;
-  for (int off = 1; off < n; off <<= 1) {
-    __syncthreads();
-    if (i < n) out[i] = in[i] + (i >= off ? in[i - off] : 0);
-    uint32_t* x = in;
-    in = out;
-    out = x;
+  const int i = threadIdx.x, lane = i & 31, warp = i >> 5;
+  __syncthreads(); /* the callers' v[] before it is read */
+  uint32_t x = i < n ? v[i] : 0;
+  for (int off = 1; off < 32; off <<= 1) {
+    const uint32_t y = __shfl_up_sync(0xffffffffu, x, off);
+    if (lane >= off) x += y;
   }
-  __syncthreads();
-  return in;
+  if (lane == 31) tmp[warp] = x;
+  __syncthreads(); /* every warp's sum before warp 0 scans them */
+  if (warp == 0) {
+    uint32_t t = lane < (int)(blockDim.x >> 5) ? tmp[lane] : 0;
+    for (int off = 1; off < 32; off <<= 1) {
+      const uint32_t y = __shfl_up_sync(0xffffffffu, t, off);
+      if (lane >= off) t += y;
+    }
+    tmp[lane] = t; /* each lane read its own word above, before the shuffles */
+  }
+  __syncthreads(); /* the warps' prefix sums before they are added */
+  if (i < n) v[i] = x + (warp ? tmp[warp - 1] : 0);
+  __syncthreads(); /* v[] before its readers, and tmp[] free again */
+  return v;
 }
 
 /* True in the block that finished last of the launch's gridDim.x blocks on counter `c`:
