@@ -17,8 +17,9 @@
  *             dispatch's blocks gather the peer's rows into SR[peer] and the last block puts
  *             them in one operation; combine's rows for a peer are already one range (DR[src])
  *             and go in one put.
- * Then the counts with putWithSignal() (dispatch) or a signal() (combine) per peer, which
- * covers the rows before it, and a wait() per peer.
+ * Then, per peer, dispatch's counts (a warp's 16-byte puts and one signal() where those land
+ * directly, else one putWithSignal()) or combine's signal(), which covers the rows before it,
+ * and a wait() per peer.
  *
  * Launch: dispatch, expert and combine with blockDim.x = EP_THREADS (the scans give each
  * thread one expert or run: E <= EP_MAX_EXPERTS = EP_THREADS; at most 64 registers a thread,
@@ -282,16 +283,35 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
     reinterpret_cast<uint32_t*>(a.buf + at)[e % L] = end[e] - (e ? end[e - 1] : 0);
   }
   __syncthreads(); /* the staged counts before the puts that read them */
-  for (int p = tid; p < s.R; p += blockDim.x)
-    if (p != a.me) {
-      const mscclppDevConn_t& c = connTo(a, p);
-      if (!inPlace(a, p)) { /* the packed rows, then the counts: the proxy keeps their order */
+  /* A warp per peer. Where a thread's 16-byte put lands directly, each lane puts 16 bytes of
+   * the counts and lane 0 signals once the warp has (one thread's put of all L counts waited
+   * out its loads' latency L / 32 times in a row, on the way of every step). Otherwise lane 0
+   * puts the packed rows, if any, then the counts with putWithSignal: a trigger each, which
+   * the proxy carries in order. */
+  const int lane = tid & 31;
+  const uint32_t countBytes = (uint32_t)L * 4;
+  for (int p = tid >> 5; p < s.R; p += blockDim.x >> 5) {
+    if (p == a.me) continue;
+    const mscclppDevConn_t& c = connTo(a, p);
+    if (c.putsDirect(16, false)) { /* the same answer in every lane: it reads the configuration */
+      for (uint32_t off = lane * 16u; off < countBytes; off += 32 * 16u) {
+        c.put(s.dc(a.q, a.me) + off, s.sc(a.q, p) + off, countBytes - off < 16 ? countBytes - off : 16);
+        atomicAdd(a.ops, 1ull);
+      }
+      __syncwarp(); /* every lane's put before lane 0's signal, whose release fence covers them */
+      if (lane == 0) {
+        c.signal();
+        atomicAdd(a.ops, 1ull);
+      }
+    } else if (lane == 0) {
+      if (!inPlace(a, p)) {
         c.put(s.dr(a.q, a.me, 0), s.sr(a.q, p, 0), (uint64_t)n[p] * s.row());
         if (n[p]) atomicAdd(a.ops, 1ull); /* a put of 0 bytes is no operation */
       }
-      c.putWithSignal(s.dc(a.q, a.me), s.sc(a.q, p), (uint64_t)L * 4);
+      c.putWithSignal(s.dc(a.q, a.me), s.sc(a.q, p), countBytes);
       atomicAdd(a.ops, 1ull);
     }
+  }
   /* One thread per peer waits (a connection's wait() belongs to one thread); bounded by the
    * library's wait timeout. */
   for (int p = tid; p < s.R; p += blockDim.x)
