@@ -814,8 +814,10 @@ fi
 #     proxy's stats),
 #     and, fewer steps and tokens, the network path (MSCCLPP_EXAMPLE_TRANSPORT=ib, libfabric
 #     tcp, GPU memory staged); then the NVSHMEM peer (bench/gpu/nvshmem_ep.cu, ours, written
-#     as NVSHMEM's users write it) on the same shape. Every run checks every count, row and
-#     output value (exit 1 on a wrong one); RESULT lines to $OUT/ep.txt, the table after.
+#     as NVSHMEM's users write it) on the same shape, and pplx-kernels where its tree is at
+#     GPU_CHECK_PPLX_SRC (default .pplx/src; carry it: bench/gpu/pplx/README.md). Every run
+#     checks every count, row and output value (exit 1 on a wrong one); RESULT lines to
+#     $OUT/ep.txt, the table after.
 ep_case() { # NP LABEL [VAR=VALUE...] -- ARGS...
   local np=$1 label=$2 vars=()
   shift 2
@@ -850,6 +852,29 @@ ep_nvshmem() { # BIN NP ARGS... (BIN: bench/gpu/nvshmem_ep built by ep_runs)
   ((rc == 0)) || { echo "FAILED: nvshmem_ep ranks=$np (exit $rc)"; tail -8 "$WORK"/nvshmem/ep.*; }
   return $rc
 }
+# pplx-kernels' intranode all-to-all (bench/gpu/pplx: its README says how to get the tree,
+# which stays out of this repository) on the same shape, graph mode, rank 0's times. Its
+# kernels are cooperative grids of one 1024-thread block per SM that spin on each other's
+# flags, so the ranks' grids must fit on the GPU at once wherever MPS places them: 64 / ranks
+# blocks (32 with 2 ranks, the SMs ours use; 32 with 4 ranks stalled, as 66 with 2 did).
+ep_pplx() { # SRC STEPS
+  local src=$1 steps=$2 np rc=0
+  echo "## ep pplx-kernels ($src)"
+  SRC=$src bash "$ROOT/bench/gpu/pplx/build.sh" >"$WORK/pplx-build.log" 2>&1 ||
+    { echo "FAILED: pplx-kernels did not build"; tail -20 "$WORK/pplx-build.log"; return 1; }
+  mps_up
+  for np in ${GPU_CHECK_EP_RANKS:-2 4}; do
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / np)) CUDA_MODULE_LOADING=EAGER PPLX_NUM_SMS=$((64 / np)) \
+      timeout -k 5 150 python3 "$ROOT/bench/gpu/pplx/pplx_a2a_bench.py" --ranks "$np" --src "$src" \
+      --steps "$steps" --modes graph --hang-s 120 >"$WORK/pplx.$np" 2>&1 || rc=1
+    grep -E 'rows|grid' "$WORK/pplx.$np" | grep 'rank 0' | head -6
+    grep -h '^RESULT ep' "$WORK/pplx.$np" | tee -a "$OUT/ep.txt"
+    grep -q "^RESULT ep impl=pplx ranks=$np " "$WORK/pplx.$np" ||
+      { rc=1; echo "FAILED: pplx-kernels ranks=$np"; tail -8 "$WORK/pplx.$np"; }
+  done
+  mps_down
+  return $rc
+}
 ep_runs() {
   local np rc=0 steps=${GPU_CHECK_EP_STEPS:-1000} peer=""
   # The NVSHMEM peer, built once for every rank count.
@@ -872,10 +897,16 @@ ep_runs() {
   done
   ep_case 2 network MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp -- --steps 20 --warmup 2 --tokens 1,8 || rc=1
   mps_down
+  local pplx=${GPU_CHECK_PPLX_SRC:-$ROOT/.pplx/src}
+  if [[ -d $pplx/csrc ]]; then
+    ep_pplx "$pplx" "$steps" || rc=1
+  else
+    echo "SKIPPED pplx-kernels: no tree at $pplx (bench/gpu/pplx/README.md)"
+  fi
   python3 "$ROOT/bench/gpu/ep_table.py" "$OUT/ep.txt" || rc=1
   return $rc
 }
-export -f ep_case ep_nvshmem ep_runs
+export -f ep_case ep_nvshmem ep_pplx ep_runs
 if [[ -x $BIN/ep ]] && only ep; then
   run_step "expert parallelism: examples/ep and its NVSHMEM peer, one GPU under MPS" \
     "${GPU_CHECK_EP_BUDGET:-300}" bash -c ep_runs

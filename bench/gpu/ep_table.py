@@ -1,6 +1,6 @@
-"""The expert-parallel table of one GPU check run: RESULT ep lines (examples/ep/ep.cu and
-bench/gpu/nvshmem_ep.cu) to markdown, per rank count and token count, with ours (direct path)
-over the NVSHMEM peer where both ran; a run with wrong values shows them instead of times.
+"""The expert-parallel table of one GPU check run: RESULT ep lines (examples/ep/ep.cu,
+bench/gpu/nvshmem_ep.cu and bench/gpu/pplx/pplx_a2a_bench.py) to markdown, per rank count and
+token count, with ours (direct path) over each peer (NVSHMEM, pplx-kernels) where both ran; a run with wrong values shows them instead of times.
 With --plot PNG (needs matplotlib) also the medians against the token count.
 
     python3 bench/gpu/ep_table.py OUT/ep.txt [--plot ep.png]
@@ -26,8 +26,9 @@ def main() -> int:
         return 1
     impls = sorted({i for r in rows.values() for i in r}, key=lambda i: (i != "mscclpp-direct", i))
     print("dispatch / combine, median (p99) us per step, one GPU under MPS")
-    print("| ranks | tokens | " + " | ".join(impls) + " | ours direct / nvshmem |")
-    print("|---" * (3 + len(impls)) + "|")
+    peers = [p for p in ("nvshmem", "pplx") if p in impls]
+    print("| ranks | tokens | " + " | ".join(impls) + "".join(f" | ours direct / {p}" for p in peers) + " |")
+    print("|---" * (2 + len(impls) + len(peers)) + "|")
     for (ranks, tokens), by in sorted(rows.items()):
         cells = []
         for i in impls:
@@ -40,13 +41,17 @@ def main() -> int:
                 cells.append(
                     f"{kv['dispatch_med_us']} ({kv['dispatch_p99_us']}) / {kv['combine_med_us']} ({kv['combine_p99_us']})"
                 )
-        ours, peer = by.get("mscclpp-direct"), by.get("nvshmem")
-        ratio = "-"
-        if ours and peer:
-            d = float(ours["dispatch_med_us"]) / float(peer["dispatch_med_us"])
-            c = float(ours["combine_med_us"]) / float(peer["combine_med_us"])
-            ratio = f"{d:.2f} / {c:.2f}"
-        print(f"| {ranks} | {tokens} | " + " | ".join(cells) + f" | {ratio} |")
+        ours, ratios = by.get("mscclpp-direct"), []
+        for p in peers:
+            peer = by.get(p)
+            ok = ours and peer and ours.get("wrong", "0") == "0" and peer.get("wrong", "0") == "0"
+            if ok:
+                d = float(ours["dispatch_med_us"]) / float(peer["dispatch_med_us"])
+                c = float(ours["combine_med_us"]) / float(peer["combine_med_us"])
+                ratios.append(f"{d:.2f} / {c:.2f}")
+            else:
+                ratios.append("-")
+        print(f"| {ranks} | {tokens} | " + " | ".join(cells) + "".join(f" | {r}" for r in ratios) + " |")
     if "--plot" in sys.argv:
         plot(rows, sys.argv[sys.argv.index("--plot") + 1])
     return 0
