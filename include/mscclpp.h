@@ -468,7 +468,8 @@ enum mscclppResult_t mscclppUnregisterBuffer(mscclppComm_t comm,
  * `nvcc --default-stream per-thread` (or `CUDA_API_PER_THREAD_DEFAULT_STREAM`) whose kernel
  * filled `srcBuff` on its default stream must pass `(int64_t)cudaStreamPerThread`, or the
  * write may read the buffer before that kernel ends. A negative `stream` is
- * `mscclppInvalidArgument`. `srcBuff` may be freed once the call returns: the library keeps
+ * `mscclppInvalidArgument`. A write of 0 bytes checks its arguments as any other and moves
+ * nothing. `srcBuff` may be freed once the call returns: the library keeps
  * no registration of it. The peers' proxies must be running (`mscclppProxyLaunch`): software
  * libfabric providers move data only while the target progresses its endpoint.
  */

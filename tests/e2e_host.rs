@@ -1090,6 +1090,38 @@ fn registered_write(e: Env) {
         mscclppRegisteredBufferWrite(c, &mut bogus, src.as_mut_ptr().cast(), 1, 0, 0, 0),
         mscclppInvalidArgument
     );
+    // 0 bytes: checked as any write (a dead handle, an offset past the peer's buffer and a
+    // negative stream refused), and at a good offset it succeeds and moves nothing (the peer's
+    // slot for this rank at offset 0 holds rank 0's bytes or zeros, checked below).
+    assert_eq!(
+        mscclppRegisteredBufferWrite(c, &mut bogus, src.as_mut_ptr().cast(), 0, 0, 0, 0),
+        mscclppInvalidArgument
+    );
+    assert_eq!(
+        mscclppRegisteredBufferWrite(
+            c,
+            &mut reg,
+            src.as_mut_ptr().cast(),
+            0,
+            0,
+            (e.n * 1000 + 1) as u32,
+            0
+        ),
+        mscclppInvalidArgument
+    );
+    assert_eq!(
+        mscclppRegisteredBufferWrite(c, &mut reg, src.as_mut_ptr().cast(), 0, 0, 0, -1),
+        mscclppInvalidArgument
+    );
+    ok(mscclppRegisteredBufferWrite(
+        c,
+        &mut reg,
+        src.as_mut_ptr().cast(),
+        0,
+        0,
+        (e.n * 1000) as u32,
+        0,
+    ));
     ok(mscclppBootstrapBarrier(c));
     for p in (0..e.n).filter(|&p| p != e.rank) {
         for i in 0..1000 {

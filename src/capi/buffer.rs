@@ -71,7 +71,8 @@ pub extern "C" fn mscclppUnregisterBuffer(
 /// `nvcc --default-stream per-thread` (or `CUDA_API_PER_THREAD_DEFAULT_STREAM`) whose kernel
 /// filled `srcBuff` on its default stream must pass `(int64_t)cudaStreamPerThread`, or the
 /// write may read the buffer before that kernel ends. A negative `stream` is
-/// `mscclppInvalidArgument`. `srcBuff` may be freed once the call returns: the library keeps
+/// `mscclppInvalidArgument`. A write of 0 bytes checks its arguments as any other and moves
+/// nothing. `srcBuff` may be freed once the call returns: the library keeps
 /// no registration of it. The peers' proxies must be running (`mscclppProxyLaunch`): software
 /// libfabric providers move data only while the target progresses its endpoint.
 #[no_mangle]
@@ -86,9 +87,6 @@ pub extern "C" fn mscclppRegisteredBufferWrite(
 ) -> mscclppResult_t {
     ffi_boundary!("mscclppRegisteredBufferWrite", {
         check_null!(regMem, srcBuff);
-        if size == 0 {
-            return Err(Error::invalid_arg("size is 0"));
-        }
         // SAFETY: checked non-NULL; the caller passes the struct `mscclppRegisterBuffer` filled.
         let handle = unsafe { (*regMem).handle };
         crate::cuda::sync_stream(stream)?;

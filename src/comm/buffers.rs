@@ -196,7 +196,8 @@ impl Comm {
     }
 
     /// Writes `size` bytes from `src + src_off` into every peer's buffer of registration
-    /// `handle` at `dst_off`, and returns once they have arrived.
+    /// `handle` at `dst_off`, and returns once they have arrived. A write of 0 bytes checks
+    /// its arguments as any other and moves nothing (a put of 0 bytes is no operation either).
     pub fn registered_write(
         &mut self,
         handle: u64,
@@ -209,8 +210,8 @@ impl Comm {
         self.check_sticky()?;
         let idx = self.live_registration(handle)?;
         let reg = &self.registered[idx];
-        if src == 0 || size == 0 {
-            return Err(Error::invalid_arg("srcBuff is NULL or size is 0"));
+        if src == 0 {
+            return Err(Error::invalid_arg("srcBuff is NULL"));
         }
         // Check every peer before writing to any, so a bad call changes nothing.
         for &(_, _, _, rsize) in &reg.remotes {
@@ -221,6 +222,9 @@ impl Comm {
         let src_end = src_off
             .checked_add(size)
             .ok_or_else(|| Error::invalid_arg("srcOffset + size overflows"))?;
+        if size == 0 {
+            return Ok(());
+        }
         let region = Region {
             addr: src,
             len: src_end,
