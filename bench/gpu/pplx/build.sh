@@ -24,25 +24,26 @@ if [[ ! -f $CUDA_ROOT/include/cusparse.h && -f $SP/nvidia/cu13/include/cusparse.
   EXTRA_CXX="-idirafter $SP/nvidia/cu13/include"
 fi
 
+# patch_once FILE MARK OLD NEW: FILE's one OLD becomes NEW, unless MARK (a piece of NEW) is
+# there already; fails where OLD is not there exactly once (the upstream text changed).
+patch_once() {
+  grep -qF -- "$2" "$1" && return 0
+  $PY - "$@" <<'PYEOF'
+import sys
+path, _, old, new = sys.argv[1:]
+s = open(path).read()
+assert s.count(old) == 1, f"{path} changed upstream; patch not applied"
+open(path, "w").write(s.replace(old, new))
+print("patched", path)
+PYEOF
+}
+
 # Opt-in grid cap (only active when the environment sets PPLX_NUM_SMS): get_sm_count()
 # (csrc/core/cuda_utils.h:24-31) sizes every cooperative grid. Ranks sharing one GPU need their
 # combine grids (1024 threads x 56 registers: one block per SM) to fit on the GPU together.
-if [[ ${PPLX_SM_PATCH:-1} == 1 ]] && ! grep -q PPLX_NUM_SMS "$SRC/csrc/core/cuda_utils.h"; then
-  $PY - "$SRC/csrc/core/cuda_utils.h" <<'PYEOF'
-import sys
-p = sys.argv[1]
-s = open(p).read()
-old = "  return numSMs;\n}"
-new = ("  // bench/gpu/pplx patch: PPLX_NUM_SMS caps the grid (ranks sharing one GPU)\n"
-       "  if (const char *cap = std::getenv(\"PPLX_NUM_SMS\")) {\n"
-       "    int v = std::atoi(cap);\n"
-       "    if (v > 0 && v < numSMs) numSMs = v;\n"
-       "  }\n"
-       "  return numSMs;\n}")
-assert s.count(old) == 1, "cuda_utils.h changed upstream; patch not applied"
-open(p, "w").write(s.replace(old, new))
-print("patched", p)
-PYEOF
+if [[ ${PPLX_SM_PATCH:-1} == 1 ]]; then
+  patch_once "$SRC/csrc/core/cuda_utils.h" PPLX_NUM_SMS $'  return numSMs;\n}' \
+    $'  // bench/gpu/pplx patch: PPLX_NUM_SMS caps the grid (ranks sharing one GPU)\n  if (const char *cap = std::getenv("PPLX_NUM_SMS")) {\n    int v = std::atoi(cap);\n    if (v > 0 && v < numSMs) numSMs = v;\n  }\n  return numSMs;\n}'
 fi
 
 # Race fix (PPLX_DISPATCH_FIX=1, default on): intranode_dispatch.cu stages each token in shared
@@ -50,20 +51,10 @@ fi
 # __syncthreads() at its end, so when a block sends more than one token (numSendTokens > grid,
 # e.g. under the PPLX_NUM_SMS cap) idle/finished warps overwrite the staged token while other warps
 # are still sending it. Adds the missing barrier.
-if [[ ${PPLX_DISPATCH_FIX:-1} == 1 ]] && ! grep -q "bench/gpu/pplx patch: WAR barrier" "$SRC/csrc/all_to_all/intranode_dispatch.cu"; then
-  $PY - "$SRC/csrc/all_to_all/intranode_dispatch.cu" <<'PYEOF'
-import sys
-p = sys.argv[1]
-s = open(p).read()
-old = ("          d += WARP_SIZE;\n        }\n      }\n    }\n\n"
-       "    // Wait for all blocks to finish copying tokens to the shared buffers.")
-new = ("          d += WARP_SIZE;\n        }\n      }\n"
-       "      __syncthreads(); // bench/gpu/pplx patch: WAR barrier before the next token overwrites shared memory\n    }\n\n"
-       "    // Wait for all blocks to finish copying tokens to the shared buffers.")
-assert s.count(old) == 1, "intranode_dispatch.cu changed upstream; race patch not applied"
-open(p, "w").write(s.replace(old, new))
-print("patched", p)
-PYEOF
+if [[ ${PPLX_DISPATCH_FIX:-1} == 1 ]]; then
+  patch_once "$SRC/csrc/all_to_all/intranode_dispatch.cu" "bench/gpu/pplx patch: WAR barrier" \
+    $'          d += WARP_SIZE;\n        }\n      }\n    }\n\n    // Wait for all blocks to finish copying tokens to the shared buffers.' \
+    $'          d += WARP_SIZE;\n        }\n      }\n      __syncthreads(); // bench/gpu/pplx patch: WAR barrier before the next token overwrites shared memory\n    }\n\n    // Wait for all blocks to finish copying tokens to the shared buffers.'
 fi
 
 export TORCH_CUDA_ARCH_LIST=9.0a
