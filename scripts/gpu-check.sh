@@ -815,20 +815,27 @@ fi
 #     and, fewer steps and tokens, the network path (MSCCLPP_EXAMPLE_TRANSPORT=ib, libfabric
 #     tcp, GPU memory staged); then the NVSHMEM peer (bench/gpu/nvshmem_ep.cu, ours, written
 #     as NVSHMEM's users write it) on the same shape, and pplx-kernels where its tree is at
-#     GPU_CHECK_PPLX_SRC (default .pplx/src; carry it: bench/gpu/pplx/README.md). Every run
-#     checks every count, row and output value (exit 1 on a wrong one); RESULT lines to
-#     $OUT/ep.txt, the table after.
+#     GPU_CHECK_PPLX_SRC (default .pplx/src; carry it: bench/gpu/pplx/README.md). On a machine
+#     with several GPUs, also one rank per GPU without MPS (ours direct and proxied, both
+#     peers). Every run checks every count, row and output value (exit 1 on a wrong one);
+#     RESULT lines to $OUT/ep.txt, the table after.
+# ep_place NP: the environment of NP ranks' placement, as VAR=VALUE words for `env`: all on
+# GPU 0, each with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / NP (under the MPS daemon the
+# caller started); with EP_SPREAD=1 none: rank r on GPU r (NP <= NGPU, no MPS), as users run.
+ep_place() {
+  [[ ${EP_SPREAD:-0} == 1 ]] || echo "CUDA_VISIBLE_DEVICES=0 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / $1))"
+}
 ep_case() { # NP LABEL [VAR=VALUE...] -- ARGS...
   local np=$1 label=$2 vars=()
   shift 2
   while [[ $1 != -- ]]; do vars+=("$1"); shift; done
   shift
-  echo "## ep $label ranks=$np"
+  echo "## ep $label ranks=$np${EP_SPREAD:+, one per GPU}"
   (
-    export "${vars[@]}" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / np))
+    export "${vars[@]}"
     # Each rank bounded, so that a case that hangs leaves time for the others.
-    spawn_ranks "$np" timeout -k 5 "${GPU_CHECK_EP_CASE_S:-150}" \
-      env CUDA_VISIBLE_DEVICES=0 "$BIN/ep" "$@"
+    # shellcheck disable=SC2046 # ep_place's words are VAR=VALUE pairs
+    spawn_ranks "$np" timeout -k 5 "${GPU_CHECK_EP_CASE_S:-150}" env $(ep_place "$np") "$BIN/ep" "$@"
   ) >"$WORK/ep.out" 2>&1
   local rc=$?
   grep -v '^RESULT' "$WORK/ep.out" | grep -E 'operations issued|ep: ok|wrong|FAILED|failed|error|stats:' | head -20
@@ -841,9 +848,10 @@ ep_nvshmem() { # BIN NP ARGS... (BIN: bench/gpu/nvshmem_ep built by ep_runs)
   shift 2
   nvshmem_env
   rm -f "$WORK/nvshmem/ep.uid"
-  echo "## ep nvshmem ranks=$np"
+  echo "## ep nvshmem ranks=$np${EP_SPREAD:+, one per GPU}"
   for ((r = 0; r < np; r++)); do
-    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / np)) timeout -k 5 200 "$bin" $r "$np" "$WORK/nvshmem/ep.uid" "$@" \
+    # shellcheck disable=SC2046 # ep_place's words are VAR=VALUE pairs
+    env $(ep_place "$np") timeout -k 5 200 "$bin" $r "$np" "$WORK/nvshmem/ep.uid" "$@" \
       >"$WORK/nvshmem/ep.$r" 2>&1 &
     pids+=($!)
   done
@@ -853,26 +861,23 @@ ep_nvshmem() { # BIN NP ARGS... (BIN: bench/gpu/nvshmem_ep built by ep_runs)
   return $rc
 }
 # pplx-kernels' intranode all-to-all (bench/gpu/pplx: its README says how to get the tree,
-# which stays out of this repository) on the same shape, graph mode, rank 0's times. Its
-# kernels are cooperative grids of one 1024-thread block per SM that spin on each other's
-# flags, so the ranks' grids must fit on the GPU at once wherever MPS places them: 64 / ranks
-# blocks (32 with 2 ranks, the SMs ours use; 32 with 4 ranks stalled, as 66 with 2 did).
-ep_pplx() { # SRC STEPS
-  local src=$1 steps=$2 np rc=0
-  echo "## ep pplx-kernels ($src)"
-  SRC=$src bash "$ROOT/bench/gpu/pplx/build.sh" >"$WORK/pplx-build.log" 2>&1 ||
-    { echo "FAILED: pplx-kernels did not build"; tail -20 "$WORK/pplx-build.log"; return 1; }
-  mps_up
-  for np in ${GPU_CHECK_EP_RANKS:-2 4}; do
-    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / np)) CUDA_MODULE_LOADING=EAGER PPLX_NUM_SMS=$((64 / np)) \
-      timeout -k 5 150 python3 "$ROOT/bench/gpu/pplx/pplx_a2a_bench.py" --ranks "$np" --src "$src" \
-      --steps "$steps" --modes graph --hang-s 120 >"$WORK/pplx.$np" 2>&1 || rc=1
-    grep -E 'rows|grid' "$WORK/pplx.$np" | grep 'rank 0' | head -6
-    grep -h '^RESULT ep' "$WORK/pplx.$np" | tee -a "$OUT/ep.txt"
-    grep -q "^RESULT ep impl=pplx ranks=$np " "$WORK/pplx.$np" ||
-      { rc=1; echo "FAILED: pplx-kernels ranks=$np"; tail -8 "$WORK/pplx.$np"; }
-  done
-  mps_down
+# which stays out of this repository, built by ep_runs) on the same shape, graph mode, rank
+# 0's times. Its kernels are cooperative grids of one 1024-thread block per SM that spin on
+# each other's flags, so ranks sharing a GPU need their grids to fit on it at once wherever
+# MPS places them: 64 / ranks blocks (32 with 2 ranks, the SMs ours use; 32 with 4 ranks
+# stalled, as 66 with 2 did). One rank per GPU (EP_SPREAD=1): its own grid, the GPU's SMs.
+ep_pplx() { # SRC NP STEPS
+  local src=$1 np=$2 steps=$3 cap=() rc=0
+  echo "## ep pplx-kernels ranks=$np${EP_SPREAD:+, one per GPU}"
+  [[ ${EP_SPREAD:-0} == 1 ]] || cap=(PPLX_NUM_SMS=$((64 / np)))
+  # shellcheck disable=SC2046 # ep_place's words are VAR=VALUE pairs
+  env $(ep_place "$np") "${cap[@]}" CUDA_MODULE_LOADING=EAGER \
+    timeout -k 5 150 python3 "$ROOT/bench/gpu/pplx/pplx_a2a_bench.py" --ranks "$np" --src "$src" \
+    --steps "$steps" --modes graph --hang-s 120 >"$WORK/pplx.$np" 2>&1 || rc=1
+  grep -E 'rows|grid' "$WORK/pplx.$np" | grep 'rank 0' | head -6
+  grep -h '^RESULT ep' "$WORK/pplx.$np" | tee -a "$OUT/ep.txt"
+  grep -q "^RESULT ep impl=pplx ranks=$np " "$WORK/pplx.$np" ||
+    { rc=1; echo "FAILED: pplx-kernels ranks=$np"; tail -8 "$WORK/pplx.$np"; }
   return $rc
 }
 ep_runs() {
@@ -896,17 +901,35 @@ ep_runs() {
     [[ -n $peer ]] && { ep_nvshmem "$peer" "$np" --steps "$steps" || rc=1; }
   done
   ep_case 2 network MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp -- --steps 20 --warmup 2 --tokens 1,8 || rc=1
-  mps_down
   local pplx=${GPU_CHECK_PPLX_SRC:-$ROOT/.pplx/src}
-  if [[ -d $pplx/csrc ]]; then
-    ep_pplx "$pplx" "$steps" || rc=1
-  else
+  if [[ ! -d $pplx/csrc ]]; then
     echo "SKIPPED pplx-kernels: no tree at $pplx (bench/gpu/pplx/README.md)"
+    pplx=""
+  elif ! SRC=$pplx bash "$ROOT/bench/gpu/pplx/build.sh" >"$WORK/pplx-build.log" 2>&1; then
+    echo "FAILED: pplx-kernels did not build"
+    tail -20 "$WORK/pplx-build.log"
+    pplx=""
+    rc=1
+  fi
+  if [[ -n $pplx ]]; then
+    for np in ${GPU_CHECK_EP_RANKS:-2 4}; do ep_pplx "$pplx" "$np" "$steps" || rc=1; done
+  fi
+  mps_down
+  # One rank per GPU where there are several, without MPS, as users run: ours (direct and all
+  # through the proxy) and both peers, rows of their own (gpus= in the RESULT lines).
+  if ((NGPU >= 2)); then
+    export EP_SPREAD=1
+    ep_case "$NGPU" direct -- --steps "$steps" || rc=1
+    ep_case "$NGPU" proxy MSCCLPP_P2P_DIRECT_BYTES=0 MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0 MSCCLPP_P2P_STATS=1 \
+      -- --steps "${GPU_CHECK_EP_PROXY_STEPS:-100}" --warmup 5 || rc=1
+    [[ -n $peer ]] && { ep_nvshmem "$peer" "$NGPU" --steps "$steps" || rc=1; }
+    [[ -n $pplx ]] && { ep_pplx "$pplx" "$NGPU" "$steps" || rc=1; }
+    unset EP_SPREAD
   fi
   python3 "$ROOT/bench/gpu/ep_table.py" "$OUT/ep.txt" || rc=1
   return $rc
 }
-export -f ep_case ep_nvshmem ep_pplx ep_runs
+export -f ep_place ep_case ep_nvshmem ep_pplx ep_runs
 if [[ -x $BIN/ep ]] && only ep; then
   run_step "expert parallelism: examples/ep and its NVSHMEM peer, one GPU under MPS" \
     "${GPU_CHECK_EP_BUDGET:-300}" bash -c ep_runs

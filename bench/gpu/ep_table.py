@@ -14,22 +14,24 @@ from collections import defaultdict
 
 
 def main() -> int:
-    rows: dict[tuple[int, int], dict[str, dict[str, str]]] = defaultdict(dict)
+    # (ranks, GPUs, tokens) -> impl -> the line's fields; GPUs 1 where a line has no gpus= (ranks
+    # sharing one GPU under MPS).
+    rows: dict[tuple[int, int, int], dict[str, dict[str, str]]] = defaultdict(dict)
     for line in open(sys.argv[1]):
         m = re.match(r"RESULT ep (.*)", line.strip())
         if not m:
             continue
         kv = dict(x.split("=", 1) for x in m.group(1).split() if "=" in x)
-        rows[(int(kv["ranks"]), int(kv["tokens"]))][kv["impl"]] = kv
+        rows[(int(kv["ranks"]), int(kv.get("gpus", "1")), int(kv["tokens"]))][kv["impl"]] = kv
     if not rows:
         print("no RESULT ep lines")
         return 1
     impls = sorted({i for r in rows.values() for i in r}, key=lambda i: (i != "mscclpp-direct", i))
-    print("dispatch / combine, median (p99) us per step, one GPU under MPS")
+    print("dispatch / combine, median (p99) us per step; ranks on one GPU share it under MPS")
     peers = [p for p in ("nvshmem", "pplx") if p in impls]
-    print("| ranks | tokens | " + " | ".join(impls) + "".join(f" | ours direct / {p}" for p in peers) + " |")
-    print("|---" * (2 + len(impls) + len(peers)) + "|")
-    for (ranks, tokens), by in sorted(rows.items()):
+    print("| ranks | GPUs | tokens | " + " | ".join(impls) + "".join(f" | ours direct / {p}" for p in peers) + " |")
+    print("|---" * (3 + len(impls) + len(peers)) + "|")
+    for (ranks, gpus, tokens), by in sorted(rows.items()):
         cells = []
         for i in impls:
             kv = by.get(i)
@@ -51,27 +53,27 @@ def main() -> int:
                 ratios.append(f"{d:.2f} / {c:.2f}")
             else:
                 ratios.append("-")
-        print(f"| {ranks} | {tokens} | " + " | ".join(cells) + "".join(f" | {r}" for r in ratios) + " |")
+        print(f"| {ranks} | {gpus} | {tokens} | " + " | ".join(cells) + "".join(f" | {r}" for r in ratios) + " |")
     if "--plot" in sys.argv:
         plot(rows, sys.argv[sys.argv.index("--plot") + 1])
     return 0
 
 
-def plot(rows: dict[tuple[int, int], dict[str, dict[str, str]]], path: str) -> None:
+def plot(rows: dict[tuple[int, int, int], dict[str, dict[str, str]]], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ranks = sorted({r for r, _ in rows})
-    fig, axes = plt.subplots(1, len(ranks), figsize=(5 * len(ranks), 4), squeeze=False)
-    for ax, r in zip(axes[0], ranks):
-        impls = sorted({i for (rr, _), by in rows.items() if rr == r for i in by})
+    panels = sorted({(r, g) for r, g, _ in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (r, g) in zip(axes[0], panels):
+        impls = sorted({i for (rr, gg, _), by in rows.items() if (rr, gg) == (r, g) for i in by})
         for impl in impls:
             pts = [
                 (t, by[impl])
-                for (rr, t), by in sorted(rows.items())
-                if rr == r and impl in by and by[impl].get("wrong", "0") == "0"
+                for (rr, gg, t), by in sorted(rows.items())
+                if (rr, gg) == (r, g) and impl in by and by[impl].get("wrong", "0") == "0"
             ]
             if not pts:
                 continue
@@ -81,7 +83,7 @@ def plot(rows: dict[tuple[int, int], dict[str, dict[str, str]]], path: str) -> N
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens per rank")
         ax.set_ylabel("median us per step")
-        ax.set_title(f"{r} ranks on one GPU (MPS)")
+        ax.set_title(f"{r} ranks on one GPU (MPS)" if g == 1 else f"{r} ranks on {g} GPUs")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

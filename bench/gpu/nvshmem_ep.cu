@@ -12,8 +12,8 @@
  * --blocks: blocks of 512 threads of the dispatch and combine kernels per PE (examples/ep's
  * default, 64), at most one per batch.
  *
- * One process per PE, NRANKS of them (2 to 4) on ONE GPU under CUDA MPS: every PE uses
- * device 0. Each step of T tokens:
+ * One process per PE: PE r on device r % (the devices it sees), so NRANKS of them on one GPU
+ * under CUDA MPS with CUDA_VISIBLE_DEVICES naming one, or one per GPU. Each step of T tokens:
  *   prepare (untimed)  PE me's tokens X[t] = ep::token(me, t, ., step), its routing
  *                      idx[t][k] = ep::expertOf(..) and weights w[t][k] = ep::weightOf(..).
  *   dispatch (timed)   one kernel: per-expert bit masks of the T tokens in shared memory give
@@ -49,8 +49,8 @@
  * Prints on PE 0, per token count:
  *   RESULT ep impl=nvshmem ranks=R tokens=T hidden=H experts=E topk=K steps=N
  *     dispatch_med_us=X dispatch_p99_us=X combine_med_us=X combine_p99_us=X wrong=W
- *     combine_kernel_med_us=X reduce_med_us=X expert_med_us=X
- * (one line; the last three: combine's two kernels alone, and the untimed expert kernel). Exit: 0 all right; 1 a wrong value (the first few are printed by the PE that saw
+ *     combine_kernel_med_us=X reduce_med_us=X expert_med_us=X gpus=G
+ * (one line; combine's two kernels alone, the untimed expert kernel, the GPUs the PEs use). Exit: 0 all right; 1 a wrong value (the first few are printed by the PE that saw
  * them), a failed call or a missing id; 2 usage.
  */
 #include <nvshmem.h>
@@ -376,9 +376,12 @@ int main(int argc, char **argv)
     CHECK(setenv("NVSHMEM_SYMMETRIC_SIZE", v, 1) == 0, "setenv NVSHMEM_SYMMETRIC_SIZE");
   }
 
-  /* Every PE on device 0: the PEs share one GPU under MPS. The context before NVSHMEM, which
-   * takes the current one. */
-  CUDA(cudaSetDevice(0));
+  /* PE me on device me % devices (all on one under MPS where one is visible). The context
+   * before NVSHMEM, which takes the current one. */
+  int ndev = 0;
+  CUDA(cudaGetDeviceCount(&ndev));
+  CHECK(ndev > 0, "no CUDA device");
+  CUDA(cudaSetDevice(me % ndev));
   CUDA(cudaFree(0));
 
   nvshmemx_uniqueid_t id = NVSHMEMX_UNIQUEID_INITIALIZER;
@@ -521,9 +524,9 @@ int main(int argc, char **argv)
     if (me == 0) {
       printf("RESULT ep impl=nvshmem ranks=%d tokens=%d hidden=%d experts=%d topk=%d steps=%d "
              "dispatch_med_us=%.2f dispatch_p99_us=%.2f combine_med_us=%.2f combine_p99_us=%.2f wrong=%llu "
-             "combine_kernel_med_us=%.2f reduce_med_us=%.2f expert_med_us=%.2f\n",
+             "combine_kernel_med_us=%.2f reduce_med_us=%.2f expert_med_us=%.2f gpus=%d\n",
              R, T, H, E, K, steps, dmed, dp99, cmed, cp99, all, percentile_us(ckern, 0.5), percentile_us(red, 0.5),
-             percentile_us(expert, 0.5));
+             percentile_us(expert, 0.5), R < ndev ? R : ndev);
       fflush(stdout);
     }
     if (all != 0) {

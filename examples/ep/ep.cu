@@ -39,9 +39,9 @@
  * value fails the run (exit 1). Rank 0 prints, per token count:
  *   RESULT ep impl=mscclpp ranks=R tokens=T hidden=H experts=E topk=K steps=N
  *          dispatch_med_us=.. dispatch_p99_us=.. combine_med_us=.. combine_p99_us=.. wrong=0
- *          combine_kernel_med_us=.. reduce_med_us=.. expert_med_us=..
- * (expert_med_us: the untimed expert kernel; each rank's combine waits for its slowest peer's
- * to end).
+ *          combine_kernel_med_us=.. reduce_med_us=.. expert_med_us=.. gpus=G
+ * (expert_med_us: the untimed expert kernel, each rank's combine waits for its slowest peer's
+ * to end; gpus: the GPUs the ranks are spread over, rank r on GPU local rank % GPUs).
  */
 #include "common.cuh"
 #include "ep.h"
@@ -252,11 +252,11 @@ int main(int argc, char** argv)
     if (c.rank == 0)
       printf("RESULT ep impl=mscclpp ranks=%d tokens=%d hidden=%d experts=%d topk=%d steps=%d "
              "dispatch_med_us=%.2f dispatch_p99_us=%.2f combine_med_us=%.2f combine_p99_us=%.2f "
-             "wrong=%llu combine_kernel_med_us=%.2f reduce_med_us=%.2f expert_med_us=%.2f\n",
+             "wrong=%llu combine_kernel_med_us=%.2f reduce_med_us=%.2f expert_med_us=%.2f gpus=%d\n",
              c.nranks, T, s.H, s.E, s.K, steps, percentile(dispatchMs, 0.5),
              percentile(dispatchMs, 0.99), percentile(combineMs, 0.5), percentile(combineMs, 0.99),
              (unsigned long long)wrong, percentile(combineKernelMs, 0.5), percentile(reduceMs, 0.5),
-             percentile(expertMs, 0.5));
+             percentile(expertMs, 0.5), std::min(c.nranks, c.ndevices));
     fflush(stdout);
   }
   const uint64_t proxied = triggersPushed(c) - pushed0;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""pplx-kernels intranode MoE dispatch + combine, several ranks on ONE GPU (CUDA MPS).
+"""pplx-kernels intranode MoE dispatch + combine: several ranks on one GPU (CUDA MPS), or one per GPU.
 
 Shape: max 128 tokens per rank, hidden 7168 BF16 (no scales), 256 experts, top-8, dp_size 1.
 Per token count (default 1 8 32 128): a correctness check, then --steps timed steps per mode
@@ -98,27 +98,34 @@ def worker(rank, args):
         dist.destroy_process_group()
         return
 
-    torch.cuda.set_device(0)  # every rank on GPU 0 (pplx's tests use set_device(local_rank))
-    dev = torch.device("cuda", 0)
-    props = torch.cuda.get_device_properties(0)
+    # Rank r on GPU r % (the GPUs it sees): all on one with CUDA_VISIBLE_DEVICES naming one (the
+    # ranks share it under MPS), one each where there are as many (pplx's tests: local rank).
+    gpu = rank % torch.cuda.device_count()
+    torch.cuda.set_device(gpu)
+    dev = torch.device("cuda", gpu)
+    props = torch.cuda.get_device_properties(gpu)
     sms = props.multi_processor_count
     all_sms = [None] * world
-    dist.all_gather_object(all_sms, sms)
+    dist.all_gather_object(all_sms, (gpu, sms))
+    per_gpu = {}
+    for g, n in all_sms:
+        per_gpu[g] = per_gpu.get(g, 0) + n
+    gpus = len(per_gpu)
     mps_pct = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-    log(rank, f"{props.name}: {sms} SMs visible to this rank (MPS active thread % {mps_pct})")
+    log(rank, f"{props.name} (GPU {gpu}): {sms} SMs visible to this rank (MPS active thread % {mps_pct})")
     # pplx sizes every cooperative grid from the SM count (core/cuda_utils.h get_sm_count). The
-    # combine kernel (1024 threads, 56 registers) fits one block per SM, so the ranks' combine
-    # grids only run at once if their sizes add up to at most the GPU's SMs; otherwise each rank's
-    # combine spins on data from a rank whose grid cannot start: a deadlock.
-    if sum(all_sms) > args.total_sms and not os.environ.get("PPLX_NUM_SMS"):
+    # combine kernel (1024 threads, 56 registers) fits one block per SM, so the combine grids of
+    # the ranks on one GPU only run at once if their sizes add up to at most its SMs; otherwise
+    # each rank's combine spins on data from a rank whose grid cannot start: a deadlock.
+    if max(per_gpu.values()) > args.total_sms and not os.environ.get("PPLX_NUM_SMS"):
         with open(lib, "rb") as f:
             patched = b"PPLX_NUM_SMS" in f.read()
         if not (args.sm_fallback and patched):
             raise SystemExit(
-                f"ranks see {all_sms} SMs (sum > {args.total_sms}): their combine grids cannot run at once "
+                f"ranks see {all_sms} (GPU, SMs) (sum on one GPU > {args.total_sms}): their combine grids cannot run at once "
                 "and would deadlock; set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100/ranks, or build with "
                 "PPLX_SM_PATCH=1 and pass --sm-fallback")
-        os.environ["PPLX_NUM_SMS"] = str(args.total_sms // world)
+        os.environ["PPLX_NUM_SMS"] = str(args.total_sms // -(-world // gpus))
         log(rank, f"MPS cap not seen in the SM count: grids capped to {os.environ['PPLX_NUM_SMS']} (PPLX_NUM_SMS)")
     grid = min(int(os.environ.get("PPLX_NUM_SMS", sms)), sms)
     # dispatch grid as pplx sizes it (intranode_dispatch.cu:301-306). Its send loop (:97) gives a block
@@ -220,7 +227,7 @@ def worker(rank, args):
     ata.destroy()
     dist.barrier()
     if rank == 0:
-        print(f"\nranks {world} on one GPU, grid {grid} blocks, MPS % {mps_pct}, steps {args.steps}; times in us")
+        print(f"\nranks {world} on {gpus} GPU(s), grid {grid} blocks, MPS % {mps_pct}, steps {args.steps}; times in us")
         print("mode   tok rank | dispatch med   p99 | combine med   p99 | step med   p99 | gap med | check")
         rows = sorted((r for rr in everyone for r in rr), key=lambda r: (r["mode"], r["tokens"], r["rank"]))
         for r in rows:
@@ -238,7 +245,7 @@ def worker(rank, args):
             bad = sum(not r[k] for k in ("counts_ok", "rows_ok", "values_ok"))
             print(f"RESULT ep impl=pplx ranks={world} tokens={r['tokens']} hidden={HIDDEN} experts={EXPERTS} "
                   f"topk={TOPK} steps={args.steps} dispatch_med_us={d['median']:.2f} dispatch_p99_us={d['p99']:.2f} "
-                  f"combine_med_us={c['median']:.2f} combine_p99_us={c['p99']:.2f} wrong={bad} grid={grid}")
+                  f"combine_med_us={c['median']:.2f} combine_p99_us={c['p99']:.2f} wrong={bad} grid={grid} gpus={gpus}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": world, "mps_pct": mps_pct, "grid": grid, "rows": rows}, f, indent=1)
