@@ -2,7 +2,6 @@
 
 use super::{check_null, ffi_boundary, mscclppComm_t, put_out, with_comm};
 use crate::abi::*;
-use crate::error::Error;
 use std::ffi::c_void;
 
 /// Registers `local_memory[0, size)` (exactly that range) with every connection of `comm` and
