@@ -821,9 +821,10 @@ fi
 #     RESULT lines to $OUT/ep.txt, the table after.
 # ep_place NP: the environment of NP ranks' placement, as VAR=VALUE words for `env`: all on
 # GPU 0, each with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / NP (under the MPS daemon the
-# caller started); with EP_SPREAD=1 none: rank r on GPU r (NP <= NGPU, no MPS), as users run.
+# caller started); with EP_SPREAD set (by ep_runs) none: rank r on GPU r (NP <= NGPU, no MPS),
+# as users run.
 ep_place() {
-  [[ ${EP_SPREAD:-0} == 1 ]] || echo "CUDA_VISIBLE_DEVICES=0 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / $1))"
+  [[ -n ${EP_SPREAD:-} ]] || echo "CUDA_VISIBLE_DEVICES=0 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / $1))"
 }
 ep_case() { # NP LABEL [VAR=VALUE...] -- ARGS...
   local np=$1 label=$2 vars=()
@@ -832,7 +833,7 @@ ep_case() { # NP LABEL [VAR=VALUE...] -- ARGS...
   shift
   echo "## ep $label ranks=$np${EP_SPREAD:+, one per GPU}"
   (
-    export "${vars[@]}"
+    ((${#vars[@]} == 0)) || export "${vars[@]}"
     # Each rank bounded, so that a case that hangs leaves time for the others.
     # shellcheck disable=SC2046 # ep_place's words are VAR=VALUE pairs
     spawn_ranks "$np" timeout -k 5 "${GPU_CHECK_EP_CASE_S:-150}" env $(ep_place "$np") "$BIN/ep" "$@"
@@ -869,7 +870,7 @@ ep_nvshmem() { # BIN NP ARGS... (BIN: bench/gpu/nvshmem_ep built by ep_runs)
 ep_pplx() { # SRC NP STEPS
   local src=$1 np=$2 steps=$3 cap=() rc=0
   echo "## ep pplx-kernels ranks=$np${EP_SPREAD:+, one per GPU}"
-  [[ ${EP_SPREAD:-0} == 1 ]] || cap=(PPLX_NUM_SMS=$((64 / np)))
+  [[ -n ${EP_SPREAD:-} ]] || cap=(PPLX_NUM_SMS=$((64 / np)))
   # shellcheck disable=SC2046 # ep_place's words are VAR=VALUE pairs
   env $(ep_place "$np") "${cap[@]}" CUDA_MODULE_LOADING=EAGER \
     timeout -k 5 150 python3 "$ROOT/bench/gpu/pplx/pplx_a2a_bench.py" --ranks "$np" --src "$src" \
@@ -882,6 +883,7 @@ ep_pplx() { # SRC NP STEPS
 }
 ep_runs() {
   local np rc=0 steps=${GPU_CHECK_EP_STEPS:-1000} peer=""
+  unset EP_SPREAD # the shared runs first, whatever the caller's environment says
   # The NVSHMEM peer, built once for every rank count.
   source "$ROOT/bench/gpu/nvshmem.sh"
   if nvshmem_home >/dev/null; then
@@ -900,6 +902,9 @@ ep_runs() {
       -- --steps "${GPU_CHECK_EP_PROXY_STEPS:-100}" --warmup 5 || rc=1
     [[ -n $peer ]] && { ep_nvshmem "$peer" "$np" --steps "$steps" || rc=1; }
   done
+  # Block puts through the proxy, a thread's puts direct (a block limit under a row's bytes):
+  # the rows go packed while the counts could go in place.
+  ep_case 2 blockproxy MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0 -- --steps 100 --warmup 5 || rc=1
   ep_case 2 network MSCCLPP_EXAMPLE_TRANSPORT=ib MSCCLPP_NET_PROVIDER=tcp -- --steps 20 --warmup 2 --tokens 1,8 || rc=1
   local pplx=${GPU_CHECK_PPLX_SRC:-$ROOT/.pplx/src}
   if [[ ! -d $pplx/csrc ]]; then
@@ -912,9 +917,14 @@ ep_runs() {
     rc=1
   fi
   if [[ -n $pplx ]]; then
+    # A daemon of its own: a case before that faulted can leave MPS refusing new clients.
+    mps_down
+    mps_up
     for np in ${GPU_CHECK_EP_RANKS:-2 4}; do ep_pplx "$pplx" "$np" "$steps" || rc=1; done
   fi
   mps_down
+  # The table of the shared runs now, so that the step's bound cannot take it.
+  python3 "$ROOT/bench/gpu/ep_table.py" "$OUT/ep.txt" || rc=1
   # One rank per GPU where there are several, without MPS, as users run: ours (direct and all
   # through the proxy) and both peers, rows of their own (gpus= in the RESULT lines).
   if ((NGPU >= 2)); then
@@ -925,13 +935,13 @@ ep_runs() {
     [[ -n $peer ]] && { ep_nvshmem "$peer" "$NGPU" --steps "$steps" || rc=1; }
     [[ -n $pplx ]] && { ep_pplx "$pplx" "$NGPU" "$steps" || rc=1; }
     unset EP_SPREAD
+    python3 "$ROOT/bench/gpu/ep_table.py" "$OUT/ep.txt" || rc=1
   fi
-  python3 "$ROOT/bench/gpu/ep_table.py" "$OUT/ep.txt" || rc=1
   return $rc
 }
 export -f ep_place ep_case ep_nvshmem ep_pplx ep_runs
 if [[ -x $BIN/ep ]] && only ep; then
-  run_step "expert parallelism: examples/ep and its NVSHMEM peer, one GPU under MPS" \
+  run_step "expert parallelism: examples/ep, its NVSHMEM peer and pplx-kernels, one GPU under MPS (and one per GPU)" \
     "${GPU_CHECK_EP_BUDGET:-300}" bash -c ep_runs
 fi
 

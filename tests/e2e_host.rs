@@ -1091,8 +1091,9 @@ fn registered_write(e: Env) {
         mscclppInvalidArgument
     );
     // 0 bytes: checked as any write (a dead handle, an offset past the peer's buffer and a
-    // negative stream refused), and at a good offset it succeeds and moves nothing (the peer's
-    // slot for this rank at offset 0 holds rank 0's bytes or zeros, checked below).
+    // negative stream refused); at the end of the buffer it is in range, and over this rank's
+    // slot, from source offset 0, it succeeds and moves nothing: a byte from there would
+    // differ from the slot's pattern(rank, i + 100), checked on every peer below.
     assert_eq!(
         mscclppRegisteredBufferWrite(c, &mut bogus, src.as_mut_ptr().cast(), 0, 0, 0, 0),
         mscclppInvalidArgument
@@ -1113,15 +1114,17 @@ fn registered_write(e: Env) {
         mscclppRegisteredBufferWrite(c, &mut reg, src.as_mut_ptr().cast(), 0, 0, 0, -1),
         mscclppInvalidArgument
     );
-    ok(mscclppRegisteredBufferWrite(
-        c,
-        &mut reg,
-        src.as_mut_ptr().cast(),
-        0,
-        0,
-        (e.n * 1000) as u32,
-        0,
-    ));
+    for dst in [e.n * 1000, e.rank * 1000] {
+        ok(mscclppRegisteredBufferWrite(
+            c,
+            &mut reg,
+            src.as_mut_ptr().cast(),
+            0,
+            0,
+            dst as u32,
+            0,
+        ));
+    }
     ok(mscclppBootstrapBarrier(c));
     for p in (0..e.n).filter(|&p| p != e.rank) {
         for i in 0..1000 {

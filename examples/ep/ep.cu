@@ -6,7 +6,8 @@
  *      [--topk 8] [--blocks 64] [--chunk-rows 0] [--stream own|legacy] [--preload yes|no]
  *      (ranks from launch_env.h)
  *
- * --chunk-rows N caps the rows of an in-place chunk (ep_kernels.cuh) at N; 0, the default,
+ * --chunk-rows N caps the rows of a chunk cut by an even share (ep_kernels.cuh: the in-place
+ * chunks, this rank's own, and dispatch's gathering of packed rows) at N; 0, the default,
  * leaves them an even share of all rows over the blocks.
  *
  * --stream legacy launches the kernels on the legacy default stream instead of a stream of
@@ -15,12 +16,12 @@
  *
  * Per step, on every rank (one stream; the kernel boundaries are the grid-wide barriers):
  *   prepare   (not timed) the step's tokens, routing and weights, from ep.h's generators;
- *   dispatch  blocks stride over the (token, k) pairs: each row goes to its place in its
+ *   dispatch  the blocks take chunks of every peer's rows: each row goes to its place in its
  *             expert's rank's DR, in place by putBlock() or packed for one put per peer
  *             (ep_kernels.cuh says which when); the last block to finish (a release/acquire
  *             count over the blocks, so its signal covers every block's puts, as the device
- *             header's contract says) puts each peer its L counts with putWithSignal(), then
- *             one thread per peer waits for that peer's;
+ *             header's contract says) puts each peer its L counts (a warp's 16-byte puts and a
+ *             signal(), or one putWithSignal()), then one thread per peer waits for that peer's;
  *   expert    (not timed) every received row scaled in place (ep.h);
  *   combine   the received rows back to their source ranks, each source's as one range: in
  *             place in even chunks over the blocks, or one put per peer; the last block

@@ -56,7 +56,7 @@ struct Step {
   unsigned int* done;           /* [2] block counts of dispatch and combine; they only grow */
   unsigned int base;            /* done's values before this step's launches (step * gridDim.x) */
   unsigned long long* ops;      /* operations issued to peers (puts and signals), for the report */
-  uint32_t chunkRows;           /* at most this many rows in an in-place chunk (0: no limit but the even share's) */
+  uint32_t chunkRows;           /* at most this many rows in a chunk of evenShare's (0: no limit but the even share's) */
 };
 
 __device__ __forceinline__ const mscclppDevConn_t& connTo(const Step& a, int peer)
@@ -283,17 +283,19 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
     reinterpret_cast<uint32_t*>(a.buf + at)[e % L] = end[e] - (e ? end[e - 1] : 0);
   }
   __syncthreads(); /* the staged counts before the puts that read them */
-  /* A warp per peer. Where a thread's 16-byte put lands directly, each lane puts 16 bytes of
-   * the counts and lane 0 signals once the warp has (one thread's put of all L counts waited
-   * out its loads' latency L / 32 times in a row, on the way of every step). Otherwise lane 0
-   * puts the packed rows, if any, then the counts with putWithSignal: a trigger each, which
-   * the proxy carries in order. */
+  /* A warp per peer. Where the rows went in place and a thread's 16-byte put lands directly
+   * too, each lane puts 16 bytes of the counts and lane 0 signals once the warp has (one
+   * thread's put of all L counts waited out its loads' latency L / 32 times in a row, on the
+   * way of every step). Otherwise lane 0 puts the packed rows, if they were packed (a block
+   * limit under a row's bytes packs them while thread puts stay direct), then the counts with
+   * putWithSignal: a trigger each, which the proxy carries in order. */
   const int lane = tid & 31;
   const uint32_t countBytes = (uint32_t)L * 4;
   for (int p = tid >> 5; p < s.R; p += blockDim.x >> 5) {
     if (p == a.me) continue;
     const mscclppDevConn_t& c = connTo(a, p);
-    if (c.putsDirect(16, false)) { /* the same answer in every lane: it reads the configuration */
+    /* The same answer in every lane: both read the configuration only. */
+    if (inPlace(a, p) && c.putsDirect(16, false)) {
       for (uint32_t off = lane * 16u; off < countBytes; off += 32 * 16u) {
         c.put(s.dc(a.q, a.me) + off, s.sc(a.q, p) + off, countBytes - off < 16 ? countBytes - off : 16);
         atomicAdd(a.ops, 1ull);

@@ -13,7 +13,9 @@ with cudaIpcGetMemHandle/cudaIpcOpenMemHandle over a torch.distributed group (gl
 refuses two ranks on one GPU). pplx_kernels/__init__.py imports nvshmem.core (nvshmem4py), which
 is not installed: placeholder modules stand in for it.
 
-Run: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100/R)) python3 pplx_a2a_bench.py --ranks R --src DIR
+Run: CUDA_VISIBLE_DEVICES=0 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100/R)) PPLX_NUM_SMS=$((64/R))
+python3 pplx_a2a_bench.py --ranks R --src DIR (all on one GPU), or without those three, one rank
+per GPU
 with an MPS daemon up. --dry-run stops before any CUDA call (checks the Python plumbing).
 """
 
@@ -107,17 +109,21 @@ def worker(rank, args):
     sms = props.multi_processor_count
     all_sms = [None] * world
     dist.all_gather_object(all_sms, (gpu, sms))
-    per_gpu = {}
+    per_gpu, ranks_on = {}, {}
     for g, n in all_sms:
         per_gpu[g] = per_gpu.get(g, 0) + n
+        ranks_on[g] = ranks_on.get(g, 0) + 1
     gpus = len(per_gpu)
+    # Only GPUs with several ranks can hold grids that wait for each other (a rank alone on its
+    # GPU sees them all, whatever their number).
+    shared = [per_gpu[g] for g in per_gpu if ranks_on[g] > 1]
     mps_pct = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
     log(rank, f"{props.name} (GPU {gpu}): {sms} SMs visible to this rank (MPS active thread % {mps_pct})")
     # pplx sizes every cooperative grid from the SM count (core/cuda_utils.h get_sm_count). The
     # combine kernel (1024 threads, 56 registers) fits one block per SM, so the combine grids of
     # the ranks on one GPU only run at once if their sizes add up to at most its SMs; otherwise
     # each rank's combine spins on data from a rank whose grid cannot start: a deadlock.
-    if max(per_gpu.values()) > args.total_sms and not os.environ.get("PPLX_NUM_SMS"):
+    if shared and max(shared) > args.total_sms and not os.environ.get("PPLX_NUM_SMS"):
         with open(lib, "rb") as f:
             patched = b"PPLX_NUM_SMS" in f.read()
         if not (args.sm_fallback and patched):
