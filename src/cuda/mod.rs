@@ -186,9 +186,8 @@ pub(crate) fn one_queue() -> bool {
 
 /// The other processes found on each of this process's GPUs under an MPS daemon, as (device,
 /// process nonce), each once however many communicators or connections lead to it (the P2P
-/// transport notes them as it adds peers). "The same GPU" is the P2P transport's test, the
-/// same CUDA ordinal on the same host: ranks that each see one GPU through their own
-/// `CUDA_VISIBLE_DEVICES` all look alike to it.
+/// transport notes them as it adds peers). "The same GPU" is the P2P transport's test: the same
+/// PCI address on the same host (`p2p::blob::Address::same_gpu`).
 static MPS_SHARED_PEERS: std::sync::Mutex<Vec<(i32, u64)>> = std::sync::Mutex::new(Vec::new());
 
 /// The fewest hardware work queues (`CUDA_DEVICE_MAX_CONNECTIONS`) seen to carry 3 and 4 ranks

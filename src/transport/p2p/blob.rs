@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 const ADDR_MAGIC: u32 = 0x4d50_3241; // "MP2A"
 const REGION_MAGIC: u32 = 0x4d50_3252; // "MP2R"
-const VERSION: u32 = 1;
+const VERSION: u32 = 2; // 2: the address names its GPU by PCI address too
 
 /// Identifies the running kernel instance: equal on two ranks iff they share a host (and so can
 /// use CUDA IPC). Boot id, else the host name.
@@ -57,7 +57,24 @@ pub fn process_nonce() -> u64 {
 pub struct Address {
     pub host: String,
     pub nonce: u64,
+    /// The CUDA ordinal, in the peer's own numbering (its `CUDA_VISIBLE_DEVICES`).
     pub device: i32,
+    /// The GPU's PCI address (`cuda::pci_bus_id`), the same in every process; empty where the
+    /// driver gave none.
+    pub bus: String,
+}
+
+impl Address {
+    /// Whether the peer at `peer` runs on this endpoint's GPU (`self`): by PCI address where
+    /// both know it, since ordinals count only the GPUs each process sees (two ranks given one
+    /// GPU each by `CUDA_VISIBLE_DEVICES` both call theirs 0); else by ordinal.
+    pub fn same_gpu(&self, peer: &Address) -> bool {
+        if self.bus.is_empty() || peer.bus.is_empty() {
+            self.device == peer.device
+        } else {
+            self.bus == peer.bus
+        }
+    }
 }
 
 impl Address {
@@ -68,6 +85,7 @@ impl Address {
             .bytes(self.host.as_bytes())
             .u64(self.nonce)
             .u32(self.device as u32)
+            .bytes(self.bus.as_bytes())
             .finish()
     }
 
@@ -83,6 +101,8 @@ impl Address {
             .map_err(|_| Error::remote("P2P endpoint address: host id is not UTF-8"))?;
         let nonce = r.u64()?;
         let device = r.u32()? as i32;
+        let bus = String::from_utf8(r.bytes()?.to_vec())
+            .map_err(|_| Error::remote("P2P endpoint address: PCI address is not UTF-8"))?;
         r.finish()?;
         if host.is_empty() || nonce == 0 || device < 0 {
             return Err(Error::remote(format!(
@@ -93,6 +113,7 @@ impl Address {
             host,
             nonce,
             device,
+            bus,
         })
     }
 }
@@ -213,8 +234,14 @@ mod tests {
             host: host_id().into(),
             nonce: process_nonce(),
             device: 1,
+            bus: "00000000:1b:00.0".into(),
         };
         assert_eq!(Address::decode(&a.encode()).unwrap(), a);
+        let unknown = Address {
+            bus: String::new(),
+            ..a.clone()
+        };
+        assert_eq!(Address::decode(&unknown.encode()).unwrap(), unknown);
         let r = region();
         assert_eq!(RegionBlob::decode(&r.encode()).unwrap(), r);
         let h = RegionBlob {
@@ -262,10 +289,29 @@ mod tests {
             host: "h".into(),
             nonce: 1,
             device: 0,
+            bus: String::new(),
         }
         .encode();
         a.push(0);
         assert!(Address::decode(&a).is_err());
+    }
+
+    #[test]
+    fn same_gpu_by_pci_address_where_known() {
+        let at = |device, bus: &str| Address {
+            host: "h".into(),
+            nonce: 1,
+            device,
+            bus: bus.into(),
+        };
+        let (a, b) = ("00000000:1b:00.0", "00000000:43:00.0");
+        // Two ranks each given one GPU by CUDA_VISIBLE_DEVICES: both ordinal 0, two GPUs.
+        assert!(!at(0, a).same_gpu(&at(0, b)));
+        // One GPU seen under two numberings (CUDA_VISIBLE_DEVICES=1,0 against 0,1).
+        assert!(at(1, a).same_gpu(&at(0, a)));
+        // Either side without a PCI address: the ordinals decide.
+        assert!(at(0, "").same_gpu(&at(0, b)));
+        assert!(!at(0, a).same_gpu(&at(1, "")));
     }
 
     #[test]

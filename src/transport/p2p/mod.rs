@@ -70,6 +70,12 @@ pub fn open(device: i32) -> Result<Box<dyn Endpoint>> {
     crate::info!("p2p endpoint on CUDA device {device}: flags by {mode:?}");
     Ok(Box::new(P2p {
         device,
+        me: Address {
+            host: host_id().to_owned(),
+            nonce: process_nonce(),
+            device,
+            bus: cuda::pci_bus_id(device).unwrap_or_default(),
+        },
         ctx,
         mode,
         engine: Engine::open(device, &cfg),
@@ -114,6 +120,8 @@ fn peer_mut(peers: &mut [Peer], p: PeerId) -> Result<&mut Peer> {
 
 struct P2p {
     device: i32,
+    /// This endpoint's address: its host, process and GPU (ordinal and PCI address).
+    me: Address,
     ctx: Ctx,
     mode: FlagMode,
     /// Puts up to `Engine::max_bytes` and flags, when the kernel runs (`engine.rs`).
@@ -178,12 +186,7 @@ impl Endpoint for P2p {
     }
 
     fn address(&self) -> Result<Vec<u8>> {
-        Ok(Address {
-            host: host_id().to_owned(),
-            nonce: process_nonce(),
-            device: self.device,
-        }
-        .encode())
+        Ok(self.me.encode())
     }
 
     fn add_peer(&mut self, remote_rank: usize, address: &[u8]) -> Result<PeerId> {
@@ -194,7 +197,7 @@ impl Endpoint for P2p {
             )));
         }
         let ce = PeerStream::new(self.device)?;
-        let sm_ok = addr.device != self.device
+        let sm_ok = !self.me.same_gpu(&addr)
             || (self.note_shared_gpu(remote_rank, addr.nonce) && self.cfg.sm_shared);
         crate::trace!(
             "p2p:cuda{}: peer rank {remote_rank} on its device {}",
