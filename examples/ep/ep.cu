@@ -91,6 +91,18 @@ static double percentile(std::vector<float> v, double p)
   return v[i == 0 ? 0 : i - 1] * 1000.0; /* ms to us */
 }
 
+/* The mean of v[] without its lowest and highest 5% (stamps come from a clock that moves about
+ * once a microsecond: a median would round every gap to it, the mean of many steps does not,
+ * and the trim keeps a few preempted steps out). In us from ns. */
+static double trimmedMeanUs(std::vector<double> v)
+{
+  std::sort(v.begin(), v.end());
+  const size_t cut = v.size() / 20;
+  double sum = 0;
+  for (size_t i = cut; i < v.size() - cut; i++) sum += v[i];
+  return sum / (double)(v.size() - 2 * cut) / 1000.0;
+}
+
 /* Triggers pushed so far into this rank's FIFOs (each connection's head word). */
 static uint64_t triggersPushed(const Ctx& c)
 {
@@ -116,7 +128,7 @@ int main(int argc, char** argv)
   setupRank(c, &argc, argv);
   std::vector<int> tokens = {1, 8, 32, 128};
   int steps = 1000, warmup = 50, blocks = 64, chunkRows = 0;
-  bool legacyStream = false, preload = true;
+  bool legacyStream = false, preload = true, stamps = false, countsEarly = false;
   Shape s{c.nranks, 256, 8, 7168, 0};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
@@ -137,6 +149,10 @@ int main(int argc, char** argv)
       legacyStream = strcmp(v, "legacy") == 0;
     else if (k == "--preload" && (strcmp(v, "yes") == 0 || strcmp(v, "no") == 0))
       preload = strcmp(v, "yes") == 0;
+    else if (k == "--stamps" && (strcmp(v, "yes") == 0 || strcmp(v, "no") == 0))
+      stamps = strcmp(v, "yes") == 0;
+    else if (k == "--counts" && (strcmp(v, "early") == 0 || strcmp(v, "last") == 0))
+      countsEarly = strcmp(v, "early") == 0;
     else {
       fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -189,6 +205,9 @@ int main(int argc, char** argv)
   a.me = c.rank;
   a.buf = buf;
   a.chunkRows = (uint32_t)chunkRows;
+  a.countsEarly = countsEarly;
+  unsigned long long* stampsDev = nullptr;
+  if (stamps) CUDACHECK(cudaMalloc(&stampsDev, (size_t)steps * ep::kStamps * sizeof(unsigned long long)));
   int* idx = nullptr;
   float* w = nullptr;
   CUDACHECK(cudaMalloc(&idx, EP_MAX_TOKENS * 16 * sizeof(int)));
@@ -213,10 +232,13 @@ int main(int argc, char** argv)
   for (int T : tokens) {
     a.T = T;
     std::vector<float> dispatchMs, combineMs, combineKernelMs, reduceMs, expertMs;
+    /* Every entry stamp starts at the largest value (the blocks keep the earliest). */
+    if (stamps) CUDACHECK(cudaMemset(stampsDev, 0xff, (size_t)steps * ep::kStamps * sizeof(unsigned long long)));
     for (int i = 0; i < warmup + steps; i++, step++) {
       a.q = step & 1;
       const bool timed = i >= warmup;
       const int j = i - warmup;
+      a.stamps = stamps && timed ? stampsDev + (size_t)j * ep::kStamps : nullptr;
       prepareKernel<<<64, 256, 0, st>>>(a, step, idx, w);
       if (timed) CUDACHECK(cudaEventRecord(ev[5 * j], st));
       a.base = (unsigned int)(step * (uint32_t)blocks);
@@ -258,6 +280,38 @@ int main(int argc, char** argv)
              percentile(dispatchMs, 0.99), percentile(combineMs, 0.5), percentile(combineMs, 0.99),
              (unsigned long long)wrong, percentile(combineKernelMs, 0.5), percentile(reduceMs, 0.5),
              percentile(expertMs, 0.5), std::min(c.nranks, c.ndevices));
+    if (stamps) {
+      /* Where each kernel's time goes (ep_kernels.cuh's stamps, this rank's): from the first
+       * block's entry to the last block leaving lastBlock() (every row put: "work"), to its
+       * signals issued ("signal"), to its waits returned ("wait": the peers' lateness and the
+       * signals' flight); "outside" is the event time less entry-to-waited (launch, and the
+       * blocks' end). Trimmed means, us. */
+      std::vector<unsigned long long> t((size_t)steps * ep::kStamps);
+      CUDACHECK(cudaMemcpy(t.data(), stampsDev, t.size() * sizeof t[0], cudaMemcpyDeviceToHost));
+      auto gap = [&](int at, int from, int to) {
+        std::vector<double> v;
+        for (int j = 0; j < steps; j++)
+          v.push_back((double)t[(size_t)j * ep::kStamps + at + to] - (double)t[(size_t)j * ep::kStamps + at + from]);
+        return trimmedMeanUs(v);
+      };
+      auto outside = [&](int at, const std::vector<float>& ms) {
+        std::vector<double> v;
+        for (int j = 0; j < steps; j++)
+          v.push_back(ms[j] * 1e6 - ((double)t[(size_t)j * ep::kStamps + at + ep::kStampWaited] -
+                                     (double)t[(size_t)j * ep::kStamps + at + ep::kStampEntry]));
+        return trimmedMeanUs(v);
+      };
+      printf("RESULT ep_phases impl=mscclpp ranks=%d tokens=%d rank=%d counts=%s "
+             "dispatch_work_us=%.2f dispatch_signal_us=%.2f dispatch_wait_us=%.2f dispatch_outside_us=%.2f "
+             "combine_work_us=%.2f combine_signal_us=%.2f combine_wait_us=%.2f combine_outside_us=%.2f\n",
+             c.nranks, T, c.rank, countsEarly ? "early" : "last",
+             gap(ep::kStampDispatch, ep::kStampEntry, ep::kStampPut),
+             gap(ep::kStampDispatch, ep::kStampPut, ep::kStampSignalled),
+             gap(ep::kStampDispatch, ep::kStampSignalled, ep::kStampWaited), outside(ep::kStampDispatch, dispatchMs),
+             gap(ep::kStampCombine, ep::kStampEntry, ep::kStampPut),
+             gap(ep::kStampCombine, ep::kStampPut, ep::kStampSignalled),
+             gap(ep::kStampCombine, ep::kStampSignalled, ep::kStampWaited), outside(ep::kStampCombine, combineKernelMs));
+    }
     fflush(stdout);
   }
   const uint64_t proxied = triggersPushed(c) - pushed0;

@@ -57,7 +57,37 @@ struct Step {
   unsigned int base;            /* done's values before this step's launches (step * gridDim.x) */
   unsigned long long* ops;      /* operations issued to peers (puts and signals), for the report */
   uint32_t chunkRows;           /* at most this many rows in a chunk of evenShare's (0: no limit but the even share's) */
+  unsigned long long* stamps;   /* nullptr, or this step's kStamps %globaltimer times (stamp()) */
+  int countsEarly;              /* A/B (temporary): dispatch's counts put by block gridDim.x - 1 first */
 };
+
+/* The phases of a step that `ep --stamps yes` times (ep.cu reports the gaps): in each of
+ * dispatch and combine, the first block's entry, the last block's leaving lastBlock() (every
+ * block's puts issued), its signals issued, its waits returned. */
+enum { kStampDispatch = 0, kStampCombine = 4, kStamps = 8 };
+enum { kStampEntry = 0, kStampPut = 1, kStampSignalled = 2, kStampWaited = 3 };
+
+__device__ __forceinline__ unsigned long long globalNs()
+{
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* Stamp `which` of phase `at` (kStampDispatch or kStampCombine), if stamps are asked for:
+ * the entry by every block's first thread (the earliest stays: the host sets it to ~0 first),
+ * the others by the last block after a barrier (so after every thread's work before it).
+ * Every thread of the block calls it (a.stamps is the same for all). */
+__device__ __forceinline__ void stamp(const Step& a, int at, int which)
+{
+  if (!a.stamps) return;
+  if (which == kStampEntry) {
+    if (threadIdx.x == 0) atomicMin(&a.stamps[at + which], globalNs());
+    return;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) a.stamps[at + which] = globalNs();
+}
 
 __device__ __forceinline__ const mscclppDevConn_t& connTo(const Step& a, int peer)
 {
@@ -200,6 +230,40 @@ __device__ __forceinline__ int nthToken(const uint32_t* m, uint32_t k)
   return 0; /* not reached: k < the mask's count */
 }
 
+/* Whether dispatch's counts to `peer` go by direct thread puts (and one signal() after them):
+ * where its rows went in place too (rows packed for the proxy must go before their counts, in
+ * the proxy's order) and a thread's 16-byte put lands directly. The same answer in every
+ * thread: both read the configuration only. */
+__device__ __forceinline__ bool countsDirect(const Step& a, int peer)
+{
+  return inPlace(a, peer) && connTo(a, peer).putsDirect(16, false);
+}
+
+/* Dispatch's counts, from end[] (the block's inclusive scan of every expert's rows): ours into
+ * DC[me] in place, each peer's into SC[peer] (the source of their puts); then, for each peer
+ * whose counts go directly, a warp puts them, 16 bytes a lane (one thread's put of all L counts
+ * waited out its loads' latency L / 32 times in a row), warp w for peers w, w + warps, ...
+ * Their signal is the last block's. Every thread of the block calls it. */
+__device__ void putCounts(const Step& a, const uint32_t* end)
+{
+  const Shape s = a.s;
+  const int L = s.L(), tid = threadIdx.x, lane = tid & 31;
+  for (int e = tid; e < s.E; e += blockDim.x) {
+    const int dst = e / L;
+    const uint64_t at = dst == a.me ? s.dc(a.q, a.me) : s.sc(a.q, dst);
+    reinterpret_cast<uint32_t*>(a.buf + at)[e % L] = end[e] - (e ? end[e - 1] : 0);
+  }
+  __syncthreads(); /* the staged counts before the puts that read them */
+  const uint32_t countBytes = (uint32_t)L * 4;
+  for (int p = tid >> 5; p < s.R; p += blockDim.x >> 5) {
+    if (p == a.me || !countsDirect(a, p)) continue;
+    for (uint32_t off = lane * 16u; off < countBytes; off += 32 * 16u) {
+      connTo(a, p).put(s.dc(a.q, a.me) + off, s.sc(a.q, p) + off, countBytes - off < 16 ? countBytes - off : 16);
+      atomicAdd(a.ops, 1ull);
+    }
+  }
+}
+
 /* Dispatch. The rows for each peer are cut into chunks of about an even share of all rows
  * over the grid, and the blocks take the chunks in turn. A block gathers its chunk's rows
  * (each row of a run is a token of its own) into this rank's SR[peer] in DR's order, every
@@ -219,6 +283,7 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
   __shared__ int tok[EP_MAX_TOKENS * 16]; /* the tokens of a chunk's rows */
   const Shape s = a.s;
   const int L = s.L(), E = s.E, tid = threadIdx.x, V = s.H / 8;
+  stamp(a, kStampDispatch, kStampEntry);
   for (int i = tid; i < E * (EP_MAX_TOKENS / 32); i += blockDim.x) (&masks[0][0])[i] = 0;
   __syncthreads();
   for (int i = tid; i < a.T * s.K; i += blockDim.x)
@@ -244,6 +309,7 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
       for (int w = 0; w < (t >> 5); w++) slot += __popc(m[w]);
       a.rows[i] = (int)(start[e] + slot);
     }
+  if (a.countsEarly && blockIdx.x == gridDim.x - 1) putCounts(a, end);
   const int4* x = reinterpret_cast<const int4*>(a.buf + s.x(0));
   for (uint32_t j = blockIdx.x; j < chunkEnd[s.R - 1]; j += gridDim.x) {
     int p;
@@ -275,32 +341,20 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
     __syncthreads(); /* tok[] is rewritten only after every thread has used it */
   }
   if (!lastBlock(&a.done[0], a.base)) return;
-  /* The counts (end[] and n[] are this block's own, still in shared memory): ours to ourselves
-   * in place, the peers' staged (the puts' source). */
-  for (int e = tid; e < E; e += blockDim.x) {
-    const int dst = e / L;
-    const uint64_t at = dst == a.me ? s.dc(a.q, a.me) : s.sc(a.q, dst);
-    reinterpret_cast<uint32_t*>(a.buf + at)[e % L] = end[e] - (e ? end[e - 1] : 0);
-  }
-  __syncthreads(); /* the staged counts before the puts that read them */
-  /* A warp per peer. Where the rows went in place and a thread's 16-byte put lands directly
-   * too, each lane puts 16 bytes of the counts and lane 0 signals once the warp has (one
-   * thread's put of all L counts waited out its loads' latency L / 32 times in a row, on the
-   * way of every step). Otherwise lane 0 puts the packed rows, if they were packed (a block
-   * limit under a row's bytes packs them while thread puts stay direct), then the counts with
-   * putWithSignal: a trigger each, which the proxy carries in order. */
+  stamp(a, kStampDispatch, kStampPut);
+  if (!a.countsEarly) putCounts(a, end);
+  /* A warp per peer, as putCounts(): where its counts went directly, lane 0 signals once every
+   * lane's puts are ordered before it (putCounts() in this block: the warp's own, by the
+   * warp barrier; in block gridDim.x - 1: by lastBlock()). Otherwise lane 0 puts the packed
+   * rows, if they were packed (a block limit under a row's bytes packs them while thread puts
+   * stay direct), then the counts with putWithSignal: a trigger each, which the proxy carries
+   * in order. */
   const int lane = tid & 31;
-  const uint32_t countBytes = (uint32_t)L * 4;
   for (int p = tid >> 5; p < s.R; p += blockDim.x >> 5) {
     if (p == a.me) continue;
     const mscclppDevConn_t& c = connTo(a, p);
-    /* The same answer in every lane: both read the configuration only. */
-    if (inPlace(a, p) && c.putsDirect(16, false)) {
-      for (uint32_t off = lane * 16u; off < countBytes; off += 32 * 16u) {
-        c.put(s.dc(a.q, a.me) + off, s.sc(a.q, p) + off, countBytes - off < 16 ? countBytes - off : 16);
-        atomicAdd(a.ops, 1ull);
-      }
-      __syncwarp(); /* every lane's put before lane 0's signal, whose release fence covers them */
+    if (countsDirect(a, p)) {
+      __syncwarp();
       if (lane == 0) {
         c.signal();
         atomicAdd(a.ops, 1ull);
@@ -310,14 +364,16 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
         c.put(s.dr(a.q, a.me, 0), s.sr(a.q, p, 0), (uint64_t)n[p] * s.row());
         if (n[p]) atomicAdd(a.ops, 1ull); /* a put of 0 bytes is no operation */
       }
-      c.putWithSignal(s.dc(a.q, a.me), s.sc(a.q, p), countBytes);
+      c.putWithSignal(s.dc(a.q, a.me), s.sc(a.q, p), (uint32_t)L * 4);
       atomicAdd(a.ops, 1ull);
     }
   }
+  stamp(a, kStampDispatch, kStampSignalled);
   /* One thread per peer waits (a connection's wait() belongs to one thread); bounded by the
    * library's wait timeout. */
   for (int p = tid; p < s.R; p += blockDim.x)
     if (p != a.me) connTo(a, p).wait();
+  stamp(a, kStampDispatch, kStampWaited);
 }
 
 /* The rows received (DR) from each source, n[src] for src < R, from the counts of the
@@ -364,6 +420,7 @@ __global__ void __launch_bounds__(EP_THREADS, 2) combineKernel(Step a)
   __shared__ uint32_t n[EP_MAX_EXPERTS], per[EP_MAX_EXPERTS], chunks[2][EP_MAX_EXPERTS];
   const Shape s = a.s;
   const int tid = threadIdx.x;
+  stamp(a, kStampCombine, kStampEntry);
   const uint32_t total = receivedBySource(a, scan, n);
   if (tid < s.R)
     per[tid] = tid == a.me || inPlace(a, tid) ? evenShare(a, tid, total) : (n[tid] ? n[tid] : 1);
@@ -381,13 +438,16 @@ __global__ void __launch_bounds__(EP_THREADS, 2) combineKernel(Step a)
     }
   }
   if (!lastBlock(&a.done[1], a.base)) return;
+  stamp(a, kStampCombine, kStampPut);
   for (int p = threadIdx.x; p < s.R; p += blockDim.x)
     if (p != a.me) {
       connTo(a, p).signal();
       atomicAdd(a.ops, 1ull);
     }
+  stamp(a, kStampCombine, kStampSignalled);
   for (int p = threadIdx.x; p < s.R; p += blockDim.x)
     if (p != a.me) connTo(a, p).wait();
+  stamp(a, kStampCombine, kStampWaited);
 }
 
 /* Block (c, t): 16-byte word c * blockDim.x + threadIdx.x of token t's output (ep.h's

@@ -226,6 +226,30 @@ def worker(rank, args):
                       f"combine {c['median']:.1f}/{c['p99']:.1f} us (median/p99), gap {g['median']:.1f} us")
             results.append(r)
 
+    # pplx's own benchmark (tests/bench_all_to_all.py) times, beside its kernels, a dense
+    # torch.distributed.all_to_all_single of (ranks, local experts, tokens x row bytes) over
+    # NCCL: what an MoE layer without a dispatch kernel sends (every expert's slots at the
+    # token count). NCCL needs a GPU per rank, so only where each rank has one. One such
+    # all-to-all stands for dispatch and one for combine (the same bytes back).
+    if gpus == world and args.torch_a2a:
+        nccl = dist.new_group(backend="nccl")
+        for n in args.tokens:
+            inp = torch.zeros((world, nle, n * HIDDEN * 2), dtype=torch.uint8, device=dev)
+            out = torch.empty_like(inp)
+
+            def a2a(inp=inp, out=out):
+                dist.all_to_all_single(out, inp, group=nccl)
+
+            for _ in range(3):
+                a2a()
+            r = timed(a2a, a2a, min(args.steps, args.a2a_steps), args.skip)
+            r.update(rank=rank, tokens=n, mode="torch-a2a", grid=0, sms_visible=sms,
+                     counts_ok=True, rows_ok=True, values_ok=True, max_abs_err=0.0)
+            d = r["dispatch_us"]
+            log(rank, f"torch-a2a tokens {n}: {inp.numel() / 1e6:.1f} MB, all_to_all_single {d['median']:.1f}/{d['p99']:.1f} us (median/p99)")
+            results.append(r)
+        dist.destroy_process_group(nccl)
+
     everyone = [None] * world
     dist.all_gather_object(everyone, results)
     torch.cuda.synchronize()
@@ -245,13 +269,14 @@ def worker(rank, args):
         # format, which bench/gpu/ep_table.py reads: wrong = the checks that failed (counts,
         # dispatched rows, combined values).
         for r in rows:
-            if r["mode"] != "graph" or r["rank"] != 0:
+            if r["mode"] not in ("graph", "torch-a2a") or r["rank"] != 0:
                 continue
             d, c = r["dispatch_us"], r["combine_us"]
             bad = sum(not r[k] for k in ("counts_ok", "rows_ok", "values_ok"))
-            print(f"RESULT ep impl=pplx ranks={world} tokens={r['tokens']} hidden={HIDDEN} experts={EXPERTS} "
-                  f"topk={TOPK} steps={args.steps} dispatch_med_us={d['median']:.2f} dispatch_p99_us={d['p99']:.2f} "
-                  f"combine_med_us={c['median']:.2f} combine_p99_us={c['p99']:.2f} wrong={bad} grid={grid} gpus={gpus}")
+            impl = "pplx" if r["mode"] == "graph" else "torch-a2a"
+            print(f"RESULT ep impl={impl} ranks={world} tokens={r['tokens']} hidden={HIDDEN} experts={EXPERTS} "
+                  f"topk={TOPK} steps={d['n']} dispatch_med_us={d['median']:.2f} dispatch_p99_us={d['p99']:.2f} "
+                  f"combine_med_us={c['median']:.2f} combine_p99_us={c['p99']:.2f} wrong={bad} grid={r['grid']} gpus={gpus}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": world, "mps_pct": mps_pct, "grid": grid, "rows": rows}, f, indent=1)
@@ -270,6 +295,9 @@ def main():
     p.add_argument("--sm-fallback", action="store_true",
                    help="if the MPS cap is not reflected, cap grids via PPLX_NUM_SMS (needs build.sh's patch)")
     p.add_argument("--hang-s", type=int, default=180, help="per-rank wall-clock budget; past it the rank dumps its stack and exits")
+    p.add_argument("--torch-a2a", type=int, default=1,
+                   help="1: also time pplx's torch all-to-all row (NCCL), where each rank has a GPU")
+    p.add_argument("--a2a-steps", type=int, default=200, help="timed steps of the torch all-to-all row")
     p.add_argument("--json", default="")
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args()
