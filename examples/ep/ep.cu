@@ -3,12 +3,21 @@
  * API, any number of ranks: examples/ep/ep.h says what moves where and how it is checked.
  *
  *   ep [--tokens 1,8,32,128] [--steps 1000] [--warmup 50] [--hidden 7168] [--experts 256]
- *      [--topk 8] [--blocks 64] [--chunk-rows 0] [--stream own|legacy] [--preload yes|no]
+ *      [--topk 8] [--blocks 64] [--chunk-rows 0] [--stamps no|yes] [--stream own|legacy]
+ *      [--preload yes|no]
  *      (ranks from launch_env.h)
  *
  * --chunk-rows N caps the rows of a chunk cut by an even share (ep_kernels.cuh: the in-place
  * chunks, this rank's own, and dispatch's gathering of packed rows) at N; 0, the default,
  * leaves them an even share of all rows over the blocks.
+ *
+ * --stamps yes also times each kernel's phases (%globaltimer in the kernels: the first block's
+ * entry, every put issued, the signals issued, the waits returned) and prints, on every rank,
+ *   RESULT ep_phases impl=mscclpp ranks=R tokens=T rank=r dispatch_work_us=.. dispatch_signal_us=..
+ *          dispatch_wait_us=.. dispatch_outside_us=.. combine_work_us=.. (the same four)
+ * (trimmed means: the clock moves about once a microsecond; "outside" is the CUDA-event time
+ * less entry-to-waited: the launch and the blocks' exit). The stamps cost a barrier each in the
+ * last block; off by default.
  *
  * --stream legacy launches the kernels on the legacy default stream instead of a stream of
  * the example's own; --preload no leaves the kernels to CUDA's lazy loading (diagnostics of
@@ -18,10 +27,12 @@
  *   prepare   (not timed) the step's tokens, routing and weights, from ep.h's generators;
  *   dispatch  the blocks take chunks of every peer's rows: each row goes to its place in its
  *             expert's rank's DR, in place by putBlock() or packed for one put per peer
- *             (ep_kernels.cuh says which when); the last block to finish (a release/acquire
- *             count over the blocks, so its signal covers every block's puts, as the device
- *             header's contract says) puts each peer its L counts (a warp's 16-byte puts and a
- *             signal(), or one putWithSignal()), then one thread per peer waits for that peer's;
+ *             (ep_kernels.cuh says which when), and each peer its L counts (by the grid's
+ *             last block, before its rows, where they land directly); the last block to
+ *             finish (a release/acquire count over the blocks, so its signal covers every
+ *             block's puts, as the device header's contract says) sends each peer one
+ *             signal() (or, packed, the rows' put and the counts' putWithSignal()), then one
+ *             thread per peer waits for that peer's;
  *   expert    (not timed) every received row scaled in place (ep.h);
  *   combine   the received rows back to their source ranks, each source's as one range: in
  *             place in even chunks over the blocks, or one put per peer; the last block
@@ -128,7 +139,7 @@ int main(int argc, char** argv)
   setupRank(c, &argc, argv);
   std::vector<int> tokens = {1, 8, 32, 128};
   int steps = 1000, warmup = 50, blocks = 64, chunkRows = 0;
-  bool legacyStream = false, preload = true, stamps = false, countsEarly = false;
+  bool legacyStream = false, preload = true, stamps = false;
   Shape s{c.nranks, 256, 8, 7168, 0};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
@@ -151,8 +162,6 @@ int main(int argc, char** argv)
       preload = strcmp(v, "yes") == 0;
     else if (k == "--stamps" && (strcmp(v, "yes") == 0 || strcmp(v, "no") == 0))
       stamps = strcmp(v, "yes") == 0;
-    else if (k == "--counts" && (strcmp(v, "early") == 0 || strcmp(v, "last") == 0))
-      countsEarly = strcmp(v, "early") == 0;
     else {
       fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -205,7 +214,6 @@ int main(int argc, char** argv)
   a.me = c.rank;
   a.buf = buf;
   a.chunkRows = (uint32_t)chunkRows;
-  a.countsEarly = countsEarly;
   unsigned long long* stampsDev = nullptr;
   if (stamps) CUDACHECK(cudaMalloc(&stampsDev, (size_t)steps * ep::kStamps * sizeof(unsigned long long)));
   int* idx = nullptr;
@@ -301,10 +309,10 @@ int main(int argc, char** argv)
                                      (double)t[(size_t)j * ep::kStamps + at + ep::kStampEntry]));
         return trimmedMeanUs(v);
       };
-      printf("RESULT ep_phases impl=mscclpp ranks=%d tokens=%d rank=%d counts=%s "
+      printf("RESULT ep_phases impl=mscclpp ranks=%d tokens=%d rank=%d "
              "dispatch_work_us=%.2f dispatch_signal_us=%.2f dispatch_wait_us=%.2f dispatch_outside_us=%.2f "
              "combine_work_us=%.2f combine_signal_us=%.2f combine_wait_us=%.2f combine_outside_us=%.2f\n",
-             c.nranks, T, c.rank, countsEarly ? "early" : "last",
+             c.nranks, T, c.rank,
              gap(ep::kStampDispatch, ep::kStampEntry, ep::kStampPut),
              gap(ep::kStampDispatch, ep::kStampPut, ep::kStampSignalled),
              gap(ep::kStampDispatch, ep::kStampSignalled, ep::kStampWaited), outside(ep::kStampDispatch, dispatchMs),

@@ -17,9 +17,10 @@
  *             dispatch's blocks gather the peer's rows into SR[peer] and the last block puts
  *             them in one operation; combine's rows for a peer are already one range (DR[src])
  *             and go in one put.
- * Then, per peer, dispatch's counts (a warp's 16-byte puts and one signal() where those land
- * directly, else one putWithSignal()) or combine's signal(), which covers the rows before it,
- * and a wait() per peer.
+ * Dispatch's counts go from the grid's last block before its chunks (a warp's 16-byte puts per
+ * peer where those land directly); then the block that finishes last sends each peer one
+ * signal(), which covers every block's puts (or, packed, the rows' put and the counts'
+ * putWithSignal()); combine's last block a signal() per peer; and a wait() per peer.
  *
  * Launch: dispatch, expert and combine with blockDim.x = EP_THREADS (the scans give each
  * thread one expert or run: E <= EP_MAX_EXPERTS = EP_THREADS; at most 64 registers a thread,
@@ -58,7 +59,6 @@ struct Step {
   unsigned long long* ops;      /* operations issued to peers (puts and signals), for the report */
   uint32_t chunkRows;           /* at most this many rows in a chunk of evenShare's (0: no limit but the even share's) */
   unsigned long long* stamps;   /* nullptr, or this step's kStamps %globaltimer times (stamp()) */
-  int countsEarly;              /* A/B (temporary): dispatch's counts put by block gridDim.x - 1 first */
 };
 
 /* The phases of a step that `ep --stamps yes` times (ep.cu reports the gaps): in each of
@@ -173,13 +173,33 @@ __device__ __forceinline__ bool inPlace(const Step& a, int peer)
   return connTo(a, peer).putsDirect(a.s.row(), true);
 }
 
-/* Rows per chunk of the rows to `peer`: an even share of all `total` rows over the grid, and,
- * in place, no more than one direct block put carries. */
-__device__ uint32_t evenShare(const Step& a, int peer, uint32_t total)
+/* Each peer's path (ours: in place, trivially), asked once per block on the way in: a
+ * question is two dependent loads (the connection, then its limit words), which, asked in
+ * the last block after every put, lay on the path to the signal (bench/RESULTS.md, issue
+ * 44). Threads p < R ask for peer p; the answers are read after the caller's next barrier.
+ * Counts go direct where the rows go in place (rows packed for the proxy must go before their
+ * counts, in the proxy's order) and a thread's 16-byte put lands directly. */
+struct Paths {
+  bool rows[EP_MAX_EXPERTS];   /* the rows go in place */
+  bool counts[EP_MAX_EXPERTS]; /* dispatch's counts go by direct thread puts and a signal() */
+};
+
+__device__ __forceinline__ void askPaths(const Step& a, Paths& paths)
+{
+  const int p = threadIdx.x;
+  if (p >= a.s.R) return;
+  const bool rows = p == a.me || inPlace(a, p);
+  paths.rows[p] = rows;
+  paths.counts[p] = p != a.me && rows && connTo(a, p).putsDirect(16, false);
+}
+
+/* Rows per chunk of the rows to `peer` (`direct`: they go in place): an even share of all
+ * `total` rows over the grid, and, in place, no more than one direct block put carries. */
+__device__ uint32_t evenShare(const Step& a, int peer, bool direct, uint32_t total)
 {
   uint32_t rows = (total + gridDim.x - 1) / gridDim.x;
   if (a.chunkRows && rows > a.chunkRows) rows = a.chunkRows;
-  if (rows > 1 && peer != a.me && inPlace(a, peer)) /* one row: no need to ask */
+  if (rows > 1 && peer != a.me && direct) /* one row: no need to ask */
     while (rows > 1 && !connTo(a, peer).putsDirect(rows * a.s.row(), true)) rows /= 2;
   return rows ? rows : 1;
 }
@@ -230,21 +250,12 @@ __device__ __forceinline__ int nthToken(const uint32_t* m, uint32_t k)
   return 0; /* not reached: k < the mask's count */
 }
 
-/* Whether dispatch's counts to `peer` go by direct thread puts (and one signal() after them):
- * where its rows went in place too (rows packed for the proxy must go before their counts, in
- * the proxy's order) and a thread's 16-byte put lands directly. The same answer in every
- * thread: both read the configuration only. */
-__device__ __forceinline__ bool countsDirect(const Step& a, int peer)
-{
-  return inPlace(a, peer) && connTo(a, peer).putsDirect(16, false);
-}
-
 /* Dispatch's counts, from end[] (the block's inclusive scan of every expert's rows): ours into
  * DC[me] in place, each peer's into SC[peer] (the source of their puts); then, for each peer
  * whose counts go directly, a warp puts them, 16 bytes a lane (one thread's put of all L counts
  * waited out its loads' latency L / 32 times in a row), warp w for peers w, w + warps, ...
  * Their signal is the last block's. Every thread of the block calls it. */
-__device__ void putCounts(const Step& a, const uint32_t* end)
+__device__ void putCounts(const Step& a, const Paths& paths, const uint32_t* end)
 {
   const Shape s = a.s;
   const int L = s.L(), tid = threadIdx.x, lane = tid & 31;
@@ -256,7 +267,7 @@ __device__ void putCounts(const Step& a, const uint32_t* end)
   __syncthreads(); /* the staged counts before the puts that read them */
   const uint32_t countBytes = (uint32_t)L * 4;
   for (int p = tid >> 5; p < s.R; p += blockDim.x >> 5) {
-    if (p == a.me || !countsDirect(a, p)) continue;
+    if (!paths.counts[p]) continue;
     for (uint32_t off = lane * 16u; off < countBytes; off += 32 * 16u) {
       connTo(a, p).put(s.dc(a.q, a.me) + off, s.sc(a.q, p) + off, countBytes - off < 16 ? countBytes - off : 16);
       atomicAdd(a.ops, 1ull);
@@ -281,9 +292,11 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
   __shared__ uint32_t scan[2][EP_MAX_EXPERTS], start[EP_MAX_EXPERTS];
   __shared__ uint32_t n[EP_MAX_EXPERTS], per[EP_MAX_EXPERTS], chunks[2][EP_MAX_EXPERTS];
   __shared__ int tok[EP_MAX_TOKENS * 16]; /* the tokens of a chunk's rows */
+  __shared__ Paths paths;
   const Shape s = a.s;
   const int L = s.L(), E = s.E, tid = threadIdx.x, V = s.H / 8;
   stamp(a, kStampDispatch, kStampEntry);
+  askPaths(a, paths);
   for (int i = tid; i < E * (EP_MAX_TOKENS / 32); i += blockDim.x) (&masks[0][0])[i] = 0;
   __syncthreads();
   for (int i = tid; i < a.T * s.K; i += blockDim.x)
@@ -297,7 +310,7 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
   if (tid < E) start[tid] = end[tid] - count - (tid >= L ? end[tid / L * L - 1] : 0);
   if (tid < s.R) {
     n[tid] = end[tid * L + L - 1] - (tid ? end[tid * L - 1] : 0);
-    per[tid] = evenShare(a, tid, end[E - 1]);
+    per[tid] = evenShare(a, tid, paths.rows[tid], end[E - 1]);
   }
   const uint32_t* chunkEnd = chunkScan(n, per, chunks, s.R); /* its barriers publish start[] too */
   /* For reduce: the row of each (token, k) in its rank's DR[me]. */
@@ -309,7 +322,11 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
       for (int w = 0; w < (t >> 5); w++) slot += __popc(m[w]);
       a.rows[i] = (int)(start[e] + slot);
     }
-  if (a.countsEarly && blockIdx.x == gridDim.x - 1) putCounts(a, end);
+  /* The counts, by the grid's last block before its chunks (none at small token counts): off
+   * the path from the last chunk to the signal, which covers them through lastBlock() as it
+   * covers the rows (the last block putting them after the rows was slower: bench/RESULTS.md,
+   * issue 44). */
+  if (blockIdx.x == gridDim.x - 1) putCounts(a, paths, end);
   const int4* x = reinterpret_cast<const int4*>(a.buf + s.x(0));
   for (uint32_t j = blockIdx.x; j < chunkEnd[s.R - 1]; j += gridDim.x) {
     int p;
@@ -328,7 +345,7 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
       tok[r] = nthToken(masks[lo], row - start[lo]);
     }
     __syncthreads(); /* tok[] before its readers */
-    const bool direct = p != a.me && inPlace(a, p);
+    const bool direct = p != a.me && paths.rows[p];
     if (direct && rows == 1) {
       connTo(a, p).putBlock(s.dr(a.q, a.me, first), s.x(tok[0]), s.row());
     } else {
@@ -342,25 +359,19 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
   }
   if (!lastBlock(&a.done[0], a.base)) return;
   stamp(a, kStampDispatch, kStampPut);
-  if (!a.countsEarly) putCounts(a, end);
-  /* A warp per peer, as putCounts(): where its counts went directly, lane 0 signals once every
-   * lane's puts are ordered before it (putCounts() in this block: the warp's own, by the
-   * warp barrier; in block gridDim.x - 1: by lastBlock()). Otherwise lane 0 puts the packed
+  /* Per peer: where its counts went directly, one signal(), which covers them and the rows
+   * (block gridDim.x - 1's puts and every block's, through lastBlock()). Otherwise the packed
    * rows, if they were packed (a block limit under a row's bytes packs them while thread puts
    * stay direct), then the counts with putWithSignal: a trigger each, which the proxy carries
    * in order. */
-  const int lane = tid & 31;
-  for (int p = tid >> 5; p < s.R; p += blockDim.x >> 5) {
+  for (int p = tid; p < s.R; p += blockDim.x) {
     if (p == a.me) continue;
     const mscclppDevConn_t& c = connTo(a, p);
-    if (countsDirect(a, p)) {
-      __syncwarp();
-      if (lane == 0) {
-        c.signal();
-        atomicAdd(a.ops, 1ull);
-      }
-    } else if (lane == 0) {
-      if (!inPlace(a, p)) {
+    if (paths.counts[p]) {
+      c.signal();
+      atomicAdd(a.ops, 1ull);
+    } else {
+      if (!paths.rows[p]) {
         c.put(s.dr(a.q, a.me, 0), s.sr(a.q, p, 0), (uint64_t)n[p] * s.row());
         if (n[p]) atomicAdd(a.ops, 1ull); /* a put of 0 bytes is no operation */
       }
@@ -418,12 +429,14 @@ __global__ void __launch_bounds__(EP_THREADS, 2) combineKernel(Step a)
    * the whole range is one chunk: one trigger. */
   __shared__ uint32_t scan[2][EP_MAX_EXPERTS];
   __shared__ uint32_t n[EP_MAX_EXPERTS], per[EP_MAX_EXPERTS], chunks[2][EP_MAX_EXPERTS];
+  __shared__ Paths paths;
   const Shape s = a.s;
   const int tid = threadIdx.x;
   stamp(a, kStampCombine, kStampEntry);
+  askPaths(a, paths); /* read after receivedBySource()'s barriers */
   const uint32_t total = receivedBySource(a, scan, n);
   if (tid < s.R)
-    per[tid] = tid == a.me || inPlace(a, tid) ? evenShare(a, tid, total) : (n[tid] ? n[tid] : 1);
+    per[tid] = paths.rows[tid] ? evenShare(a, tid, true, total) : (n[tid] ? n[tid] : 1);
   const uint32_t* chunkEnd = chunkScan(n, per, chunks, s.R);
   for (uint32_t j = blockIdx.x; j < chunkEnd[s.R - 1]; j += gridDim.x) {
     int src;
