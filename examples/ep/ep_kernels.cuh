@@ -176,9 +176,11 @@ __device__ __forceinline__ bool inPlace(const Step& a, int peer)
 /* Each peer's path (ours: in place, trivially), asked once per block on the way in: a
  * question is two dependent loads (the connection, then its limit words), which, asked in
  * the last block after every put, lay on the path to the signal (bench/RESULTS.md, issue
- * 44). Threads p < R ask for peer p; the answers are read after the caller's next barrier.
- * Counts go direct where the rows go in place (rows packed for the proxy must go before their
- * counts, in the proxy's order) and a thread's 16-byte put lands directly. */
+ * 44). Thread blockDim.x - 1 - p asks for peer p, from the block's last warp down: the first
+ * threads load the step's routing (dispatch) or counts (combine) meanwhile, so that the two
+ * round trips overlap. The answers are read after the caller's next barrier. Counts go direct
+ * where the rows go in place (rows packed for the proxy must go before their counts, in the
+ * proxy's order) and a thread's 16-byte put lands directly. */
 struct Paths {
   bool rows[EP_MAX_EXPERTS];   /* the rows go in place */
   bool counts[EP_MAX_EXPERTS]; /* dispatch's counts go by direct thread puts and a signal() */
@@ -186,7 +188,7 @@ struct Paths {
 
 __device__ __forceinline__ void askPaths(const Step& a, Paths& paths)
 {
-  const int p = threadIdx.x;
+  const int p = (int)(blockDim.x - 1 - threadIdx.x);
   if (p >= a.s.R) return;
   const bool rows = p == a.me || inPlace(a, p);
   paths.rows[p] = rows;
