@@ -138,7 +138,7 @@ int main(int argc, char** argv)
   Ctx c;
   setupRank(c, &argc, argv);
   std::vector<int> tokens = {1, 8, 32, 128};
-  int steps = 1000, warmup = 50, blocks = 64, chunkRows = 0;
+  int steps = 1000, warmup = 50, blocks = 64, chunkRows = 0, fuseTokens = 1;
   bool legacyStream = false, preload = true, stamps = false;
   Shape s{c.nranks, 256, 8, 7168, 0};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -156,6 +156,7 @@ int main(int argc, char** argv)
     else if (k == "--topk") s.K = atoi(v);
     else if (k == "--blocks") blocks = atoi(v);
     else if (k == "--chunk-rows") chunkRows = atoi(v);
+    else if (k == "--fuse-tokens") fuseTokens = atoi(v);
     else if (k == "--stream" && (strcmp(v, "legacy") == 0 || strcmp(v, "own") == 0))
       legacyStream = strcmp(v, "legacy") == 0;
     else if (k == "--preload" && (strcmp(v, "yes") == 0 || strcmp(v, "no") == 0))
@@ -173,11 +174,12 @@ int main(int argc, char** argv)
     fewest = std::min(fewest, t);
   }
   if (s.E % s.R || s.E > EP_MAX_EXPERTS || fewest < 1 || s.Tmax > EP_MAX_TOKENS || s.K < 1 ||
-      s.K > 16 || s.K > s.E || s.H < 8 || s.H % 8 || steps < 1 || warmup < 0 || blocks < 1 || chunkRows < 0) {
+      s.K > 16 || s.K > s.E || s.H < 8 || s.H % 8 || steps < 1 || warmup < 0 || blocks < 1 || chunkRows < 0 ||
+      fuseTokens < 0 || fuseTokens > EP_FUSE_MAX_TOKENS) {
     fprintf(stderr, "ep: experts %d must divide by ranks %d and be at most %d, tokens 1..%d, "
                     "topk 1..16, hidden a positive multiple of 8, steps and blocks at least 1, chunk rows "
-                    "at least 0\n",
-            s.E, s.R, EP_MAX_EXPERTS, EP_MAX_TOKENS);
+                    "at least 0, fuse tokens 0..%d\n",
+            s.E, s.R, EP_MAX_EXPERTS, EP_MAX_TOKENS, EP_FUSE_MAX_TOKENS);
     return 2;
   }
   /* Every kernel loaded before the first one runs (unless --preload no, the diagnostic).
@@ -214,6 +216,7 @@ int main(int argc, char** argv)
   a.me = c.rank;
   a.buf = buf;
   a.chunkRows = (uint32_t)chunkRows;
+  a.fuseTokens = fuseTokens;
   unsigned long long* stampsDev = nullptr;
   if (stamps) CUDACHECK(cudaMalloc(&stampsDev, (size_t)steps * ep::kStamps * sizeof(unsigned long long)));
   int* idx = nullptr;
@@ -256,7 +259,8 @@ int main(int argc, char** argv)
       if (timed) CUDACHECK(cudaEventRecord(ev[5 * j + 2], st));
       ep::combineKernel<<<blocks, EP_THREADS, 0, st>>>(a);
       if (timed) CUDACHECK(cudaEventRecord(ev[5 * j + 3], st));
-      ep::reduceKernel<<<dim3((s.H / 8 + EP_REDUCE_THREADS - 1) / EP_REDUCE_THREADS, T), EP_REDUCE_THREADS, 0, st>>>(a);
+      if (T > fuseTokens)
+        ep::reduceKernel<<<dim3((s.H / 8 + EP_REDUCE_THREADS - 1) / EP_REDUCE_THREADS, T), EP_REDUCE_THREADS, 0, st>>>(a);
       if (timed) CUDACHECK(cudaEventRecord(ev[5 * j + 4], st));
       KERNELCHECK();
       if (i < 2 || i == warmup + steps - 1) {

@@ -196,19 +196,28 @@ __device__ __forceinline__ void expertRun(uint8_t* run, uint32_t rows, int H, in
 
 /* Output word v (8 values, 16 bytes) of a token: the K rows at base + off[k], loaded 16 bytes
  * at a time, folded in k order with fmaf from 0.0f, as `combined` does, so the result is its
- * bits. The reduce of both implementations (ours, examples/ep/ep.cu, and the NVSHMEM peer): it
- * is not communication, so both do it alike. */
+ * bits. Four rows' loads are in flight at once (a load per row waited out the memory's latency
+ * K times in a row). The reduce of both implementations (ours, examples/ep/ep.cu, and the
+ * NVSHMEM peer): it is not communication, so both do it alike. */
 __device__ __forceinline__ int4 combineWord(int K, const float* wk, const uint8_t* base,
                                             const uint64_t* off, int v)
 {
   float acc[8];
   for (int j = 0; j < 8; j++) acc[j] = 0.0f;
-  for (int k = 0; k < K; k++) {
-    const int4 u = reinterpret_cast<const int4*>(base + off[k])[v];
-    const uint32_t word[4] = {(uint32_t)u.x, (uint32_t)u.y, (uint32_t)u.z, (uint32_t)u.w};
-    for (int j = 0; j < 4; j++) {
-      acc[2 * j] = fmaf(wk[k], bf16ToFloat((bf16)(word[j] & 0xFFFFu)), acc[2 * j]);
-      acc[2 * j + 1] = fmaf(wk[k], bf16ToFloat((bf16)(word[j] >> 16)), acc[2 * j + 1]);
+  for (int k0 = 0; k0 < K; k0 += 4) {
+    int4 u[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      if (k0 + i < K) u[i] = reinterpret_cast<const int4*>(base + off[k0 + i])[v];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      if (k0 + i >= K) break;
+      const float w = wk[k0 + i];
+      const uint32_t word[4] = {(uint32_t)u[i].x, (uint32_t)u[i].y, (uint32_t)u[i].z, (uint32_t)u[i].w};
+      for (int j = 0; j < 4; j++) {
+        acc[2 * j] = fmaf(w, bf16ToFloat((bf16)(word[j] & 0xFFFFu)), acc[2 * j]);
+        acc[2 * j + 1] = fmaf(w, bf16ToFloat((bf16)(word[j] >> 16)), acc[2 * j + 1]);
+      }
     }
   }
   uint32_t o[4];

@@ -26,7 +26,8 @@
  * thread one expert or run: E <= EP_MAX_EXPERTS = EP_THREADS; at most 64 registers a thread,
  * so that two blocks fit an SM: under MPS a rank may have a quarter of the SMs) and any grid (only the block that
  * finishes last waits for the peers, so the blocks need not be resident at once); reduce with
- * blockDim.x = EP_REDUCE_THREADS and grid (ceil(H / 8 / EP_REDUCE_THREADS), T).
+ * blockDim.x = EP_REDUCE_THREADS and grid (ceil(H / 8 / EP_REDUCE_THREADS), T), only where
+ * T > Step::fuseTokens (combine's last block does it otherwise).
  */
 #ifndef MSCCLPP_EXAMPLES_EP_KERNELS_CUH
 #define MSCCLPP_EXAMPLES_EP_KERNELS_CUH
@@ -35,6 +36,7 @@
 #define EP_MAX_EXPERTS 512
 #define EP_MAX_TOKENS 128
 #define EP_REDUCE_THREADS 128
+#define EP_FUSE_MAX_TOKENS 8
 /* Every scan gives each thread one expert or run. */
 static_assert(EP_THREADS >= EP_MAX_EXPERTS, "EP_THREADS must cover EP_MAX_EXPERTS");
 /* inclusiveScan: whole warps, at most 32 of them. */
@@ -59,6 +61,7 @@ struct Step {
   unsigned long long* ops;      /* operations issued to peers (puts and signals), for the report */
   uint32_t chunkRows;           /* at most this many rows in a chunk of evenShare's (0: no limit but the even share's) */
   unsigned long long* stamps;   /* nullptr, or this step's kStamps %globaltimer times (stamp()) */
+  int fuseTokens;               /* T <= this (at most EP_FUSE_MAX_TOKENS): combine's last block does the reduce, which is not launched */
 };
 
 /* The phases of a step that `ep --stamps yes` times (ep.cu reports the gaps): in each of
@@ -421,6 +424,29 @@ __global__ void __launch_bounds__(EP_THREADS, 2) expertKernel(Step a)
   }
 }
 
+/* The weighted sums of a step of few tokens (a.T <= a.fuseTokens), by combine's last block
+ * once its waits have returned, in reduceKernel's arithmetic: a kernel of its own costs a
+ * launch, more than one block takes for a few tokens' sums (bench/RESULTS.md, issue 44). The
+ * rows it reads arrived before a wait of this block returned (a peer's, covered by its signal)
+ * or were copied by a block that lastBlock() ordered before this one (ours). Every thread of
+ * the block calls it, after the waits. */
+__device__ void reduceInBlock(const Step& a)
+{
+  __shared__ uint64_t off[EP_FUSE_MAX_TOKENS * 16];
+  __shared__ float wk[EP_FUSE_MAX_TOKENS * 16];
+  const Shape s = a.s;
+  const int K = s.K, L = s.L(), V = s.H / 8, tid = threadIdx.x;
+  for (int i = tid; i < a.T * K; i += blockDim.x) {
+    off[i] = s.cr(a.q, a.idx[i] / L, (uint64_t)a.rows[i]);
+    wk[i] = a.w[i];
+  }
+  __syncthreads(); /* the waiting threads' acquires, and off[], wk[], before every thread's loads */
+  for (int i = tid; i < a.T * V; i += blockDim.x) {
+    const int t = i / V, v = i % V;
+    reinterpret_cast<int4*>(a.out)[(uint64_t)t * V + v] = combineWord(K, wk + t * K, a.buf, off + t * K, v);
+  }
+}
+
 __global__ void __launch_bounds__(EP_THREADS, 2) combineKernel(Step a)
 {
   /* DR[src] goes back as it is, to CR[me] on src: one range per source, cut into chunks that
@@ -463,6 +489,7 @@ __global__ void __launch_bounds__(EP_THREADS, 2) combineKernel(Step a)
   for (int p = threadIdx.x; p < s.R; p += blockDim.x)
     if (p != a.me) connTo(a, p).wait();
   stamp(a, kStampCombine, kStampWaited);
+  if (a.T <= a.fuseTokens) reduceInBlock(a);
 }
 
 /* Block (c, t): 16-byte word c * blockDim.x + threadIdx.x of token t's output (ep.h's
