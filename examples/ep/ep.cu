@@ -3,20 +3,24 @@
  * API, any number of ranks: examples/ep/ep.h says what moves where and how it is checked.
  *
  *   ep [--tokens 1,8,32,128] [--steps 1000] [--warmup 50] [--hidden 7168] [--experts 256]
- *      [--topk 8] [--blocks 64] [--chunk-rows 0] [--stamps no|yes] [--stream own|legacy]
- *      [--preload yes|no]
+ *      [--topk 8] [--blocks 64] [--chunk-rows 0] [--fuse-tokens 1] [--stamps no|yes]
+ *      [--stream own|legacy] [--preload yes|no]
  *      (ranks from launch_env.h)
  *
  * --chunk-rows N caps the rows of a chunk cut by an even share (ep_kernels.cuh: the in-place
  * chunks, this rank's own, and dispatch's gathering of packed rows) at N; 0, the default,
  * leaves them an even share of all rows over the blocks.
  *
+ * --fuse-tokens N: a step of at most N tokens (0..8) has its weighted sums done by combine's
+ * last block after its waits, and no reduce kernel launched (1 by default: at 2 tokens the one
+ * block's sums cost more than the launch they save; bench/RESULTS.md, issue 44).
+ *
  * --stamps yes also times each kernel's phases (%globaltimer in the kernels: the first block's
  * entry, every put issued, the signals issued, the waits returned) and prints, on every rank,
  *   RESULT ep_phases impl=mscclpp ranks=R tokens=T rank=r dispatch_work_us=.. dispatch_signal_us=..
  *          dispatch_wait_us=.. dispatch_outside_us=.. combine_work_us=.. (the same four)
  * (trimmed means: the clock moves about once a microsecond; "outside" is the CUDA-event time
- * less entry-to-waited: the launch and the blocks' exit). The stamps cost a barrier each in the
+ * less entry-to-waited: the launch, the blocks' exit, and a fused reduce). The stamps cost a barrier each in the
  * last block; off by default.
  *
  * --stream legacy launches the kernels on the legacy default stream instead of a stream of
@@ -37,10 +41,13 @@
  *   combine   the received rows back to their source ranks, each source's as one range: in
  *             place in even chunks over the blocks, or one put per peer; the last block
  *             signals each peer, one thread per peer waits;
- *   reduce    out[t] = the weighted sum over the token's K expert rows, in ep.h's order.
+ *   reduce    out[t] = the weighted sum over the token's K expert rows, in ep.h's order (by
+ *             combine's last block instead where T <= --fuse-tokens).
  * Dispatch time = the dispatch kernel, combine time = combine + reduce, each of the two also
- * alone (combine_kernel_med_us, reduce_med_us: where combine's time goes) (CUDA events on this
- * rank's stream; waiting for the slowest peer is part of both, as in every EP benchmark).
+ * alone (combine_kernel_med_us, reduce_med_us: where combine's time goes; with the reduce
+ * fused, reduce_med_us is two events with nothing between them, about 3 us on an H200) (CUDA
+ * events on this rank's stream; waiting for the slowest peer is part of both, as in every EP
+ * benchmark).
  * The paths: by default the direct path (P2P stores) where the library allows it;
  * MSCCLPP_P2P_DIRECT_BYTES=0 MSCCLPP_P2P_DIRECT_BLOCK_BYTES=0 sends every put and signal
  * through the proxy (copy engines, or the SM engine with MSCCLPP_P2P_SM_ENGINE);
