@@ -6,7 +6,8 @@ Per token count (default 1 8 32 128): a correctness check, then --steps timed st
 (eager: the Python ops; graph: one CUDA graph per op, replayed), CUDA events around each op.
 Prints per rank median and p99 of dispatch, combine, their sum (step) and the idle gap between
 steps (a gap well above ~2 us means the host, not the GPU, set the pace); rank 0 also writes
-JSON to --json.
+JSON to --json. Where each rank has a GPU of its own, also pplx's torch all-to-all baseline
+(one NCCL all_to_all_single of every (rank, local expert) slot at the token count).
 
 No NVSHMEM is initialized: pplx's intranode path (csrc/all_to_all/intranode.cpp) shares buffers
 with cudaIpcGetMemHandle/cudaIpcOpenMemHandle over a torch.distributed group (gloo here; NCCL
