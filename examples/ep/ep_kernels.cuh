@@ -124,9 +124,10 @@ __device__ __forceinline__ void blockCopy(uint8_t* dst, const uint8_t* src, uint
 }
 
 /* In place: v[0..n) becomes its inclusive prefix sum (n <= blockDim.x; blockDim.x a multiple
- * of 32, at most 1024; tmp, of at least 32 words, holds the warps' sums). Returns v. Every thread of the block calls it. Each warp scans its 32
- * values by shuffles, warp 0 the warps' sums: four barriers, where a scan over the block in
- * log2(n) rounds took one per round (ten for 512 experts), twice on each kernel's way in. */
+ * of 32, at most 1024; tmp, 32 words, holds the warps' sums). Returns v. Every thread of the
+ * block calls it. Each warp scans its 32 values by shuffles, warp 0 the warps' sums: four
+ * barriers, where a scan over the block in log2(n) rounds took one per round (ten for 512
+ * experts), twice on each kernel's way in. */
 __device__ uint32_t* inclusiveScan(uint32_t* v, uint32_t* tmp, int n)
 {
   const int i = threadIdx.x, lane = i & 31, warp = i >> 5;
@@ -210,14 +211,15 @@ __device__ uint32_t evenShare(const Step& a, int peer, bool direct, uint32_t tot
 }
 
 /* The chunks of every peer's rows, numbered peer by peer: peer p's n[p] rows in chunks of
- * per[p] (the last one shorter). Returns chunkEnd, chunkEnd[p] = chunks of peers 0..p. Every
- * thread calls it, after n and per are written for p < R. */
-__device__ const uint32_t* chunkScan(const uint32_t* n, const uint32_t* per,
-                                     uint32_t (*tmp)[EP_MAX_EXPERTS], int R)
+ * per[p] (the last one shorter). Returns chunkEnd (in `chunks`, EP_THREADS words; `sums`, 32
+ * words, is inclusiveScan's), chunkEnd[p] = chunks of peers 0..p. Every thread calls it, after
+ * n and per are written for p < R. */
+__device__ const uint32_t* chunkScan(const uint32_t* n, const uint32_t* per, uint32_t* chunks,
+                                     uint32_t* sums, int R)
 {
   const int tid = threadIdx.x;
-  tmp[0][tid] = tid < R && n[tid] ? (n[tid] + per[tid] - 1) / per[tid] : 0;
-  return inclusiveScan(tmp[0], tmp[1], R);
+  chunks[tid] = tid < R && n[tid] ? (n[tid] + per[tid] - 1) / per[tid] : 0;
+  return inclusiveScan(chunks, sums, R);
 }
 
 /* The chunk that a block takes as its j-th of all: the chunks rotated to begin with peer
@@ -294,8 +296,8 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
    * t. start[e]: the first row of expert e's run in its rank's DR[me] (ep.h). n[p]: the rows
    * for peer p. */
   __shared__ uint32_t masks[EP_MAX_EXPERTS][EP_MAX_TOKENS / 32];
-  __shared__ uint32_t scan[2][EP_MAX_EXPERTS], start[EP_MAX_EXPERTS];
-  __shared__ uint32_t n[EP_MAX_EXPERTS], per[EP_MAX_EXPERTS], chunks[2][EP_MAX_EXPERTS];
+  __shared__ uint32_t scan[EP_MAX_EXPERTS], start[EP_MAX_EXPERTS], sums[32];
+  __shared__ uint32_t n[EP_MAX_EXPERTS], per[EP_MAX_EXPERTS], chunks[EP_MAX_EXPERTS];
   __shared__ int tok[EP_MAX_TOKENS * 16]; /* the tokens of a chunk's rows */
   __shared__ Paths paths;
   const Shape s = a.s;
@@ -310,14 +312,14 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
   uint32_t count = 0;
   if (tid < E)
     for (int w = 0; w < EP_MAX_TOKENS / 32; w++) count += __popc(masks[tid][w]);
-  scan[0][tid] = count;
-  const uint32_t* end = inclusiveScan(scan[0], scan[1], E); /* over all experts */
+  scan[tid] = count;
+  const uint32_t* end = inclusiveScan(scan, sums, E); /* over all experts */
   if (tid < E) start[tid] = end[tid] - count - (tid >= L ? end[tid / L * L - 1] : 0);
   if (tid < s.R) {
     n[tid] = end[tid * L + L - 1] - (tid ? end[tid * L - 1] : 0);
     per[tid] = evenShare(a, tid, paths.rows[tid], end[E - 1]);
   }
-  const uint32_t* chunkEnd = chunkScan(n, per, chunks, s.R); /* its barriers publish start[] too */
+  const uint32_t* chunkEnd = chunkScan(n, per, chunks, sums, s.R); /* its barriers publish start[] too */
   /* For reduce: the row of each (token, k) in its rank's DR[me]. */
   if (blockIdx.x == 0)
     for (int i = tid; i < a.T * s.K; i += blockDim.x) {
@@ -392,15 +394,25 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
   stamp(a, kStampDispatch, kStampWaited);
 }
 
-/* The rows received (DR) from each source, n[src] for src < R, from the counts of the
- * dispatch, one count per thread (a thread per source summing its L counts cost L loads in a
- * row). Returns their sum. Every thread of the block calls it. */
-__device__ uint32_t receivedBySource(const Step& a, uint32_t (*scan)[EP_MAX_EXPERTS], uint32_t* n)
+/* The inclusive scan (into `scan`, EP_THREADS words; `sums` is inclusiveScan's 32) of the
+ * dispatch's counts received, run (src, l) at src * L + l: the rows from src for local expert
+ * l. One count per thread (a thread per source summing its L counts cost L loads in a row).
+ * Every thread of the block calls it. */
+__device__ const uint32_t* countsScan(const Step& a, uint32_t* scan, uint32_t* sums)
 {
   const Shape s = a.s;
   const int L = s.L(), runs = s.R * L, tid = threadIdx.x;
-  scan[0][tid] = tid < runs ? reinterpret_cast<const uint32_t*>(a.buf + s.dc(a.q, tid / L))[tid % L] : 0;
-  const uint32_t* end = inclusiveScan(scan[0], scan[1], runs);
+  scan[tid] = tid < runs ? reinterpret_cast<const uint32_t*>(a.buf + s.dc(a.q, tid / L))[tid % L] : 0;
+  return inclusiveScan(scan, sums, runs);
+}
+
+/* The rows received (DR) from each source, n[src] for src < R (countsScan's). Returns their
+ * sum. Every thread of the block calls it. */
+__device__ uint32_t receivedBySource(const Step& a, uint32_t* scan, uint32_t* sums, uint32_t* n)
+{
+  const Shape s = a.s;
+  const int L = s.L(), runs = s.R * L, tid = threadIdx.x;
+  const uint32_t* end = countsScan(a, scan, sums);
   if (tid < s.R) n[tid] = end[tid * L + L - 1] - (tid ? end[tid * L - 1] : 0);
   const uint32_t total = end[runs - 1];
   __syncthreads(); /* n[] before its readers */
@@ -408,14 +420,13 @@ __device__ uint32_t receivedBySource(const Step& a, uint32_t (*scan)[EP_MAX_EXPE
 }
 
 /* The expert (ep.h's expertRun): block i scales the received run i, i + gridDim.x, ... (run
- * (src, l): the rows from src for local expert l, found in a scan of the counts). */
+ * (src, l): the rows from src for local expert l, found in countsScan()). */
 __global__ void __launch_bounds__(EP_THREADS, 2) expertKernel(Step a)
 {
-  __shared__ uint32_t scan[2][EP_MAX_EXPERTS];
+  __shared__ uint32_t scan[EP_MAX_EXPERTS], sums[32];
   const Shape s = a.s;
-  const int L = s.L(), runs = s.R * L, tid = threadIdx.x;
-  scan[0][tid] = tid < runs ? reinterpret_cast<const uint32_t*>(a.buf + s.dc(a.q, tid / L))[tid % L] : 0;
-  const uint32_t* end = inclusiveScan(scan[0], scan[1], runs);
+  const int L = s.L(), runs = s.R * L;
+  const uint32_t* end = countsScan(a, scan, sums);
   for (int i = blockIdx.x; i < runs; i += gridDim.x) {
     const int src = i / L;
     const uint32_t before = i ? end[i - 1] : 0; /* rows of the runs before i, over all sources */
@@ -455,17 +466,17 @@ __global__ void __launch_bounds__(EP_THREADS, 2) combineKernel(Step a)
    * block put costs a path decision and three barriers besides its copy, so a put per row cost
    * 4 ranks 1.6x the NVSHMEM peer's combine at 128 tokens (bench/RESULTS.md, issue 44). Packed,
    * the whole range is one chunk: one trigger. */
-  __shared__ uint32_t scan[2][EP_MAX_EXPERTS];
-  __shared__ uint32_t n[EP_MAX_EXPERTS], per[EP_MAX_EXPERTS], chunks[2][EP_MAX_EXPERTS];
+  __shared__ uint32_t scan[EP_MAX_EXPERTS], sums[32];
+  __shared__ uint32_t n[EP_MAX_EXPERTS], per[EP_MAX_EXPERTS], chunks[EP_MAX_EXPERTS];
   __shared__ Paths paths;
   const Shape s = a.s;
   const int tid = threadIdx.x;
   stamp(a, kStampCombine, kStampEntry);
   askPaths(a, paths); /* read after receivedBySource()'s barriers */
-  const uint32_t total = receivedBySource(a, scan, n);
+  const uint32_t total = receivedBySource(a, scan, sums, n);
   if (tid < s.R)
     per[tid] = paths.rows[tid] ? evenShare(a, tid, true, total) : (n[tid] ? n[tid] : 1);
-  const uint32_t* chunkEnd = chunkScan(n, per, chunks, s.R);
+  const uint32_t* chunkEnd = chunkScan(n, per, chunks, sums, s.R);
   for (uint32_t j = blockIdx.x; j < chunkEnd[s.R - 1]; j += gridDim.x) {
     int src;
     uint32_t first, rows;
