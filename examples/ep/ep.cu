@@ -146,7 +146,7 @@ int main(int argc, char** argv)
   setupRank(c, &argc, argv);
   std::vector<int> tokens = {1, 8, 32, 128};
   int steps = 1000, warmup = 50, blocks = 64, chunkRows = 0, fuseTokens = 1;
-  bool legacyStream = false, preload = true, stamps = false, carveoutMax = false;
+  bool legacyStream = false, preload = true, stamps = false;
   Shape s{c.nranks, 256, 8, 7168, 0};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
@@ -170,8 +170,6 @@ int main(int argc, char** argv)
       preload = strcmp(v, "yes") == 0;
     else if (k == "--stamps" && (strcmp(v, "yes") == 0 || strcmp(v, "no") == 0))
       stamps = strcmp(v, "yes") == 0;
-    else if (k == "--carveout" && (strcmp(v, "max") == 0 || strcmp(v, "default") == 0))
-      carveoutMax = strcmp(v, "max") == 0;
     else {
       fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -206,16 +204,6 @@ int main(int argc, char** argv)
     CUDACHECK(cudaFuncGetAttributes(&fa, ep::expertKernel));
     CUDACHECK(cudaFuncGetAttributes(&fa, ep::combineKernel));
     CUDACHECK(cudaFuncGetAttributes(&fa, ep::reduceKernel));
-  }
-  /* A/B (temporary): every kernel prefers the most shared memory per SM, so that an SM running
-   * them in turn never changes its L1/shared split between them. */
-  if (carveoutMax) {
-    const int most = cudaSharedmemCarveoutMaxShared;
-    CUDACHECK(cudaFuncSetAttribute(prepareKernel, cudaFuncAttributePreferredSharedMemoryCarveout, most));
-    CUDACHECK(cudaFuncSetAttribute(ep::dispatchKernel, cudaFuncAttributePreferredSharedMemoryCarveout, most));
-    CUDACHECK(cudaFuncSetAttribute(ep::expertKernel, cudaFuncAttributePreferredSharedMemoryCarveout, most));
-    CUDACHECK(cudaFuncSetAttribute(ep::combineKernel, cudaFuncAttributePreferredSharedMemoryCarveout, most));
-    CUDACHECK(cudaFuncSetAttribute(ep::reduceKernel, cudaFuncAttributePreferredSharedMemoryCarveout, most));
   }
   /* The kernels' stream, made before the library makes its own (connection setup): CUDA hands
    * its hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS) to streams round-robin in creation
