@@ -817,7 +817,8 @@ fi
 #     as NVSHMEM's users write it) on the same shape, and pplx-kernels where its tree is at
 #     GPU_CHECK_PPLX_SRC (default .pplx/src; carry it: bench/gpu/pplx/README.md). On a machine
 #     with several GPUs, also one rank per GPU without MPS (ours direct and proxied, both
-#     peers, and pplx's torch all-to-all row over NCCL). Every run checks every count, row and output value (exit 1 on a wrong one);
+#     peers, and pplx's torch all-to-all row over NCCL, a timing row with nothing to check).
+#     Every other run checks every count, row and output value (exit 1 on a wrong one);
 #     RESULT lines to $OUT/ep.txt, the table after.
 # ep_place NP: the environment of NP ranks' placement, as VAR=VALUE words for `env`: all on
 # GPU 0, each with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = 100 / NP (under the MPS daemon the

@@ -250,8 +250,10 @@ int main(int argc, char** argv)
   for (int T : tokens) {
     a.T = T;
     std::vector<float> dispatchMs, combineMs, combineKernelMs, reduceMs, expertMs;
-    /* Every entry stamp starts at the largest value (the blocks keep the earliest). */
-    if (stamps) CUDACHECK(cudaMemset(stampsDev, 0xff, (size_t)steps * ep::kStamps * sizeof(unsigned long long)));
+    /* Every entry stamp starts at the largest value (the blocks keep the earliest); on the
+     * kernels' stream, which does not wait for the legacy one. */
+    if (stamps)
+      CUDACHECK(cudaMemsetAsync(stampsDev, 0xff, (size_t)steps * ep::kStamps * sizeof(unsigned long long), st));
     for (int i = 0; i < warmup + steps; i++, step++) {
       a.q = step & 1;
       const bool timed = i >= warmup;
@@ -303,21 +305,24 @@ int main(int argc, char** argv)
       /* Where each kernel's time goes (ep_kernels.cuh's stamps, this rank's): from the first
        * block's entry to the last block leaving lastBlock() (every row put: "work"), to its
        * signals issued ("signal"), to its waits returned ("wait": the peers' lateness and the
-       * signals' flight); "outside" is the event time less entry-to-waited (launch, and the
-       * blocks' end). Trimmed means, us. */
+       * signals' flight); "outside" is the event time less entry-to-waited (launch, the
+       * blocks' end, and a fused reduce). Trimmed means, us. */
       std::vector<unsigned long long> t((size_t)steps * ep::kStamps);
+      CUDACHECK(cudaStreamSynchronize(st));
       CUDACHECK(cudaMemcpy(t.data(), stampsDev, t.size() * sizeof t[0], cudaMemcpyDeviceToHost));
+      /* A gap in integers first: the stamps count from the epoch, where a double keeps only
+       * every 256th nanosecond. */
+      auto between = [&](int j, int at, int from, int to) {
+        return (double)(long long)(t[(size_t)j * ep::kStamps + at + to] - t[(size_t)j * ep::kStamps + at + from]);
+      };
       auto gap = [&](int at, int from, int to) {
         std::vector<double> v;
-        for (int j = 0; j < steps; j++)
-          v.push_back((double)t[(size_t)j * ep::kStamps + at + to] - (double)t[(size_t)j * ep::kStamps + at + from]);
+        for (int j = 0; j < steps; j++) v.push_back(between(j, at, from, to));
         return trimmedMeanUs(v);
       };
       auto outside = [&](int at, const std::vector<float>& ms) {
         std::vector<double> v;
-        for (int j = 0; j < steps; j++)
-          v.push_back(ms[j] * 1e6 - ((double)t[(size_t)j * ep::kStamps + at + ep::kStampWaited] -
-                                     (double)t[(size_t)j * ep::kStamps + at + ep::kStampEntry]));
+        for (int j = 0; j < steps; j++) v.push_back(ms[j] * 1e6 - between(j, at, ep::kStampEntry, ep::kStampWaited));
         return trimmedMeanUs(v);
       };
       printf("RESULT ep_phases impl=mscclpp ranks=%d tokens=%d rank=%d "

@@ -10,9 +10,10 @@
  *     receive rows from src, DR[src], which hold src's rows for that rank densely, by local
  *     expert l and then by token order: row start[l] + slot, where start[l] is the number of
  *     src's rows for that rank's experts below l and slot the number of src's earlier tokens
- *     that chose the same expert. Then, per peer, the L counts of those runs, put and signalled
- *     after the rows (the "tokens, then a count ordered after them" of every EP library); the
- *     receiver waits once per peer and learns start[] from the counts.
+ *     that chose the same expert. Then, per peer, the L counts of those runs (put by one block
+ *     before its rows where they land directly, after the rows where packed), and one signal
+ *     ordered after every row and count (the "tokens, then a count ordered after them" of
+ *     every EP library); the receiver waits once per peer and learns start[] from the counts.
  *     Where a peer's memory is not written directly (every put through the proxy), the sender
  *     first packs its rows for that peer in the same order into its own SR[peer], so that
  *     they leave in one put.

@@ -500,7 +500,8 @@ __global__ void __launch_bounds__(EP_THREADS, 2) combineKernel(Step a)
   for (int p = threadIdx.x; p < s.R; p += blockDim.x)
     if (p != a.me) connTo(a, p).wait();
   stamp(a, kStampCombine, kStampWaited);
-  if (a.T <= a.fuseTokens) reduceInBlock(a);
+  /* reduceInBlock()'s arrays hold EP_FUSE_MAX_TOKENS tokens, whoever filled in the Step. */
+  if (a.T <= a.fuseTokens && a.T <= EP_FUSE_MAX_TOKENS) reduceInBlock(a);
 }
 
 /* Block (c, t): 16-byte word c * blockDim.x + threadIdx.x of token t's output (ep.h's
