@@ -9,7 +9,8 @@
 # `unordered`: the layer playing cxi, efa-rdm, psm3 and verbs over tcp and shm, with rails and
 # staged sources, the planted-bug tests, the all-to-all and the two-endpoint test over it);
 # header (regeneration check); abi (ctest) (layout checks); header compile
-# (gcc/clang, C11..C++20, nvcc if any); cmake install; exports (the installed library's
+# (gcc/clang, C11..C++20, nvcc if any); cuda compile (every CUDA source a GPU run builds,
+# compile only, by nvcc 13.0 from NVIDIA's PyPI wheels: scripts/check-cuda-compile.sh); cmake install; exports (the installed library's
 # symbols); ctest (C/C++) (header tests); c_examples build (find_package); pkg-config build;
 # c_examples run (bootstrap_demo and allgather_host with 3 local ranks, shared and static
 # library, examples/ep's ep_host over tcp, SHM and the EFA- and cxi-like unordered layers, and
@@ -236,13 +237,13 @@ if ! deps; then
 fi
 names+=(deps) results+=(PASS) times+=($((SECONDS - total_start)))
 
-# A clean-clone run needs about 3.5 GB (README, "Requirements"). Less free space is said now, and
+# A clean-clone run needs about 4 GB (README, "Requirements"). Less free space is said now, and
 # again under the summary, rather than left to a build's "No space left on device".
 mkdir -p "$CARGO_TARGET_DIR"
 free_kb=$(df -Pk "$CARGO_TARGET_DIR" 2>/dev/null | awk 'NR == 2 { print $4 }')
 if [[ -n $free_kb ]] && ((free_kb < 4 * 1024 * 1024)); then
   echo "test.sh: warning: only $((free_kb / 1024)) MB free for $CARGO_TARGET_DIR; a full run" \
-    "from a clean clone needs about 3.5 GB" | tee -a "$logs/summary" >&2
+    "from a clean clone needs about 4 GB" | tee -a "$logs/summary" >&2
 fi
 
 step fmt -- cargo fmt --all --check
@@ -253,6 +254,7 @@ step "unordered fabric" -- unordered_fabric
 step header -- cargo test -p mscclpp --test header
 step "abi (ctest)" -- cargo test -p mscclpp-abi-test --no-fail-fast
 step "header compile" -- scripts/check-header-compile.sh
+step "cuda compile" -- scripts/check-cuda-compile.sh "$build/cuda-venv"
 step "cmake install" -- cmake_install
 step exports needs="cmake install" -- scripts/check-exports.sh "$prefix/lib/libmscclpp.so"
 step "ctest (C/C++)" needs="cmake install" -- ctest --test-dir "$build/cmake" --output-on-failure
