@@ -41,6 +41,11 @@
  * expert) and its output bit for bit with ep::checkStep, our implementation's check, and that
  * every signal it waited for carries the step (and, from combine, the count it sent).
  *
+ * Built with -DEP_STAMPS (e.g. NVSHMEM_PERF_NVCC_FLAGS=-DEP_STAMPS to bench/gpu/nvshmem.sh's
+ * nvshmem_build, into a directory of its own), every PE also prints where each timed kernel's
+ * time went, as `ep --stamps yes` does for ours (ep.h's printPhases: RESULT ep_phases
+ * impl=nvshmem ...); the binary built without it carries none of that code.
+ *
  * Bootstrap: NVSHMEM's unique id, through IDFILE (as bench/gpu/nvshmem_pingpong.cu): PE 0
  * writes it and renames it into place, the others wait 30 s at most for it.
  * The waits in the kernels are NVSHMEM's and have no timeout: a PE that is missing or died
@@ -109,7 +114,35 @@ struct Args {
   int *slot;             /* slot[t * K + k]: row of token t in its k-th expert's run */
   uint64_t *dval, *cval; /* the signal values waited for (the count in the low half) */
   ep::bf16 *out;         /* T rows */
+#ifdef EP_STAMPS
+  unsigned long long *stamps; /* nullptr, or this step's ep::kStamps times */
+#endif
 };
+
+/* Built with -DEP_STAMPS (a binary of its own, so the timed peer carries none of it): the
+ * phases of ep.h's printPhases, stamped as examples/ep stamps ours. The waiting block's "put"
+ * stamp is its own sends done (the others' may still run), and its signals go with its puts:
+ * "signal" is 0. */
+#ifdef EP_STAMPS
+#define EP_STAMP_ENTRY(a, at)                                                       \
+  do {                                                                              \
+    if ((a).stamps && threadIdx.x == 0) atomicMin(&(a).stamps[(at)], ep::globalNs()); \
+  } while (0)
+#define EP_STAMP(a, at, which)                                                       \
+  do {                                                                               \
+    if ((a).stamps) {                                                                \
+      __syncthreads();                                                               \
+      if (threadIdx.x == 0) (a).stamps[(at) + (which)] = ep::globalNs();             \
+    }                                                                                \
+  } while (0)
+#else
+#define EP_STAMP_ENTRY(a, at) \
+  do {                        \
+  } while (0)
+#define EP_STAMP(a, at, which) \
+  do {                         \
+  } while (0)
+#endif
 
 __device__ __forceinline__ uint64_t stamp(uint32_t step) { return (uint64_t)(step + 1) << 32; }
 
@@ -135,6 +168,7 @@ __global__ void __launch_bounds__(kCommThreads) dispatch_kernel(Args a)
   __shared__ int tok[kMaxTokens];    /* the token in each slot of the current expert */
   const int L = a.s.L(), E = a.s.E, K = a.s.K, T = a.T, V = a.s.H / 8;
   const uint64_t row = a.s.row();
+  EP_STAMP_ENTRY(a, ep::kStampDispatch);
   for (int i = threadIdx.x; i < E * 4; i += blockDim.x) mask[i] = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < T * K; i += blockDim.x) {
@@ -169,8 +203,11 @@ __global__ void __launch_bounds__(kCommThreads) dispatch_kernel(Args a)
                                      a.dsig + a.me * L + l, stamp(a.step) | count, NVSHMEM_SIGNAL_SET, pe);
   }
   if (blockIdx.x != gridDim.x - 1) return;
+  EP_STAMP(a, ep::kStampDispatch, ep::kStampPut);
+  EP_STAMP(a, ep::kStampDispatch, ep::kStampSignalled);
   for (int i = threadIdx.x; i < a.s.R * L; i += blockDim.x)
     a.dval[i] = nvshmem_signal_wait_until(a.dsig + i, NVSHMEM_CMP_GE, stamp(a.step));
+  EP_STAMP(a, ep::kStampDispatch, ep::kStampWaited);
 }
 
 /* The expert, as ours (ep.h's expertRun): block i scales run i, i + gridDim.x, ... */
@@ -187,6 +224,7 @@ __global__ void __launch_bounds__(kCommThreads) combine_kernel(Args a)
 {
   const int L = a.s.L(), RL = a.s.R * L;
   const uint64_t row = a.s.row();
+  EP_STAMP_ENTRY(a, ep::kStampCombine);
   for (int b = blockIdx.x; b < RL; b += gridDim.x) {
     const int i = (b + a.me * L) % RL, src = i / L, l = i % L;
     const uint32_t count = (uint32_t)a.dval[i];
@@ -195,8 +233,11 @@ __global__ void __launch_bounds__(kCommThreads) combine_kernel(Args a)
                                      stamp(a.step) | count, NVSHMEM_SIGNAL_SET, src);
   }
   if (blockIdx.x != gridDim.x - 1) return;
+  EP_STAMP(a, ep::kStampCombine, ep::kStampPut);
+  EP_STAMP(a, ep::kStampCombine, ep::kStampSignalled);
   for (int i = threadIdx.x; i < RL; i += blockDim.x)
     a.cval[i] = nvshmem_signal_wait_until(a.csig + i, NVSHMEM_CMP_GE, stamp(a.step));
+  EP_STAMP(a, ep::kStampCombine, ep::kStampWaited);
 }
 
 /* Block (c, t): 16-byte word c * blockDim.x + threadIdx.x of token t's output (ep.h's
@@ -445,6 +486,10 @@ int main(int argc, char **argv)
   CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   std::vector<cudaEvent_t> ev(5 * (size_t)steps);
   for (cudaEvent_t &e : ev) CUDA(cudaEventCreate(&e));
+#ifdef EP_STAMPS
+  unsigned long long *stamps_dev = NULL;
+  CUDA(cudaMalloc(&stamps_dev, (size_t)steps * ep::kStamps * sizeof(unsigned long long)));
+#endif
 
   if (me == 0) {
     int maj = 0, min = 0, patch = 0;
@@ -465,9 +510,18 @@ int main(int argc, char **argv)
     CUDA(cudaStreamSynchronize(st));
     nvshmem_barrier_all();
     const int total = warmup + steps;
+#ifdef EP_STAMPS
+    /* Every entry stamp starts at the largest value (the blocks keep the earliest). */
+    CUDA(cudaMemsetAsync(stamps_dev, 0xff, (size_t)steps * ep::kStamps * sizeof(unsigned long long), st));
+#endif
     for (int i = 0; i < total; i++) {
       const uint32_t step = gstep++;
+#ifdef EP_STAMPS
+      Args a = step_args(s, b, me, T, step);
+      a.stamps = i >= warmup ? stamps_dev + (size_t)(i - warmup) * ep::kStamps : NULL;
+#else
       const Args a = step_args(s, b, me, T, step);
+#endif
       const int j = i - warmup; /* timed step j when >= 0 */
       prepare_kernel<<<T, 256, 0, st>>>(a);
       CUDA(cudaGetLastError());
@@ -508,6 +562,19 @@ int main(int argc, char **argv)
       CUDA(cudaEventElapsedTime(&ms, ev[5 * j + 3], ev[5 * j + 4]));
       red[j] = ms * 1e3;
     }
+#ifdef EP_STAMPS
+    {
+      std::vector<unsigned long long> t((size_t)steps * ep::kStamps);
+      CUDA(cudaMemcpy(t.data(), stamps_dev, t.size() * sizeof t[0], cudaMemcpyDeviceToHost));
+      std::vector<float> dms(steps), cms(steps);
+      for (int j = 0; j < steps; j++) {
+        dms[j] = (float)(disp[j] / 1e3);
+        cms[j] = (float)(ckern[j] / 1e3);
+      }
+      ep::printPhases("nvshmem", R, T, me, steps, t, dms, cms);
+      fflush(stdout);
+    }
+#endif
     const double dmed = percentile_us(disp, 0.5), dp99 = percentile_us(disp, 0.99);
     const double cmed = percentile_us(comb, 0.5), cp99 = percentile_us(comb, 0.99);
 

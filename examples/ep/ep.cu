@@ -17,11 +17,8 @@
  *
  * --stamps yes also times each kernel's phases (%globaltimer in the kernels: the first block's
  * entry, every put issued, the signals issued, the waits returned) and prints, on every rank,
- *   RESULT ep_phases impl=mscclpp ranks=R tokens=T rank=r dispatch_work_us=.. dispatch_signal_us=..
- *          dispatch_wait_us=.. dispatch_outside_us=.. combine_work_us=.. (the same four)
- * (trimmed means: the clock moves about once a microsecond; "outside" is the CUDA-event time
- * less entry-to-waited: the launch, the blocks' exit, and a fused reduce). The stamps cost a barrier each in the
- * last block; off by default.
+ * a RESULT ep_phases line (ep.h's printPhases; combine's "outside" holds a fused reduce). The
+ * stamps cost a barrier each in the last block; off by default.
  *
  * --stream legacy launches the kernels on the legacy default stream instead of a stream of
  * the example's own; --preload no leaves the kernels to CUDA's lazy loading (diagnostics of
@@ -107,18 +104,6 @@ static double percentile(std::vector<float> v, double p)
   std::sort(v.begin(), v.end());
   size_t i = (size_t)std::ceil(p * v.size());
   return v[i == 0 ? 0 : i - 1] * 1000.0; /* ms to us */
-}
-
-/* The mean of v[] without its lowest and highest 5% (stamps come from a clock that moves about
- * once a microsecond: a median would round every gap to it, the mean of many steps does not,
- * and the trim keeps a few preempted steps out). In us from ns. */
-static double trimmedMeanUs(std::vector<double> v)
-{
-  std::sort(v.begin(), v.end());
-  const size_t cut = v.size() / 20;
-  double sum = 0;
-  for (size_t i = cut; i < v.size() - cut; i++) sum += v[i];
-  return sum / (double)(v.size() - 2 * cut) / 1000.0;
 }
 
 /* Triggers pushed so far into this rank's FIFOs (each connection's head word). */
@@ -302,39 +287,11 @@ int main(int argc, char** argv)
              (unsigned long long)wrong, percentile(combineKernelMs, 0.5), percentile(reduceMs, 0.5),
              percentile(expertMs, 0.5), std::min(c.nranks, c.ndevices));
     if (stamps) {
-      /* Where each kernel's time goes (ep_kernels.cuh's stamps, this rank's): from the first
-       * block's entry to the last block leaving lastBlock() (every row put: "work"), to its
-       * signals issued ("signal"), to its waits returned ("wait": the peers' lateness and the
-       * signals' flight); "outside" is the event time less entry-to-waited (launch, the
-       * blocks' end, and a fused reduce). Trimmed means, us. */
+      /* Where each kernel's time went (ep.h's printPhases), this rank's. */
       std::vector<unsigned long long> t((size_t)steps * ep::kStamps);
       CUDACHECK(cudaStreamSynchronize(st));
       CUDACHECK(cudaMemcpy(t.data(), stampsDev, t.size() * sizeof t[0], cudaMemcpyDeviceToHost));
-      /* A gap in integers first: the stamps count from the epoch, where a double keeps only
-       * every 256th nanosecond. */
-      auto between = [&](int j, int at, int from, int to) {
-        return (double)(long long)(t[(size_t)j * ep::kStamps + at + to] - t[(size_t)j * ep::kStamps + at + from]);
-      };
-      auto gap = [&](int at, int from, int to) {
-        std::vector<double> v;
-        for (int j = 0; j < steps; j++) v.push_back(between(j, at, from, to));
-        return trimmedMeanUs(v);
-      };
-      auto outside = [&](int at, const std::vector<float>& ms) {
-        std::vector<double> v;
-        for (int j = 0; j < steps; j++) v.push_back(ms[j] * 1e6 - between(j, at, ep::kStampEntry, ep::kStampWaited));
-        return trimmedMeanUs(v);
-      };
-      printf("RESULT ep_phases impl=mscclpp ranks=%d tokens=%d rank=%d "
-             "dispatch_work_us=%.2f dispatch_signal_us=%.2f dispatch_wait_us=%.2f dispatch_outside_us=%.2f "
-             "combine_work_us=%.2f combine_signal_us=%.2f combine_wait_us=%.2f combine_outside_us=%.2f\n",
-             c.nranks, T, c.rank,
-             gap(ep::kStampDispatch, ep::kStampEntry, ep::kStampPut),
-             gap(ep::kStampDispatch, ep::kStampPut, ep::kStampSignalled),
-             gap(ep::kStampDispatch, ep::kStampSignalled, ep::kStampWaited), outside(ep::kStampDispatch, dispatchMs),
-             gap(ep::kStampCombine, ep::kStampEntry, ep::kStampPut),
-             gap(ep::kStampCombine, ep::kStampPut, ep::kStampSignalled),
-             gap(ep::kStampCombine, ep::kStampSignalled, ep::kStampWaited), outside(ep::kStampCombine, combineKernelMs));
+      ep::printPhases("mscclpp", c.nranks, T, c.rank, steps, t, dispatchMs, combineKernelMs);
     }
     fflush(stdout);
   }

@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <vector>
 
 #if defined(__CUDACC__)
@@ -227,6 +228,68 @@ __device__ __forceinline__ int4 combineWord(int K, const float* wk, const uint8_
   return make_int4((int)o[0], (int)o[1], (int)o[2], (int)o[3]);
 }
 #endif
+
+/* The phases of a step that `--stamps` times (ep.cu, and nvshmem_ep built with -DEP_STAMPS):
+ * per step kStamps %globaltimer values, in each of dispatch and combine the first block's
+ * entry, the waiting block's puts issued (ours: the last block leaving lastBlock(), so every
+ * block's; the peer's: that block's own), its signals issued (the peer's go with its puts:
+ * the same time), its waits returned. */
+enum { kStampDispatch = 0, kStampCombine = 4, kStamps = 8 };
+enum { kStampEntry = 0, kStampPut = 1, kStampSignalled = 2, kStampWaited = 3 };
+
+#if defined(__CUDACC__)
+__device__ __forceinline__ unsigned long long globalNs()
+{
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#endif
+
+/* Where each timed kernel's time went over `steps` steps, from their stamps (t, kStamps a
+ * step) and CUDA-event times (ms, the dispatch kernel's and the combine kernel's): "work" the
+ * first block's entry to the puts issued, "signal" to the signals issued, "wait" to the waits
+ * returned (the peers' lateness and the signals' flight), "outside" the event time less entry
+ * to waited (the launch, the blocks' exit, anything after the waits). Trimmed means (the
+ * lowest and highest 5% left out: the clock moves about once a microsecond, so a median would
+ * round every gap to it, and the trim keeps a few preempted steps out), in us. One line:
+ *   RESULT ep_phases impl=IMPL ranks=R tokens=T rank=r dispatch_work_us=.. dispatch_signal_us=..
+ *          dispatch_wait_us=.. dispatch_outside_us=.. combine_work_us=.. (the same four) */
+inline void printPhases(const char* impl, int ranks, int tokens, int rank, int steps,
+                        const std::vector<unsigned long long>& t, const std::vector<float>& dispatchMs,
+                        const std::vector<float>& combineKernelMs)
+{
+  auto trimmedMeanUs = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t cut = v.size() / 20;
+    double sum = 0;
+    for (size_t i = cut; i < v.size() - cut; i++) sum += v[i];
+    return sum / (double)(v.size() - 2 * cut) / 1000.0;
+  };
+  /* A gap in integers first: the stamps count from the epoch, where a double keeps only every
+   * 256th nanosecond. */
+  auto between = [&](int j, int at, int from, int to) {
+    return (double)(long long)(t[(size_t)j * kStamps + at + to] - t[(size_t)j * kStamps + at + from]);
+  };
+  auto gap = [&](int at, int from, int to) {
+    std::vector<double> v;
+    for (int j = 0; j < steps; j++) v.push_back(between(j, at, from, to));
+    return trimmedMeanUs(v);
+  };
+  auto outside = [&](int at, const std::vector<float>& ms) {
+    std::vector<double> v;
+    for (int j = 0; j < steps; j++) v.push_back(ms[j] * 1e6 - between(j, at, kStampEntry, kStampWaited));
+    return trimmedMeanUs(v);
+  };
+  printf("RESULT ep_phases impl=%s ranks=%d tokens=%d rank=%d "
+         "dispatch_work_us=%.2f dispatch_signal_us=%.2f dispatch_wait_us=%.2f dispatch_outside_us=%.2f "
+         "combine_work_us=%.2f combine_signal_us=%.2f combine_wait_us=%.2f combine_outside_us=%.2f\n",
+         impl, ranks, tokens, rank, gap(kStampDispatch, kStampEntry, kStampPut),
+         gap(kStampDispatch, kStampPut, kStampSignalled), gap(kStampDispatch, kStampSignalled, kStampWaited),
+         outside(kStampDispatch, dispatchMs), gap(kStampCombine, kStampEntry, kStampPut),
+         gap(kStampCombine, kStampPut, kStampSignalled), gap(kStampCombine, kStampSignalled, kStampWaited),
+         outside(kStampCombine, combineKernelMs));
+}
 
 /* "1,8,32,128" into `out`; false (out unspecified) on anything else. */
 inline bool parseTokens(const char* v, std::vector<int>& out)

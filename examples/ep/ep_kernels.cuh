@@ -64,19 +64,6 @@ struct Step {
   int fuseTokens;               /* T <= this (at most EP_FUSE_MAX_TOKENS): combine's last block does the reduce, which is not launched */
 };
 
-/* The phases of a step that `ep --stamps yes` times (ep.cu reports the gaps): in each of
- * dispatch and combine, the first block's entry, the last block's leaving lastBlock() (every
- * block's puts issued), its signals issued, its waits returned. */
-enum { kStampDispatch = 0, kStampCombine = 4, kStamps = 8 };
-enum { kStampEntry = 0, kStampPut = 1, kStampSignalled = 2, kStampWaited = 3 };
-
-__device__ __forceinline__ unsigned long long globalNs()
-{
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 /* Stamp `which` of phase `at` (kStampDispatch or kStampCombine), if stamps are asked for:
  * the entry by every block's first thread (the earliest stays: the host sets it to ~0 first),
  * the others by the last block after a barrier (so after every thread's work before it).
