@@ -7,6 +7,8 @@
 #
 #   scripts/check-cuda-compile.sh [VENV_DIR]   (default build/cuda-venv; reused when present)
 #
+# Leaves VENV_DIR/nvcc, a wrapper of the wheels' nvcc (which finds its headers from where it
+# lies, so a link would not do), for other checks (scripts/test.sh's header compile).
 # Exit 0 when every source compiles; the failing sources' errors are printed.
 set -uo pipefail
 
@@ -36,6 +38,8 @@ else
   cu=$site/nvidia/cu13
   nvcc=$cu/bin/nvcc
   nvshmem=$site/nvidia/nvshmem
+  # A file of its own (removed first: a link left there would be written through).
+  rm -f "$venv/nvcc" && printf '#!/bin/sh\nexec "%s" "$@"\n' "$nvcc" >"$venv/nvcc" && chmod +x "$venv/nvcc"
   # The wheels put CCCL (cuda/std, cub, thrust) under include/cccl, where a full toolkit's
   # nvcc.profile would not look.
   extra=(-I"$cu/include/cccl")

@@ -8,9 +8,10 @@
 # unordered fabric layer, which run as their own step next; unordered fabric (every test named
 # `unordered`: the layer playing cxi, efa-rdm, psm3 and verbs over tcp and shm, with rails and
 # staged sources, the planted-bug tests, the all-to-all and the two-endpoint test over it);
-# header (regeneration check); abi (ctest) (layout checks); header compile
-# (gcc/clang, C11..C++20, nvcc if any); cuda compile (every CUDA source a GPU run builds,
-# compile only, by nvcc 13.0 from NVIDIA's PyPI wheels: scripts/check-cuda-compile.sh); cmake install; exports (the installed library's
+# header (regeneration check); abi (ctest) (layout checks); cuda compile (every CUDA source
+# a GPU run builds, compile only, by nvcc 13.0 from NVIDIA's PyPI wheels:
+# scripts/check-cuda-compile.sh); header compile (gcc/clang, C11..C++20, and that nvcc, or
+# one installed); cmake install; exports (the installed library's
 # symbols); ctest (C/C++) (header tests); c_examples build (find_package); pkg-config build;
 # c_examples run (bootstrap_demo and allgather_host with 3 local ranks, shared and static
 # library, examples/ep's ep_host over tcp, SHM and the EFA- and cxi-like unordered layers, and
@@ -253,8 +254,10 @@ step "cargo test" -- cargo test --workspace --no-fail-fast -- --skip unordered
 step "unordered fabric" -- unordered_fabric
 step header -- cargo test -p mscclpp --test header
 step "abi (ctest)" -- cargo test -p mscclpp-abi-test --no-fail-fast
-step "header compile" -- scripts/check-header-compile.sh
 step "cuda compile" -- scripts/check-cuda-compile.sh "$build/cuda-venv"
+# Under nvcc too: the one the step above installed, where it did.
+step "header compile" -- env NVCC="$([[ -x $build/cuda-venv/nvcc ]] && echo "$build/cuda-venv/nvcc")" \
+  scripts/check-header-compile.sh
 step "cmake install" -- cmake_install
 step exports needs="cmake install" -- scripts/check-exports.sh "$prefix/lib/libmscclpp.so"
 step "ctest (C/C++)" needs="cmake install" -- ctest --test-dir "$build/cmake" --output-on-failure
