@@ -21,7 +21,6 @@ trap 'rm -rf "$tmp"' EXIT
 # compiles here compiles there. A pip whose install fails is reported as such.
 wheels=(nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96
   nvidia-cuda-cccl==13.0.85 nvidia-nvshmem-cu13==3.4.5)
-extra=()
 if [[ -n ${NVCC:-} ]]; then
   nvcc=$NVCC
   nvshmem=${NVSHMEM_HOME:-}
@@ -40,9 +39,6 @@ else
   nvshmem=$site/nvidia/nvshmem
   # A file of its own (removed first: a link left there would be written through).
   rm -f "$venv/nvcc" && printf '#!/bin/sh\nexec "%s" "$@"\n' "$nvcc" >"$venv/nvcc" && chmod +x "$venv/nvcc"
-  # The wheels put CCCL (cuda/std, cub, thrust) under include/cccl, where a full toolkit's
-  # nvcc.profile would not look.
-  extra=(-I"$cu/include/cccl")
 fi
 "$nvcc" --version | tail -1
 
@@ -73,7 +69,7 @@ compile() { # name|flags|source
   local name=${1%%|*} rest=${1#*|}
   local flags=${rest%%|*} src=${rest#*|}
   # shellcheck disable=SC2086 # flags is a list of words
-  if "$nvcc" -c -O2 -std=c++17 -arch=sm_90 "${extra[@]}" "${inc[@]}" $flags "$src" \
+  if "$nvcc" -c -O2 -std=c++17 -arch=sm_90 "${inc[@]}" $flags "$src" \
     -o "$tmp/$name.o" >"$tmp/$name.log" 2>&1; then
     echo "  ok    $name"
   else

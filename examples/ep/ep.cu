@@ -289,7 +289,6 @@ int main(int argc, char** argv)
     if (stamps) {
       /* Where each kernel's time went (ep.h's printPhases), this rank's. */
       std::vector<unsigned long long> t((size_t)steps * ep::kStamps);
-      CUDACHECK(cudaStreamSynchronize(st));
       CUDACHECK(cudaMemcpy(t.data(), stampsDev, t.size() * sizeof t[0], cudaMemcpyDeviceToHost));
       ep::printPhases("mscclpp", c.nranks, T, c.rank, steps, t, dispatchMs, combineKernelMs);
     }
