@@ -7,7 +7,7 @@
 mod common;
 
 use common::boot::{check_all_gather, child_done, local_addr, run_child, with_ranks};
-use common::{child_role, threads_and_fds, threads_and_fds_settled};
+use common::{child_role, threads_and_fds_settled, threads_and_fds_steady};
 use mscclpp::bootstrap::{self, Bootstrap};
 use mscclpp::error::Error;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -281,7 +281,7 @@ fn role_leaks() {
         });
     };
     cycle();
-    let (threads, fds) = threads_and_fds();
+    let (threads, fds) = threads_and_fds_steady();
     for _ in 0..20 {
         cycle();
     }

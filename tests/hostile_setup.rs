@@ -605,7 +605,7 @@ fn body() {
     // Warm up (libfabric keeps some process-wide state), then count threads and descriptors.
     good_setup();
     let f = Fake::new();
-    let before = threads_and_fds();
+    let before = threads_and_fds_steady();
     // The real rank's own blob, for the replay case.
     let own = {
         let root = format!("127.0.0.1:{}", free_port());

@@ -65,7 +65,7 @@ fn create_destroy_cycles_leave_no_fds_or_threads() {
     // a few descriptors); that is not a per-communicator leak.
     cycles(2, mscclppTransport_t::mscclppTransportIB);
     cycles(2, mscclppTransport_t::mscclppTransportSHM);
-    let (threads, fds) = common::threads_and_fds();
+    let (threads, fds) = common::threads_and_fds_steady();
     cycles(n / 2, mscclppTransport_t::mscclppTransportIB);
     cycles(n - n / 2, mscclppTransport_t::mscclppTransportSHM);
     let after =

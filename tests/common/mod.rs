@@ -317,6 +317,25 @@ pub fn threads_and_fds() -> (usize, usize) {
     (n("/proc/self/task"), n("/proc/self/fd"))
 }
 
+/// [`threads_and_fds`] as a baseline: once the thread count has held still for 100 ms, or as
+/// it is after 2 s. Threads joined just before (a warm-up's) stay listed in `/proc` a moment
+/// (below), and a baseline that counted one made a later, settled count look one short.
+pub fn threads_and_fds_steady() -> (usize, usize) {
+    let t0 = Instant::now();
+    let mut now = threads_and_fds();
+    let mut since = Instant::now();
+    // Ends: the count holds for 100 ms, or 2 s pass (polling every 10 ms).
+    while since.elapsed() < Duration::from_millis(100) && t0.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+        let next = threads_and_fds();
+        if next.0 != now.0 {
+            since = Instant::now();
+        }
+        now = next;
+    }
+    now
+}
+
 /// [`threads_and_fds`] once `settled` accepts it, or as it is after `bound`: a joined thread
 /// stays listed in `/proc` a moment after join returns (the kernel clears its tid before the
 /// task is reaped), so a leak is a count that stays up, not one seen once.
