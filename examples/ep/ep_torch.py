@@ -4,6 +4,7 @@ current stream over torch tensors, one mscclpp_rs communicator per rank.
 
     torchrun --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 29500 \\
         examples/ep/ep_torch.py [--tokens 1,8,32,128] [--steps 200] [--transport p2p|ib|shm]
+        [--blocks 64] [--fuse-tokens 1]
 
 The inputs are torch tensors made by torch: per rank and step (repeating every 3 steps),
 from a CPU generator seeded by both, tokens in BF16 (multiples of 1/64 in (-2, 2)), top-K routing of random scores, weights
@@ -67,9 +68,9 @@ int64_t ep_offset(std::vector<int64_t> shape, int64_t what, int64_t q, int64_t r
 
 /* kernel: 0 dispatch, 1 expert, 2 combine, 3 reduce (ep_kernels.cuh), on the current stream. */
 void ep_launch(int64_t kernel, std::vector<int64_t> shape, int64_t me, int64_t T, int64_t q,
-               int64_t base, int64_t blocks, torch::Tensor buf, torch::Tensor conns,
-               torch::Tensor idx, torch::Tensor w, torch::Tensor rows, torch::Tensor out,
-               torch::Tensor done, torch::Tensor ops)
+               int64_t base, int64_t blocks, int64_t fuse_tokens, torch::Tensor buf,
+               torch::Tensor conns, torch::Tensor idx, torch::Tensor w, torch::Tensor rows,
+               torch::Tensor out, torch::Tensor done, torch::Tensor ops)
 {
   ep::Step a{};
   a.s = shapeOf(shape);
@@ -83,6 +84,9 @@ void ep_launch(int64_t kernel, std::vector<int64_t> shape, int64_t me, int64_t T
   TORCH_CHECK(done.is_cuda() && done.scalar_type() == torch::kInt32 && done.numel() >= 2, "done: int32 [2]");
   TORCH_CHECK(ops.is_cuda() && ops.scalar_type() == torch::kInt64 && ops.numel() >= 1, "ops: int64 [1]");
   TORCH_CHECK(T >= 1 && T <= a.s.Tmax && a.s.E <= EP_MAX_EXPERTS && a.s.Tmax <= EP_MAX_TOKENS, "shape");
+  TORCH_CHECK(fuse_tokens >= 0 && fuse_tokens <= EP_FUSE_MAX_TOKENS, "fuse_tokens: 0..", EP_FUSE_MAX_TOKENS);
+  /* A reduce launched where combine's last block did the sums would sum twice: refused. */
+  TORCH_CHECK(kernel != 3 || T > fuse_tokens, "ep_launch: no reduce where T <= fuse_tokens (combine did it)");
   a.me = (int)me;
   a.T = (int)T;
   a.q = (int)q;
@@ -95,6 +99,7 @@ void ep_launch(int64_t kernel, std::vector<int64_t> shape, int64_t me, int64_t T
   a.done = reinterpret_cast<unsigned int*>(done.data_ptr<int>());
   a.base = (unsigned int)base;
   a.ops = reinterpret_cast<unsigned long long*>(ops.data_ptr<int64_t>());
+  a.fuseTokens = (int)fuse_tokens;
   cudaStream_t st = c10::cuda::getCurrentCUDAStream().stream();
   switch (kernel) {
   case 0: ep::dispatchKernel<<<(int)blocks, EP_THREADS, 0, st>>>(a); break;
@@ -123,9 +128,9 @@ void ep_preload()
 DECLS = """
 int64_t ep_offset(std::vector<int64_t> shape, int64_t what, int64_t q, int64_t rank, int64_t r);
 void ep_launch(int64_t kernel, std::vector<int64_t> shape, int64_t me, int64_t T, int64_t q,
-               int64_t base, int64_t blocks, torch::Tensor buf, torch::Tensor conns,
-               torch::Tensor idx, torch::Tensor w, torch::Tensor rows, torch::Tensor out,
-               torch::Tensor done, torch::Tensor ops);
+               int64_t base, int64_t blocks, int64_t fuse_tokens, torch::Tensor buf,
+               torch::Tensor conns, torch::Tensor idx, torch::Tensor w, torch::Tensor rows,
+               torch::Tensor out, torch::Tensor done, torch::Tensor ops);
 void ep_preload();
 """
 
@@ -211,6 +216,9 @@ def main() -> int:
     ap.add_argument("--experts", type=int, default=256)
     ap.add_argument("--topk", type=int, default=8)
     ap.add_argument("--blocks", type=int, default=64)
+    # As ep.cu's --fuse-tokens: a step of at most this many tokens has its weighted sums done by
+    # combine's last block, and no reduce kernel is launched.
+    ap.add_argument("--fuse-tokens", type=int, default=1)
     args = ap.parse_args()
     try:
         tokens = [int(t) for t in args.tokens.split(",")]
@@ -229,10 +237,11 @@ def main() -> int:
         or args.blocks < 1
         or args.steps < 1
         or args.warmup < 0
+        or not 0 <= args.fuse_tokens <= 8
     ):
         print(
             f"experts {E} must divide by ranks {R} (at most 512), topk 1..16, hidden a positive multiple "
-            "of 8, tokens 1..128, blocks and steps at least 1",
+            "of 8, tokens 1..128, blocks and steps at least 1, fuse tokens 0..8",
             file=sys.stderr,
         )
         return 2
@@ -275,15 +284,16 @@ def main() -> int:
 
                     def launch(kernel: int) -> None:
                         ext.ep_launch(kernel, shape, me, T, q, step * args.blocks, args.blocks,
-                                      buf, conns, idx, w, rows, out, done, ops)
+                                      args.fuse_tokens, buf, conns, idx, w, rows, out, done, ops)
 
                     ev[0].record()
                     launch(0)  # dispatch
                     ev[1].record()
                     launch(1)  # expert
                     ev[2].record()
-                    launch(2)  # combine
-                    launch(3)  # reduce
+                    launch(2)  # combine (and the sums, where T <= --fuse-tokens)
+                    if T > args.fuse_tokens:
+                        launch(3)  # reduce
                     ev[3].record()
                     if i >= args.warmup:
                         times.append(ev)
