@@ -6,6 +6,10 @@
 #   GPU_CHECK_EXTRA='source "$ROOT/bench/gpu/ep-ab.sh"; ep_ab 5 2 1,8 "g64:ours:" "g8:ours:--blocks 8" "nv:peer:"'
 # A case is LABEL:WHO:ARGS, WHO one of
 #   ours    build/.../ep (the example), ARGS its options (VAR=VALUE words first set its environment)
+#   base    the example as it was at a baseline commit, built here from $CARRY/ep-base (its
+#           include/ and examples/ep/ there, as `git archive BASE include examples/ep | tar -x
+#           -C .carry/ep-base` leaves them) against the same library: a change of the kernels
+#           or of the device header against the code before it
 #   peer    bench/gpu/nvshmem_ep as timed by the GPU check
 #   speer   the same built with -DEP_STAMPS (prints RESULT ep_phases; not for timings)
 # Lines go to $OUT/ep-ab.txt as "AB label=LABEL round=R RESULT ...".
@@ -18,7 +22,11 @@ ep_ab() {
   for c in "$@"; do
     who=${c#*:}
     who=${who%%:*}
-    if [[ $who == peer && -z $peer ]]; then
+    if [[ $who == base && ! -x $WORK/ep-base ]]; then
+      "$NVCC" -O2 -std=c++17 -arch=sm_90 -I"$CARRY/ep-base/include" -I"$ROOT/c_examples/common" \
+        -I"$ROOT/c_examples/cuda" -o "$WORK/ep-base" "$CARRY/ep-base/examples/ep/ep.cu" \
+        -L"$PREFIX/lib" -lmscclpp -Xlinker -rpath -Xlinker "$PREFIX/lib" || return 1
+    elif [[ $who == peer && -z $peer ]]; then
       peer=$(nvshmem_build "$WORK/ep-ab-peer" nvshmem_ep) || return 1
     elif [[ $who == speer && -z $speer ]]; then
       speer=$(NVSHMEM_PERF_NVCC_FLAGS=-DEP_STAMPS nvshmem_build "$WORK/ep-ab-speer" nvshmem_ep) || return 1
@@ -41,9 +49,10 @@ ep_ab() {
       done
       : >"$WORK/ep-ab.out"
       case $who in
-      ours)
+      ours | base)
+        [[ $who == ours ]] && bin=$BIN/ep || bin=$WORK/ep-base
         # shellcheck disable=SC2046 # ep_place's words are VAR=VALUE pairs
-        spawn_ranks "$np" timeout -k 5 120 env $(ep_place "$np") "${vars[@]}" "$BIN/ep" \
+        spawn_ranks "$np" timeout -k 5 120 env $(ep_place "$np") "${vars[@]}" "$bin" \
           --tokens "$tokens" "${opts[@]}" >"$WORK/ep-ab.out" 2>&1 || rc=1
         ;;
       peer | speer)
@@ -59,7 +68,7 @@ ep_ab() {
         for p in "${pids[@]}"; do wait "$p" || rc=1; done
         ;;
       *)
-        echo "ep_ab: $c: WHO is ours, peer or speer" >&2
+        echo "ep_ab: $c: WHO is ours, base, peer or speer" >&2
         return 2
         ;;
       esac

@@ -130,7 +130,7 @@ int main(int argc, char** argv)
   Ctx c;
   setupRank(c, &argc, argv);
   std::vector<int> tokens = {1, 8, 32, 128};
-  int steps = 1000, warmup = 50, blocks = 64, chunkRows = 0, fuseTokens = 1, variant = 0;
+  int steps = 1000, warmup = 50, blocks = 64, chunkRows = 0, fuseTokens = 1;
   bool legacyStream = false, preload = true, stamps = false;
   Shape s{c.nranks, 256, 8, 7168, 0};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -149,7 +149,6 @@ int main(int argc, char** argv)
     else if (k == "--blocks") blocks = atoi(v);
     else if (k == "--chunk-rows") chunkRows = atoi(v);
     else if (k == "--fuse-tokens") fuseTokens = atoi(v);
-    else if (k == "--variant") variant = atoi(v);
     else if (k == "--stream" && (strcmp(v, "legacy") == 0 || strcmp(v, "own") == 0))
       legacyStream = strcmp(v, "legacy") == 0;
     else if (k == "--preload" && (strcmp(v, "yes") == 0 || strcmp(v, "no") == 0))
@@ -210,7 +209,6 @@ int main(int argc, char** argv)
   a.buf = buf;
   a.chunkRows = (uint32_t)chunkRows;
   a.fuseTokens = fuseTokens;
-  a.variant = variant;
   unsigned long long* stampsDev = nullptr;
   if (stamps) CUDACHECK(cudaMalloc(&stampsDev, (size_t)steps * ep::kStamps * sizeof(unsigned long long)));
   int* idx = nullptr;

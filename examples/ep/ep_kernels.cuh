@@ -62,7 +62,6 @@ struct Step {
   uint32_t chunkRows;           /* at most this many rows in a chunk of evenShare's (0: no limit but the even share's) */
   unsigned long long* stamps;   /* nullptr, or this step's kStamps %globaltimer times (stamp()) */
   int fuseTokens;               /* T <= this (at most EP_FUSE_MAX_TOKENS): combine's last block does the reduce, which is not launched */
-  int variant;                  /* DIAGNOSTIC (A/B, to be removed): bit 0 every block releases at system scope in lastBlock(); bit 1 the signalling threads fence at system scope before the signal stamp; bit 2 lastBlock() by one acq_rel atomic */
 };
 
 /* Stamp `which` of phase `at` (kStampDispatch or kStampCombine), if stamps are asked for:
@@ -143,25 +142,20 @@ __device__ uint32_t* inclusiveScan(uint32_t* v, uint32_t* tmp, int n)
 
 /* True in the block that finished last of the launch's gridDim.x blocks on counter `c`:
  * each block's writes (its threads', ordered by the barrier) are released by its first
- * thread's fence before the add, and the last block's first thread acquires them all by its
- * fence after reading the count; the barrier hands that on to the block. So a signal() or a
- * put of the last block covers or reads every block's writes. */
-__device__ bool lastBlock(unsigned int* c, unsigned int base, int variant = 0)
+ * thread's add, an acq_rel atomic at GPU scope; the add that brings the count to the end
+ * acquires them all (every earlier add is in the counter's release sequence), and the barrier
+ * hands that on to the block. So a signal() or a put of the last block covers or reads every
+ * block's writes. One atomic rather than a fence, a relaxed add and a fence: 0.2-0.4 us less
+ * per kernel (bench/RESULTS.md, issue 44, session 29); a system-scope release in every block
+ * instead was slower. */
+__device__ bool lastBlock(unsigned int* c, unsigned int base)
 {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
-    if (variant & 4) {
-      unsigned int old;
-      if (variant & 1) __threadfence_system();
-      asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(c) : "memory");
-      last = old == base + gridDim.x - 1;
-    } else {
-      if (variant & 1) __threadfence_system();
-      else __threadfence();
-      last = atomicAdd(c, 1u) == base + gridDim.x - 1;
-      if (last) __threadfence();
-    }
+    unsigned int old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(c) : "memory");
+    last = old == base + gridDim.x - 1;
   }
   __syncthreads();
   return last;
@@ -360,8 +354,7 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
     if (direct && tid == 0) atomicAdd(a.ops, 1ull);
     __syncthreads(); /* tok[] is rewritten only after every thread has used it */
   }
-  if (!lastBlock(&a.done[0], a.base, a.variant)) return;
-  if ((a.variant & 2) && tid < s.R && tid != a.me) __threadfence_system();
+  if (!lastBlock(&a.done[0], a.base)) return;
   stamp(a, kStampDispatch, kStampPut);
   /* Per peer: where its counts went directly, one signal(), which covers them and the rows
    * (block gridDim.x - 1's puts and every block's, through lastBlock()). Otherwise the packed
@@ -486,8 +479,7 @@ __global__ void __launch_bounds__(EP_THREADS, 2) combineKernel(Step a)
       if (tid == 0) atomicAdd(a.ops, 1ull);
     }
   }
-  if (!lastBlock(&a.done[1], a.base, a.variant)) return;
-  if ((a.variant & 2) && tid < s.R && tid != a.me) __threadfence_system();
+  if (!lastBlock(&a.done[1], a.base)) return;
   stamp(a, kStampCombine, kStampPut);
   for (int p = threadIdx.x; p < s.R; p += blockDim.x)
     if (p != a.me) {
