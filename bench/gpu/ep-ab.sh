@@ -10,6 +10,8 @@
 #           include/ and examples/ep/ there, as `git archive BASE include examples/ep | tar -x
 #           -C .carry/ep-base` leaves them) against the same library: a change of the kernels
 #           or of the device header against the code before it
+#   clk     the example built with -DEP_SIGNAL_CLOCKS (prints RESULT ep_clocks: what a signal()
+#           and a fence after it cost the last block's thread, in SM cycles; not for timings)
 #   peer    bench/gpu/nvshmem_ep as timed by the GPU check
 #   speer   the same built with -DEP_STAMPS (prints RESULT ep_phases; not for timings)
 # Lines go to $OUT/ep-ab.txt as "AB label=LABEL round=R RESULT ...".
@@ -25,6 +27,10 @@ ep_ab() {
     if [[ $who == base && ! -x $WORK/ep-base ]]; then
       "$NVCC" -O2 -std=c++17 -arch=sm_90 -I"$CARRY/ep-base/include" -I"$ROOT/c_examples/common" \
         -I"$ROOT/c_examples/cuda" -o "$WORK/ep-base" "$CARRY/ep-base/examples/ep/ep.cu" \
+        -L"$PREFIX/lib" -lmscclpp -Xlinker -rpath -Xlinker "$PREFIX/lib" || return 1
+    elif [[ $who == clk && ! -x $WORK/ep-clk ]]; then
+      "$NVCC" -O2 -std=c++17 -arch=sm_90 -DEP_SIGNAL_CLOCKS -I"$PREFIX/include" -I"$ROOT/c_examples/common" \
+        -I"$ROOT/c_examples/cuda" -o "$WORK/ep-clk" "$ROOT/examples/ep/ep.cu" \
         -L"$PREFIX/lib" -lmscclpp -Xlinker -rpath -Xlinker "$PREFIX/lib" || return 1
     elif [[ $who == peer && -z $peer ]]; then
       peer=$(nvshmem_build "$WORK/ep-ab-peer" nvshmem_ep) || return 1
@@ -49,8 +55,10 @@ ep_ab() {
       done
       : >"$WORK/ep-ab.out"
       case $who in
-      ours | base)
-        [[ $who == ours ]] && bin=$BIN/ep || bin=$WORK/ep-base
+      ours | base | clk)
+        bin=$BIN/ep
+        [[ $who == base ]] && bin=$WORK/ep-base
+        [[ $who == clk ]] && bin=$WORK/ep-clk
         # shellcheck disable=SC2046 # ep_place's words are VAR=VALUE pairs
         spawn_ranks "$np" timeout -k 5 120 env $(ep_place "$np") "${vars[@]}" "$bin" \
           --tokens "$tokens" "${opts[@]}" >"$WORK/ep-ab.out" 2>&1 || rc=1
@@ -68,7 +76,7 @@ ep_ab() {
         for p in "${pids[@]}"; do wait "$p" || rc=1; done
         ;;
       *)
-        echo "ep_ab: $c: WHO is ours, base, peer or speer" >&2
+        echo "ep_ab: $c: WHO is ours, base, clk, peer or speer" >&2
         return 2
         ;;
       esac

@@ -209,6 +209,11 @@ int main(int argc, char** argv)
   a.buf = buf;
   a.chunkRows = (uint32_t)chunkRows;
   a.fuseTokens = fuseTokens;
+#ifdef EP_SIGNAL_CLOCKS
+  CUDACHECK(cudaMalloc(&a.clocks, 8 * sizeof(unsigned long long)));
+  int clockKHz = 0;
+  CUDACHECK(cudaDeviceGetAttribute(&clockKHz, cudaDevAttrClockRate, c.device));
+#endif
   unsigned long long* stampsDev = nullptr;
   if (stamps) CUDACHECK(cudaMalloc(&stampsDev, (size_t)steps * ep::kStamps * sizeof(unsigned long long)));
   int* idx = nullptr;
@@ -235,6 +240,9 @@ int main(int argc, char** argv)
   for (int T : tokens) {
     a.T = T;
     std::vector<float> dispatchMs, combineMs, combineKernelMs, reduceMs, expertMs;
+#ifdef EP_SIGNAL_CLOCKS
+    CUDACHECK(cudaMemset(a.clocks, 0, 8 * sizeof(unsigned long long)));
+#endif
     /* Every entry stamp starts at the largest value (the blocks keep the earliest); on the
      * kernels' stream, which does not wait for the legacy one. */
     if (stamps)
@@ -286,6 +294,16 @@ int main(int argc, char** argv)
              percentile(dispatchMs, 0.99), percentile(combineMs, 0.5), percentile(combineMs, 0.99),
              (unsigned long long)wrong, percentile(combineKernelMs, 0.5), percentile(reduceMs, 0.5),
              percentile(expertMs, 0.5), std::min(c.nranks, c.ndevices));
+#ifdef EP_SIGNAL_CLOCKS
+    {
+      unsigned long long k[8];
+      CUDACHECK(cudaMemcpy(k, a.clocks, sizeof k, cudaMemcpyDeviceToHost));
+      auto us = [&](int at, int i) { return k[at + 3] ? (double)k[at + i] / k[at + 3] / clockKHz * 1000.0 : 0.0; };
+      printf("RESULT ep_clocks rank=%d tokens=%d clock_khz=%d dispatch_signal_us=%.3f dispatch_fence1_us=%.3f "
+             "dispatch_fence2_us=%.3f combine_signal_us=%.3f combine_fence1_us=%.3f combine_fence2_us=%.3f n=%llu\n",
+             c.rank, T, clockKHz, us(0, 0), us(0, 1), us(0, 2), us(4, 0), us(4, 1), us(4, 2), k[3]);
+    }
+#endif
     if (stamps) {
       /* Where each kernel's time went (ep.h's printPhases), this rank's. */
       std::vector<unsigned long long> t((size_t)steps * ep::kStamps);

@@ -198,21 +198,23 @@ __device__ __forceinline__ void expertRun(uint8_t* run, uint32_t rows, int H, in
 
 /* Output word v (8 values, 16 bytes) of a token: the K rows at base + off[k], loaded 16 bytes
  * at a time, folded in k order with fmaf from 0.0f, as `combined` does, so the result is its
- * bits. Four rows' loads are in flight at once (a load per row waited out the memory's latency
- * K times in a row). The reduce of both implementations (ours, examples/ep/ep.cu, and the
- * NVSHMEM peer): it is not communication, so both do it alike. */
+ * bits. kCombineInFlight rows' loads are in flight at once, so top-8 is one memory round trip
+ * (a load per row waited out the memory's latency K times in a row; four at a time, twice). The
+ * reduce of both implementations (ours, examples/ep/ep.cu, and the NVSHMEM peer): it is not
+ * communication, so both do it alike. */
+constexpr int kCombineInFlight = 8;
 __device__ __forceinline__ int4 combineWord(int K, const float* wk, const uint8_t* base,
                                             const uint64_t* off, int v)
 {
   float acc[8];
   for (int j = 0; j < 8; j++) acc[j] = 0.0f;
-  for (int k0 = 0; k0 < K; k0 += 4) {
-    int4 u[4];
+  for (int k0 = 0; k0 < K; k0 += kCombineInFlight) {
+    int4 u[kCombineInFlight];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < kCombineInFlight; i++)
       if (k0 + i < K) u[i] = reinterpret_cast<const int4*>(base + off[k0 + i])[v];
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < kCombineInFlight; i++) {
       if (k0 + i >= K) break;
       const float w = wk[k0 + i];
       const uint32_t word[4] = {(uint32_t)u[i].x, (uint32_t)u[i].y, (uint32_t)u[i].z, (uint32_t)u[i].w};

@@ -17,8 +17,8 @@
  *             dispatch's blocks gather the peer's rows into SR[peer] and the last block puts
  *             them in one operation; combine's rows for a peer are already one range (DR[src])
  *             and go in one put.
- * Dispatch's counts go from the grid's last block before its chunks (a warp's 16-byte puts per
- * peer where those land directly); then the block that finishes last sends each peer one
+ * Dispatch's counts go from one block before its chunks (a warp's 16-byte puts per peer where
+ * those land directly); then the block that finishes last sends each peer one
  * signal(), which covers every block's puts (or, packed, the rows' put and the counts'
  * putWithSignal()); combine's last block a signal() per peer; and a wait() per peer.
  *
@@ -62,7 +62,34 @@ struct Step {
   uint32_t chunkRows;           /* at most this many rows in a chunk of evenShare's (0: no limit but the even share's) */
   unsigned long long* stamps;   /* nullptr, or this step's kStamps %globaltimer times (stamp()) */
   int fuseTokens;               /* T <= this (at most EP_FUSE_MAX_TOKENS): combine's last block does the reduce, which is not launched */
+#ifdef EP_SIGNAL_CLOCKS
+  unsigned long long* clocks;   /* diagnostic build (ep.cu): signalClocks()'s sums */
+#endif
 };
+
+#ifdef EP_SIGNAL_CLOCKS
+/* Diagnostic build only (-DEP_SIGNAL_CLOCKS, ep.cu prints the means): what one signal() costs
+ * its thread in the last block, in SM cycles (clock64), and a system-scope fence after it, then
+ * a second one: sums at a.clocks[at + 0..2], the count at a.clocks[at + 3] (at: 0 dispatch, 4
+ * combine). The fences after the signal only add order. */
+__device__ __forceinline__ void signalClocks(const Step& a, int at, const mscclppDevConn_t& c)
+{
+  const long long c0 = clock64();
+  c.signal();
+  const long long c1 = clock64();
+  mscclpp::device::fenceAcqRelSys();
+  const long long c2 = clock64();
+  mscclpp::device::fenceAcqRelSys();
+  const long long c3 = clock64();
+  atomicAdd(&a.clocks[at + 0], (unsigned long long)(c1 - c0));
+  atomicAdd(&a.clocks[at + 1], (unsigned long long)(c2 - c1));
+  atomicAdd(&a.clocks[at + 2], (unsigned long long)(c3 - c2));
+  atomicAdd(&a.clocks[at + 3], 1ull);
+}
+#define EP_SIGNAL(a, at, c) signalClocks(a, at, c)
+#else
+#define EP_SIGNAL(a, at, c) (c).signal()
+#endif
 
 /* Stamp `which` of phase `at` (kStampDispatch or kStampCombine), if stamps are asked for:
  * the entry by every block's first thread (the earliest stays: the host sets it to ~0 first),
@@ -319,13 +346,15 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
       for (int w = 0; w < (t >> 5); w++) slot += __popc(m[w]);
       a.rows[i] = (int)(start[e] + slot);
     }
-  /* The counts, by the grid's last block before its chunks (none at small token counts): off
-   * the path from the last chunk to the signal, which covers them through lastBlock() as it
-   * covers the rows (the last block putting them after the rows was slower: bench/RESULTS.md,
-   * issue 44). */
-  if (blockIdx.x == gridDim.x - 1) putCounts(a, paths, end);
+  /* The counts, before any chunk of the block that sends them: off the path from the last
+   * chunk to the signal, which covers them through lastBlock() as it covers the rows (the last
+   * block putting them after the rows was slower: bench/RESULTS.md, issue 44). By the first
+   * block that has no chunk, where there is one (a few tokens: it starts with the others),
+   * else by the grid's last block (scheduled last, it has the fewest chunks). */
+  const uint32_t allChunks = chunkEnd[s.R - 1];
+  if (blockIdx.x == (allChunks < gridDim.x ? allChunks : gridDim.x - 1)) putCounts(a, paths, end);
   const int4* x = reinterpret_cast<const int4*>(a.buf + s.x(0));
-  for (uint32_t j = blockIdx.x; j < chunkEnd[s.R - 1]; j += gridDim.x) {
+  for (uint32_t j = blockIdx.x; j < allChunks; j += gridDim.x) {
     int p;
     uint32_t first, rows;
     chunkOf(rotated(j, chunkEnd, a.me, s.R), chunkEnd, n, per, p, first, rows);
@@ -365,7 +394,7 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
     if (p == a.me) continue;
     const mscclppDevConn_t& c = connTo(a, p);
     if (paths.counts[p]) {
-      c.signal();
+      EP_SIGNAL(a, 0, c);
       atomicAdd(a.ops, 1ull);
     } else {
       if (!paths.rows[p]) {
@@ -483,7 +512,7 @@ __global__ void __launch_bounds__(EP_THREADS, 2) combineKernel(Step a)
   stamp(a, kStampCombine, kStampPut);
   for (int p = threadIdx.x; p < s.R; p += blockDim.x)
     if (p != a.me) {
-      connTo(a, p).signal();
+      EP_SIGNAL(a, 4, connTo(a, p));
       atomicAdd(a.ops, 1ull);
     }
   stamp(a, kStampCombine, kStampSignalled);

@@ -61,15 +61,9 @@
 #if defined(__CUDACC__)
 #define MSCCLPP_HOST_DEVICE_INLINE __host__ __device__ __forceinline__
 #define MSCCLPP_DEVICE_INLINE __device__ __forceinline__
-/* The proxy's paths and the slow paths of waits: member functions (linkage of an inline
- * function, so -rdc builds link), called rather than inlined at every call site. Inlined, each
- * put, signal and wait carried every path's code, which the GPU then fetched cold where a
- * direct operation runs once per kernel (bench/RESULTS.md, issue 44). */
-#define MSCCLPP_DEVICE_NOINLINE __device__ __noinline__
 #else
 #define MSCCLPP_HOST_DEVICE_INLINE inline
 #define MSCCLPP_DEVICE_INLINE inline
-#define MSCCLPP_DEVICE_NOINLINE inline
 #endif
 
 struct mscclppDevConn;
@@ -345,7 +339,7 @@ class WaitWatch {
    * wait's two signal counts: seenB the direct one, recorded on its own too, so the hang
    * report counts what the peer's kernels stored themselves as sent), read only when the
    * record is written. */
-  MSCCLPP_DEVICE_NOINLINE bool expired(uint64_t* dev, uint64_t* ctrl, uint64_t what,
+  MSCCLPP_DEVICE_INLINE bool expired(uint64_t* dev, uint64_t* ctrl, uint64_t what,
                                      uint64_t wanted, const uint64_t* seenA,
                                      const uint64_t* seenB = nullptr)
   {
@@ -398,21 +392,16 @@ class WaitWatch {
    * it for the next wait that lasts. A register test otherwise. */
   MSCCLPP_DEVICE_INLINE void finish(uint64_t* dev, uint64_t* ctrl)
   {
-    if (phase_ == kOwner) withdraw(dev, ctrl);
-  }
-
- private:
-  enum : uint32_t { kNew, kTiming, kOwner, kOther, kExpired };
-
-  /* finish() of the record's owner. */
-  MSCCLPP_DEVICE_NOINLINE void withdraw(uint64_t* dev, uint64_t* ctrl)
-  {
+    if (phase_ != kOwner) return;
     waitRecordWrite(ctrl, 0, 0, 0, 0, 0, 0, waitClockNs() - start_);
     /* Release: the record's stores, its last SEQ included, before the claim is freed; pairs
      * with claim()'s fence in the next owner, which then reads that SEQ. */
     fenceAcqRelSys();
     atomicExch(reinterpret_cast<unsigned long long*>(dev + kDevRecordOwner), 0ull);
   }
+
+ private:
+  enum : uint32_t { kNew, kTiming, kOwner, kOther, kExpired };
 
   MSCCLPP_DEVICE_INLINE static bool claim(uint64_t* dev)
   {
