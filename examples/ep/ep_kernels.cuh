@@ -106,9 +106,20 @@ __device__ __forceinline__ void stamp(const Step& a, int at, int which)
   if (threadIdx.x == 0) a.stamps[at + which] = globalNs();
 }
 
+/* Each block's copy of its connections (askPaths() makes it on the way in), where there are at
+ * most EP_SHARED_CONNS ranks: a connection's words (its pointers and the FIFO's) are the first
+ * of the two dependent loads of every put's, signal()'s and wait()'s path, and read from
+ * shared memory they cost no memory round trip: a signal() cost the last block's thread
+ * 1.6-1.8 us, 0.52 of them its fence, the rest two round trips (bench/RESULTS.md, issue 44,
+ * session 29). A copy is a connection as good as the original: the 2023 kernels take theirs
+ * by value, and no device method writes the struct (its state is behind its pointers). */
+#define EP_SHARED_CONNS 32
+__shared__ mscclppDevConn_t epConns[EP_SHARED_CONNS - 1];
+
 __device__ __forceinline__ const mscclppDevConn_t& connTo(const Step& a, int peer)
 {
-  return a.conns[peer < a.me ? peer : peer - 1];
+  const int i = peer < a.me ? peer : peer - 1;
+  return a.s.R <= EP_SHARED_CONNS ? epConns[i] : a.conns[i];
 }
 
 /* Word i (of 16 bytes) of n goes to to[i] from from(i), by thread i % blockDim.x: each thread
@@ -188,20 +199,15 @@ __device__ bool lastBlock(unsigned int* c, unsigned int base)
   return last;
 }
 
-/* Whether the rows to `peer` go in place (above). */
-__device__ __forceinline__ bool inPlace(const Step& a, int peer)
-{
-  return connTo(a, peer).putsDirect(a.s.row(), true);
-}
-
 /* Each peer's path (ours: in place, trivially), asked once per block on the way in: a
  * question is two dependent loads (the connection, then its limit words), which, asked in
  * the last block after every put, lay on the path to the signal (bench/RESULTS.md, issue
- * 44). Thread blockDim.x - 1 - p asks for peer p, from the block's last warp down: the first
- * threads load the step's routing (dispatch) or counts (combine) meanwhile, so that the two
- * round trips overlap. The answers are read after the caller's next barrier. Counts go direct
- * where the rows go in place (rows packed for the proxy must go before their counts, in the
- * proxy's order) and a thread's 16-byte put lands directly. */
+ * 44). Thread blockDim.x - 1 - p asks for peer p, from the block's last warp down, and copies
+ * its connection into epConns: the first threads load the step's routing (dispatch) or counts
+ * (combine) meanwhile, so that the round trips overlap. The answers and the copies are read
+ * after the caller's next barrier. Counts go direct where the rows go in place (rows packed
+ * for the proxy must go before their counts, in the proxy's order) and a thread's 16-byte put
+ * lands directly. */
 struct Paths {
   bool rows[EP_MAX_EXPERTS];   /* the rows go in place */
   bool counts[EP_MAX_EXPERTS]; /* dispatch's counts go by direct thread puts and a signal() */
@@ -211,9 +217,16 @@ __device__ __forceinline__ void askPaths(const Step& a, Paths& paths)
 {
   const int p = (int)(blockDim.x - 1 - threadIdx.x);
   if (p >= a.s.R) return;
-  const bool rows = p == a.me || inPlace(a, p);
+  bool rows = true, counts = false;
+  if (p != a.me) {
+    const int i = p < a.me ? p : p - 1;
+    const mscclppDevConn_t& c = a.conns[i];
+    if (a.s.R <= EP_SHARED_CONNS) epConns[i] = c;
+    rows = c.putsDirect(a.s.row(), true);
+    counts = rows && c.putsDirect(16, false);
+  }
   paths.rows[p] = rows;
-  paths.counts[p] = p != a.me && rows && connTo(a, p).putsDirect(16, false);
+  paths.counts[p] = counts;
 }
 
 /* Rows per chunk of the rows to `peer` (`direct`: they go in place): an even share of all
