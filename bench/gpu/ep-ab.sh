@@ -11,7 +11,8 @@
 #           -C .carry/ep-base` leaves them) against the same library: a change of the kernels
 #           or of the device header against the code before it
 #   clk     the example built with -DEP_SIGNAL_CLOCKS (prints RESULT ep_clocks: what a signal()
-#           and a fence after it cost the last block's thread, in SM cycles; not for timings)
+#           and a fence after it cost the last block's thread, timed in SM cycles, printed in us
+#           at the GPU's peak clock; not for timings)
 #   peer    bench/gpu/nvshmem_ep as timed by the GPU check
 #   speer   the same built with -DEP_STAMPS (prints RESULT ep_phases; not for timings)
 # Lines go to $OUT/ep-ab.txt as "AB label=LABEL round=R RESULT ...".
@@ -21,6 +22,14 @@ ep_ab() {
   shift 3
   # shellcheck source=bench/gpu/nvshmem.sh
   source "$ROOT/bench/gpu/nvshmem.sh"
+  # Every case well formed before anything is built or run.
+  for c in "$@"; do
+    who=${c#*:}
+    if [[ $c != *:*:* || ! ${who%%:*} =~ ^(ours|base|clk|peer|speer)$ || ${c%%:*} == *[/\&]* ]]; then
+      echo "ep_ab: $c: a case is LABEL:WHO:ARGS (WHO ours, base, clk, peer or speer; no / or & in LABEL)" >&2
+      return 2
+    fi
+  done
   for c in "$@"; do
     who=${c#*:}
     who=${who%%:*}
@@ -75,12 +84,8 @@ ep_ab() {
         done
         for p in "${pids[@]}"; do wait "$p" || rc=1; done
         ;;
-      *)
-        echo "ep_ab: $c: WHO is ours, base, clk, peer or speer" >&2
-        return 2
-        ;;
       esac
-      grep -E 'wrong [1-9]|FAILED|error' "$WORK/ep-ab.out" | head -5
+      grep -E 'wrong [1-9]|[1-9][0-9]* wrong values|FAILED|error' "$WORK/ep-ab.out" | head -5
       grep '^RESULT' "$WORK/ep-ab.out" | sed "s/^/AB label=$label round=$r /" >>"$out"
       echo "ep_ab round $r $label: $(grep -c '^RESULT ep ' "$WORK/ep-ab.out") timing lines"
     done

@@ -28,8 +28,8 @@
  *   prepare   (not timed) the step's tokens, routing and weights, from ep.h's generators;
  *   dispatch  the blocks take chunks of every peer's rows: each row goes to its place in its
  *             expert's rank's DR, in place by putBlock() or packed for one put per peer
- *             (ep_kernels.cuh says which when), and each peer its L counts (by the grid's
- *             last block, before its rows, where they land directly); the last block to
+ *             (ep_kernels.cuh says which when), and each peer its L counts (by one block,
+ *             before its rows, where they land directly); the last block to
  *             finish (a release/acquire count over the blocks, so its signal covers every
  *             block's puts, as the device header's contract says) sends each peer one
  *             signal() (or, packed, the rows' put and the counts' putWithSignal()), then one
@@ -241,7 +241,7 @@ int main(int argc, char** argv)
     a.T = T;
     std::vector<float> dispatchMs, combineMs, combineKernelMs, reduceMs, expertMs;
 #ifdef EP_SIGNAL_CLOCKS
-    CUDACHECK(cudaMemset(a.clocks, 0, 8 * sizeof(unsigned long long)));
+    CUDACHECK(cudaMemsetAsync(a.clocks, 0, 8 * sizeof(unsigned long long), st)); /* the kernels' stream */
 #endif
     /* Every entry stamp starts at the largest value (the blocks keep the earliest); on the
      * kernels' stream, which does not wait for the legacy one. */
@@ -300,8 +300,8 @@ int main(int argc, char** argv)
       CUDACHECK(cudaMemcpy(k, a.clocks, sizeof k, cudaMemcpyDeviceToHost));
       auto us = [&](int at, int i) { return k[at + 3] ? (double)k[at + i] / k[at + 3] / clockKHz * 1000.0 : 0.0; };
       printf("RESULT ep_clocks rank=%d tokens=%d clock_khz=%d dispatch_signal_us=%.3f dispatch_fence1_us=%.3f "
-             "dispatch_fence2_us=%.3f combine_signal_us=%.3f combine_fence1_us=%.3f combine_fence2_us=%.3f n=%llu\n",
-             c.rank, T, clockKHz, us(0, 0), us(0, 1), us(0, 2), us(4, 0), us(4, 1), us(4, 2), k[3]);
+             "dispatch_fence2_us=%.3f combine_signal_us=%.3f combine_fence1_us=%.3f combine_fence2_us=%.3f n=%llu/%llu\n",
+             c.rank, T, clockKHz, us(0, 0), us(0, 1), us(0, 2), us(4, 0), us(4, 1), us(4, 2), k[3], k[7]);
     }
 #endif
     if (stamps) {

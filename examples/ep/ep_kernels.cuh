@@ -68,10 +68,11 @@ struct Step {
 };
 
 #ifdef EP_SIGNAL_CLOCKS
-/* Diagnostic build only (-DEP_SIGNAL_CLOCKS, ep.cu prints the means): what one signal() costs
- * its thread in the last block, in SM cycles (clock64), and a system-scope fence after it, then
- * a second one: sums at a.clocks[at + 0..2], the count at a.clocks[at + 3] (at: 0 dispatch, 4
- * combine). The fences after the signal only add order. */
+/* Diagnostic build only (-DEP_SIGNAL_CLOCKS, ep.cu prints the means in us at the GPU's peak
+ * clock, so an upper bound of the cycles' worth): what one signal() costs its thread in the
+ * last block, in SM cycles (clock64), and a system-scope fence after it, then a second one:
+ * sums at a.clocks[at + 0..2], the count at a.clocks[at + 3] (at: 0 dispatch, 4 combine; the
+ * warm-up steps counted too). The fences after the signal only add order. */
 __device__ __forceinline__ void signalClocks(const Step& a, int at, const mscclppDevConn_t& c)
 {
   const long long c0 = clock64();
@@ -399,7 +400,7 @@ __global__ void __launch_bounds__(EP_THREADS, 2) dispatchKernel(Step a)
   if (!lastBlock(&a.done[0], a.base)) return;
   stamp(a, kStampDispatch, kStampPut);
   /* Per peer: where its counts went directly, one signal(), which covers them and the rows
-   * (block gridDim.x - 1's puts and every block's, through lastBlock()). Otherwise the packed
+   * (the counts block's puts and every block's, through lastBlock()). Otherwise the packed
    * rows, if they were packed (a block limit under a row's bytes packs them while thread puts
    * stay direct), then the counts with putWithSignal: a trigger each, which the proxy carries
    * in order. */
