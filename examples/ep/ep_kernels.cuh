@@ -184,7 +184,7 @@ __device__ uint32_t* inclusiveScan(uint32_t* v, uint32_t* tmp, int n)
  * thread's add, an acq_rel atomic at GPU scope; the add that brings the count to the end
  * acquires them all (every earlier add is in the counter's release sequence), and the barrier
  * hands that on to the block. So a signal() or a put of the last block covers or reads every
- * block's writes. One atomic rather than a fence, a relaxed add and a fence: 0.2-0.4 us less
+ * block's writes. One atomic rather than a fence, a relaxed add and a fence: 0.1-0.5 us less
  * per kernel (bench/RESULTS.md, issue 44, session 29); a system-scope release in every block
  * instead was slower. */
 __device__ bool lastBlock(unsigned int* c, unsigned int base)
