@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compiles every CUDA source that a GPU run builds, for sm_90, compile only (-c: nothing is
 # linked or run, no GPU needed): the CUDA examples (c_examples/cuda), the perf tools (one per
-# operation), examples/ep, the GPU benchmarks of bench/gpu and the NVSHMEM peers. Its nvcc is
+# operation), examples/ep, the GPU benchmarks of bench/gpu and the NVSHMEM peers, and the two
+# diagnostic builds of ep and its NVSHMEM peer (-DEP_SIGNAL_CLOCKS, -DEP_STAMPS). Its nvcc is
 # the device machines' release (13.0), from NVIDIA's PyPI wheels in a venv, unless NVCC names
 # one. A compile error here costs a CI step, not a call on a GPU machine.
 #
@@ -55,12 +56,15 @@ for op in allgather alltoall sendrecv; do
   jobs+=("${op}_perf|-DPERF_OP=OP_${op^^}|$root/c_examples/perf/perf.cu")
 done
 jobs+=("ep|-I$root/c_examples/cuda|$root/examples/ep/ep.cu")
+# The diagnostic builds the A/B script makes on the GPU machine (bench/gpu/ep-ab.sh).
+jobs+=("ep_clocks|-DEP_SIGNAL_CLOCKS -I$root/c_examples/cuda|$root/examples/ep/ep.cu")
 jobs+=("driver_costs||$root/bench/gpu/driver_costs.cu")
 jobs+=("fifo_engine_proto||$root/bench/gpu/fifo_engine_proto.cu")
 if [[ -n $nvshmem && -f $nvshmem/include/nvshmem.h ]]; then
   for name in nvshmem_perf nvshmem_pingpong nvshmem_ep; do
     jobs+=("$name|-rdc=true -I$nvshmem/include|$root/bench/gpu/$name.cu")
   done
+  jobs+=("nvshmem_ep_stamps|-rdc=true -DEP_STAMPS -I$nvshmem/include|$root/bench/gpu/nvshmem_ep.cu")
 else
   echo "check-cuda-compile: no NVSHMEM headers (NVSHMEM_HOME): the NVSHMEM peers are not compiled"
 fi
