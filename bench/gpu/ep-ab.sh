@@ -16,6 +16,15 @@
 #   peer    bench/gpu/nvshmem_ep as timed by the GPU check
 #   speer   the same built with -DEP_STAMPS (prints RESULT ep_phases; not for timings)
 # Lines go to $OUT/ep-ab.txt as "AB label=LABEL round=R RESULT ...".
+# ep_ab_build OUT INCLUDE_DIR SOURCE [NVCC FLAGS...]: the example as gpu-check builds it (nvcc,
+# against the installed library), from SOURCE with INCLUDE_DIR's headers.
+ep_ab_build() {
+  local out=$1 inc=$2 src=$3
+  shift 3
+  "$NVCC" -O2 -std=c++17 -arch=sm_90 "$@" -I"$inc" -I"$ROOT/c_examples/common" -I"$ROOT/c_examples/cuda" \
+    -o "$out" "$src" -L"$PREFIX/lib" -lmscclpp -Xlinker -rpath -Xlinker "$PREFIX/lib"
+}
+
 ep_ab() {
   local rounds=${1:?ep_ab ROUNDS NP TOKENS CASE...} np=${2:?} tokens=${3:?} r c label who args
   local out=$OUT/ep-ab.txt peer="" speer="" rc=0 words vars opts w bin pids p
@@ -34,13 +43,9 @@ ep_ab() {
     who=${c#*:}
     who=${who%%:*}
     if [[ $who == base && ! -x $WORK/ep-base ]]; then
-      "$NVCC" -O2 -std=c++17 -arch=sm_90 -I"$CARRY/ep-base/include" -I"$ROOT/c_examples/common" \
-        -I"$ROOT/c_examples/cuda" -o "$WORK/ep-base" "$CARRY/ep-base/examples/ep/ep.cu" \
-        -L"$PREFIX/lib" -lmscclpp -Xlinker -rpath -Xlinker "$PREFIX/lib" || return 1
+      ep_ab_build "$WORK/ep-base" "$CARRY/ep-base/include" "$CARRY/ep-base/examples/ep/ep.cu" || return 1
     elif [[ $who == clk && ! -x $WORK/ep-clk ]]; then
-      "$NVCC" -O2 -std=c++17 -arch=sm_90 -DEP_SIGNAL_CLOCKS -I"$PREFIX/include" -I"$ROOT/c_examples/common" \
-        -I"$ROOT/c_examples/cuda" -o "$WORK/ep-clk" "$ROOT/examples/ep/ep.cu" \
-        -L"$PREFIX/lib" -lmscclpp -Xlinker -rpath -Xlinker "$PREFIX/lib" || return 1
+      ep_ab_build "$WORK/ep-clk" "$PREFIX/include" "$ROOT/examples/ep/ep.cu" -DEP_SIGNAL_CLOCKS || return 1
     elif [[ $who == peer && -z $peer ]]; then
       peer=$(nvshmem_build "$WORK/ep-ab-peer" nvshmem_ep) || return 1
     elif [[ $who == speer && -z $speer ]]; then

@@ -117,9 +117,12 @@ __device__ __forceinline__ void stamp(const Step& a, int at, int which)
 #define EP_SHARED_CONNS 32
 __shared__ mscclppDevConn_t epConns[EP_SHARED_CONNS - 1];
 
+/* The index of peer's connection (rank order, this rank left out) in a.conns and epConns. */
+__device__ __forceinline__ int connIndex(const Step& a, int peer) { return peer < a.me ? peer : peer - 1; }
+
 __device__ __forceinline__ const mscclppDevConn_t& connTo(const Step& a, int peer)
 {
-  const int i = peer < a.me ? peer : peer - 1;
+  const int i = connIndex(a, peer);
   return a.s.R <= EP_SHARED_CONNS ? epConns[i] : a.conns[i];
 }
 
@@ -220,7 +223,7 @@ __device__ __forceinline__ void askPaths(const Step& a, Paths& paths)
   if (p >= a.s.R) return;
   bool rows = true, counts = false;
   if (p != a.me) {
-    const int i = p < a.me ? p : p - 1;
+    const int i = connIndex(a, p);
     const mscclppDevConn_t& c = a.conns[i];
     if (a.s.R <= EP_SHARED_CONNS) epConns[i] = c;
     rows = c.putsDirect(a.s.row(), true);
